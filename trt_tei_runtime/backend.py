@@ -1,0 +1,85 @@
+"""The object the Rust router calls, through PyO3, from its one Python thread.
+
+Contract (see README "Architecture"): every batch is packed with no padding. Array
+arguments are little-endian uint32 `bytes` (what the router sends) or array-likes; results
+are C-contiguous float32 numpy arrays (the router reads them with `.tobytes()`).
+Normalization, Matryoshka truncation and score activations happen in the router.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import numpy as np
+import torch
+
+from .batch import PackedBatch
+from .inference import InferenceModel, load_inference_model
+
+log = logging.getLogger(__name__)
+
+
+class Backend:
+    def __init__(
+        self,
+        model_id: str,
+        revision: str | None = None,
+        dtype: str | None = None,
+        pooling: str | None = None,
+        device: str | None = None,
+    ) -> None:
+        self.model: InferenceModel = load_inference_model(
+            model_id, revision=revision, device=device, dtype=dtype, pooling=pooling
+        )
+
+    def info(self) -> dict[str, Any]:
+        info = self.model.info
+        return {
+            "model_type": info.model_type,
+            "architecture": info.architecture,
+            "model_dir": str(info.model_dir),
+            "tokenizer_path": str(info.model_dir / "tokenizer.json"),
+            "hidden_size": info.hidden_size,
+            "max_input_length": info.max_input_length,
+            "position_offset": info.position_offset,
+            "pooling": info.pooling,
+            "num_labels": info.num_labels,
+            "id2label": dict(info.id2label),
+            "score_activation": info.score_activation,
+            "prompts": dict(info.prompts),
+            "default_prompt_name": info.default_prompt_name,
+            "dtype": str(self.model.dtype).removeprefix("torch."),
+            "device": str(self.model.device),
+        }
+
+    def health(self) -> None:
+        """Runs one tiny forward pass; raises if the model cannot run."""
+        batch = PackedBatch.from_sequences(
+            [[0, 0]], position_offset=self.model.info.position_offset
+        )
+        self.model.hidden_states(batch)
+        if self.model.device.type == "cuda":
+            torch.cuda.synchronize(self.model.device)
+
+    def embed(self, input_ids, token_type_ids, position_ids, cu_seqlens, max_length):  # type: ignore[no-untyped-def]
+        batch = PackedBatch.from_arrays(
+            input_ids, token_type_ids, position_ids, cu_seqlens, max_length
+        )
+        return _numpy(self.model.embed(batch))
+
+    def embed_all(self, input_ids, token_type_ids, position_ids, cu_seqlens, max_length):  # type: ignore[no-untyped-def]
+        batch = PackedBatch.from_arrays(
+            input_ids, token_type_ids, position_ids, cu_seqlens, max_length
+        )
+        return _numpy(self.model.embed_tokens(batch))
+
+    def predict(self, input_ids, token_type_ids, position_ids, cu_seqlens, max_length):  # type: ignore[no-untyped-def]
+        batch = PackedBatch.from_arrays(
+            input_ids, token_type_ids, position_ids, cu_seqlens, max_length
+        )
+        return _numpy(self.model.predict(batch))
+
+
+def _numpy(tensor: torch.Tensor) -> np.ndarray:
+    return np.ascontiguousarray(tensor.detach().to("cpu", torch.float32).numpy())

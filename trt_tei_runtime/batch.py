@@ -1,0 +1,122 @@
+"""Packed batches: the sequences of a batch laid end to end, with no padding."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from .errors import InputError
+
+
+@dataclass
+class PackedBatch:
+    """The router ↔ runtime contract in torch form.
+
+    `cu_seqlens[i]:cu_seqlens[i+1]` are the tokens of sequence i.
+    """
+
+    input_ids: torch.Tensor  # int64 [T]
+    token_type_ids: torch.Tensor  # int64 [T]
+    position_ids: torch.Tensor  # int64 [T]
+    cu_seqlens: torch.Tensor  # int32 [n+1]
+    max_seqlen: int
+
+    @property
+    def num_seqs(self) -> int:
+        return int(self.cu_seqlens.numel()) - 1
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.input_ids.numel())
+
+    def to(self, device: torch.device) -> PackedBatch:
+        return PackedBatch(
+            input_ids=self.input_ids.to(device, non_blocking=True),
+            token_type_ids=self.token_type_ids.to(device, non_blocking=True),
+            position_ids=self.position_ids.to(device, non_blocking=True),
+            cu_seqlens=self.cu_seqlens.to(device, non_blocking=True),
+            max_seqlen=self.max_seqlen,
+        )
+
+    @classmethod
+    def from_arrays(
+        cls,
+        input_ids: Any,
+        token_type_ids: Any,
+        position_ids: Any,
+        cu_seqlens: Any,
+        max_length: int | None = None,
+    ) -> PackedBatch:
+        """Builds a batch from uint32 buffers (`bytes`) or array-likes, checking consistency."""
+        ids = _as_u32(input_ids, "input_ids")
+        types = _as_u32(token_type_ids, "token_type_ids")
+        positions = _as_u32(position_ids, "position_ids")
+        cu = _as_u32(cu_seqlens, "cu_seqlens")
+        if cu.size < 2 or cu[0] != 0:
+            raise InputError("cu_seqlens must start at 0 and hold at least one sequence")
+        lengths = np.diff(cu.astype(np.int64))
+        if (lengths <= 0).any():
+            raise InputError("cu_seqlens must be strictly increasing (no empty sequences)")
+        if not (ids.size == types.size == positions.size == int(cu[-1])):
+            raise InputError(
+                f"input_ids ({ids.size}), token_type_ids ({types.size}) and position_ids "
+                f"({positions.size}) must all hold cu_seqlens[-1] = {int(cu[-1])} tokens"
+            )
+        longest = int(lengths.max())
+        if max_length is not None and int(max_length) < longest:
+            raise InputError(f"max_length {max_length} is below the longest sequence {longest}")
+        return cls(
+            input_ids=torch.from_numpy(ids.astype(np.int64)),
+            token_type_ids=torch.from_numpy(types.astype(np.int64)),
+            position_ids=torch.from_numpy(positions.astype(np.int64)),
+            cu_seqlens=torch.from_numpy(cu.astype(np.int32)),
+            max_seqlen=longest,
+        )
+
+    @classmethod
+    def from_sequences(
+        cls,
+        ids: Sequence[Sequence[int]],
+        type_ids: Sequence[Sequence[int]] | None = None,
+        position_offset: int = 0,
+    ) -> PackedBatch:
+        """Packs token id lists; position ids restart at `position_offset` for each."""
+        if not ids:
+            raise InputError("a batch needs at least one sequence")
+        lengths = [len(s) for s in ids]
+        if min(lengths) == 0:
+            raise InputError("sequences must not be empty")
+        flat = np.fromiter((t for s in ids for t in s), dtype=np.int64, count=sum(lengths))
+        if type_ids is None:
+            types = np.zeros_like(flat)
+        else:
+            types = np.fromiter(
+                (t for s in type_ids for t in s), dtype=np.int64, count=sum(lengths)
+            )
+        positions = np.concatenate([np.arange(n, dtype=np.int64) for n in lengths])
+        cu = np.zeros(len(ids) + 1, dtype=np.int32)
+        np.cumsum(lengths, out=cu[1:])
+        return cls(
+            input_ids=torch.from_numpy(flat),
+            token_type_ids=torch.from_numpy(types),
+            position_ids=torch.from_numpy(positions + position_offset),
+            cu_seqlens=torch.from_numpy(cu),
+            max_seqlen=max(lengths),
+        )
+
+
+def _as_u32(value: Any, name: str) -> np.ndarray:
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        if len(value) % 4:
+            raise InputError(f"{name}: byte length {len(value)} is not a multiple of 4 (uint32)")
+        return np.frombuffer(value, dtype="<u4")
+    arr = np.asarray(value)
+    if arr.ndim != 1:
+        raise InputError(f"{name} must be one-dimensional, got shape {arr.shape}")
+    if arr.size and (not np.issubdtype(arr.dtype, np.integer) or arr.min() < 0):
+        raise InputError(f"{name} must hold non-negative integers")
+    return arr.astype(np.uint32, copy=False)

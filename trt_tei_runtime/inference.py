@@ -1,0 +1,250 @@
+"""Loading a checkpoint into a ready-to-run model and running packed batches through it.
+
+`InferenceModel` is what both the Python API (`Model`) and the router's `Backend` use:
+it owns the network, its pooling and sentence-transformers head, the device and dtype.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from .batch import PackedBatch
+from .checkpoint import (
+    SentenceTransformersConfig,
+    read_json,
+    read_sentence_transformers_config,
+    resolve_model_dir,
+)
+from .dense import DenseLayer
+from .errors import CheckpointError, InputError
+from .layers import AttentionMetadata
+from .layers.attention import flash_available
+from .models import Task, TransformerModel, architecture_class
+from .pooling import canonical_pooling, pool, score_activation
+from .weights import WeightReader, load_checkpoint_tensors
+
+log = logging.getLogger(__name__)
+
+_DTYPES = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+    "half": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+}
+
+
+def parse_dtype(name: str | torch.dtype | None, device: torch.device, checkpoint: str | None):
+    """Explicit dtype wins; else float32 on CPU and, on GPU, the checkpoint's own half
+    precision (bfloat16 if it was saved so, float16 otherwise, as TEI does)."""
+    if isinstance(name, torch.dtype):
+        return name
+    if name is not None:
+        try:
+            return _DTYPES[name.lower()]
+        except KeyError:
+            raise InputError(
+                f"unknown dtype {name!r}; supported: float32, float16, bfloat16"
+            ) from None
+    if device.type == "cpu":
+        return torch.float32
+    return torch.bfloat16 if checkpoint == "bfloat16" else torch.float16
+
+
+def parse_device(name: str | torch.device | None) -> torch.device:
+    if name is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise InputError(f"device {str(name)!r} requested but no CUDA GPU is available")
+    return device
+
+
+@dataclass
+class ModelInfo:
+    """What callers need to know to feed the model and read its output."""
+
+    architecture: str
+    task: Task
+    model_dir: Path
+    hidden_size: int  # of the pooled embedding, after any Dense module
+    max_input_length: int
+    position_offset: int
+    pooling: str | None
+    num_labels: int = 0
+    id2label: dict[str, str] = field(default_factory=dict)
+    score_activation: str = "softmax"
+    prompts: dict[str, str] = field(default_factory=dict)
+    default_prompt_name: str | None = None
+    normalize_default: bool = True
+
+    @property
+    def model_type(self) -> str:
+        if self.task is Task.EMBEDDING:
+            return "embedding"
+        return "reranker" if self.num_labels == 1 else "classifier"
+
+
+class InferenceModel:
+    def __init__(
+        self,
+        network: TransformerModel,
+        info: ModelInfo,
+        dense: list[DenseLayer],
+        device: torch.device,
+        dtype: torch.dtype,
+    ) -> None:
+        self.network = network
+        self.info = info
+        self.dense = dense
+        self.device = device
+        self.dtype = dtype
+        self._use_flash = flash_available(device, dtype)
+
+    @torch.inference_mode()
+    def hidden_states(self, batch: PackedBatch) -> torch.Tensor:
+        """Per-token last hidden states `[T, H]` in the model dtype, on the device."""
+        self._check_tokens(batch)
+        batch = batch.to(self.device)
+        meta = AttentionMetadata.build(
+            batch.cu_seqlens, batch.max_seqlen, use_flash=self._use_flash
+        )
+        return self.network(batch, meta)
+
+    @torch.inference_mode()
+    def embed(self, batch: PackedBatch) -> torch.Tensor:
+        """Pooled embeddings `[n, dim]` in float32, not normalized."""
+        if self.info.pooling is None:
+            raise InputError(
+                f"{self.info.architecture} is a {self.info.model_type}: use predict, not embed"
+            )
+        hidden = self.hidden_states(batch)
+        pooled = pool(hidden, batch.cu_seqlens.to(self.device), self.info.pooling)
+        for layer in self.dense:
+            pooled = layer(pooled)
+        return pooled
+
+    @torch.inference_mode()
+    def embed_tokens(self, batch: PackedBatch) -> torch.Tensor:
+        """Per-token embeddings `[T, H]` in float32 (TEI's /embed_all)."""
+        return self.hidden_states(batch).float()
+
+    @torch.inference_mode()
+    def predict(self, batch: PackedBatch) -> torch.Tensor:
+        """Raw logits `[n, num_labels]` in float32."""
+        if self.info.task is not Task.CLASSIFICATION:
+            raise InputError(
+                f"{self.info.architecture} is an embedding model: use embed, not predict"
+            )
+        hidden = self.hidden_states(batch)
+        return self.network.logits(hidden, batch.to(self.device)).float()
+
+    def _check_tokens(self, batch: PackedBatch) -> None:
+        # An out-of-range index on the GPU poisons the whole CUDA context: check on the host.
+        net = self.network
+        if batch.num_tokens and int(batch.input_ids.max()) >= net.vocab_size:
+            raise InputError(
+                f"token id {int(batch.input_ids.max())} is outside the vocabulary "
+                f"({net.vocab_size})"
+            )
+        if batch.num_tokens and int(batch.token_type_ids.max()) >= net.type_vocab_size:
+            raise InputError(
+                f"token type id {int(batch.token_type_ids.max())} is outside the model's "
+                f"{net.type_vocab_size} token types"
+            )
+        if batch.max_seqlen > self.info.max_input_length:
+            raise InputError(
+                f"a sequence of {batch.max_seqlen} tokens exceeds the model's maximum input "
+                f"length {self.info.max_input_length}"
+            )
+
+
+def load_inference_model(
+    model_id: str | os.PathLike[str],
+    *,
+    revision: str | None = None,
+    device: str | torch.device | None = None,
+    dtype: str | torch.dtype | None = None,
+    pooling: str | None = None,
+) -> InferenceModel:
+    model_dir = resolve_model_dir(model_id, revision)
+    config = read_json(model_dir / "config.json")
+    assert config is not None
+    architectures = config.get("architectures")
+    if not isinstance(architectures, list) or not architectures:
+        raise CheckpointError(f"config.json in {model_dir}: missing field 'architectures'")
+    arch_name = str(architectures[0])
+    arch = architecture_class(arch_name)
+    st = read_sentence_transformers_config(model_dir)
+    torch_device = parse_device(device)
+    torch_dtype = parse_dtype(dtype, torch_device, config.get("torch_dtype") or config.get("dtype"))
+
+    reader = WeightReader(
+        load_checkpoint_tensors(model_dir),
+        prefixes=arch.prefixes,
+        ignore=arch.unused,
+        source=str(model_dir),
+    )
+    network = arch.load(config, reader)
+    reader.finish()
+    network.to(device=torch_device, dtype=torch_dtype).eval()
+    dense = [DenseLayer(spec).to(torch_device, torch.float32).eval() for spec in st.dense]
+
+    info = _model_info(arch_name, network, model_dir, st, dense, pooling)
+    log.info(
+        "loaded %s (%s) from %s on %s in %s",
+        arch_name,
+        info.model_type,
+        model_dir,
+        torch_device,
+        torch_dtype,
+    )
+    return InferenceModel(network, info, dense, torch_device, torch_dtype)
+
+
+def _model_info(
+    arch_name: str,
+    network: TransformerModel,
+    model_dir: Path,
+    st: SentenceTransformersConfig,
+    dense: list[DenseLayer],
+    pooling: str | None,
+) -> ModelInfo:
+    max_length = network.max_positions
+    if st.max_seq_length is not None:
+        max_length = min(max_length, st.max_seq_length)
+    else:
+        tok_cfg = read_json(model_dir / "tokenizer_config.json", required=False) or {}
+        limit = tok_cfg.get("model_max_length")
+        if isinstance(limit, int) and 0 < limit < max_length:
+            max_length = limit
+    info = ModelInfo(
+        architecture=arch_name,
+        task=network.task,
+        model_dir=model_dir,
+        hidden_size=dense[-1].linear.out_features if dense else network.hidden_size,
+        max_input_length=max_length,
+        position_offset=network.position_offset,
+        pooling=None,
+        prompts=st.prompts,
+        default_prompt_name=st.default_prompt_name,
+    )
+    if network.task is Task.EMBEDDING:
+        info.pooling = canonical_pooling(pooling or st.pooling or network.default_pooling)
+    else:
+        if pooling is not None:
+            raise InputError(f"{arch_name} is a classifier: pooling does not apply to it")
+        assert network.classifier is not None
+        info.num_labels = network.classifier.num_labels
+        info.id2label = network.classifier.id2label
+        info.score_activation = score_activation(
+            network.classifier.num_labels, network.classifier.problem_type
+        )
+    return info

@@ -1,0 +1,32 @@
+"""Activation functions by their Hugging Face `hidden_act` names."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+from ..errors import CheckpointError
+
+Activation = Callable[[torch.Tensor], torch.Tensor]
+
+_ACTIVATIONS: dict[str, Activation] = {
+    "gelu": F.gelu,
+    "gelu_new": lambda x: F.gelu(x, approximate="tanh"),
+    "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
+    "gelu_fast": lambda x: F.gelu(x, approximate="tanh"),
+    "relu": F.relu,
+    "silu": F.silu,
+    "swish": F.silu,
+    "tanh": torch.tanh,
+}
+
+
+def get_activation(name: str) -> Activation:
+    try:
+        return _ACTIVATIONS[name]
+    except KeyError:
+        raise CheckpointError(
+            f"config.json: unsupported hidden_act {name!r}; supported: {sorted(_ACTIVATIONS)}"
+        ) from None

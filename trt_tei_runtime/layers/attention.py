@@ -1,0 +1,136 @@
+"""Attention over packed (varlen) batches: no sequence attends to its neighbours.
+
+Two implementations, chosen here and nowhere else:
+- CUDA, fp16/bf16: FlashAttention through `torch.nn.attention.varlen.varlen_attn`, which
+  works on the packed tokens directly.
+- Everything else (CPU, fp32): scatter the packed tokens into a padded
+  `[n_seqs, heads, max_len, head_dim]` tensor and run `scaled_dot_product_attention` with a
+  key-padding mask. The scatter indices are computed once per batch in `AttentionMetadata`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+try:  # torch >= 2.10
+    from torch.nn.attention.varlen import varlen_attn as _varlen_attn
+except ImportError:  # pragma: no cover - older torch falls back to padded SDPA
+    _varlen_attn = None
+
+_FLASH_DTYPES = (torch.float16, torch.bfloat16)
+
+
+@dataclass
+class AttentionMetadata:
+    """Per-batch facts every attention layer needs, computed once per forward pass."""
+
+    cu_seqlens: torch.Tensor  # int32 [n+1]
+    max_seqlen: int
+    # Padded fallback only: flat index of each packed token in [n * max_len] and the
+    # key mask [n, 1, 1, max_len] (True = real token).
+    pad_index: torch.Tensor | None = None
+    key_mask: torch.Tensor | None = None
+
+    @classmethod
+    def build(
+        cls, cu_seqlens: torch.Tensor, max_seqlen: int, *, use_flash: bool
+    ) -> AttentionMetadata:
+        if use_flash:
+            return cls(cu_seqlens=cu_seqlens, max_seqlen=max_seqlen)
+        lengths = (cu_seqlens[1:] - cu_seqlens[:-1]).long()
+        n = lengths.numel()
+        seq_of_token = torch.repeat_interleave(torch.arange(n, device=lengths.device), lengths)
+        pos_in_seq = (
+            torch.arange(seq_of_token.numel(), device=lengths.device)
+            - cu_seqlens[seq_of_token].long()
+        )
+        pad_index = seq_of_token * max_seqlen + pos_in_seq
+        key_mask = torch.arange(max_seqlen, device=lengths.device)[None, :] < lengths[:, None]
+        return cls(
+            cu_seqlens=cu_seqlens,
+            max_seqlen=max_seqlen,
+            pad_index=pad_index,
+            key_mask=key_mask[:, None, None, :],
+        )
+
+
+def flash_available(device: torch.device, dtype: torch.dtype) -> bool:
+    return _varlen_attn is not None and device.type == "cuda" and dtype in _FLASH_DTYPES
+
+
+def varlen_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    meta: AttentionMetadata,
+    *,
+    causal: bool = False,
+    sliding_window: int | None = None,
+    scale: float | None = None,
+) -> torch.Tensor:
+    """q `[T, Hq, D]`, k/v `[T, Hkv, D]` (Hq a multiple of Hkv) → `[T, Hq, D]`.
+
+    `sliding_window` follows Hugging Face's meaning: a query sees itself and the
+    `sliding_window - 1` keys before it (causal only).
+    """
+    if meta.pad_index is None:
+        return _flash(q, k, v, meta, causal, sliding_window, scale)
+    return _padded_sdpa(q, k, v, meta, causal, sliding_window, scale)
+
+
+def _flash(q, k, v, meta, causal, sliding_window, scale):  # type: ignore[no-untyped-def]
+    assert _varlen_attn is not None
+    if not causal:
+        window = (-1, -1)
+    elif sliding_window is None:
+        window = (-1, 0)
+    else:
+        window = (sliding_window - 1, 0)
+    if k.shape[1] != q.shape[1]:
+        repeat = q.shape[1] // k.shape[1]
+        k = k.repeat_interleave(repeat, dim=1)
+        v = v.repeat_interleave(repeat, dim=1)
+    return _varlen_attn(
+        q,
+        k,
+        v,
+        meta.cu_seqlens,
+        meta.cu_seqlens,
+        meta.max_seqlen,
+        meta.max_seqlen,
+        scale=scale,
+        window_size=window,
+    )
+
+
+def _pad(x: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+    n = meta.cu_seqlens.numel() - 1
+    padded = x.new_zeros((n * meta.max_seqlen, x.shape[1], x.shape[2]))
+    padded[meta.pad_index] = x
+    # [n, L, H, D] -> [n, H, L, D]
+    return padded.view(n, meta.max_seqlen, x.shape[1], x.shape[2]).transpose(1, 2)
+
+
+def _padded_sdpa(q, k, v, meta, causal, sliding_window, scale):  # type: ignore[no-untyped-def]
+    heads, head_dim = q.shape[1], q.shape[2]
+    if k.shape[1] != heads:
+        repeat = heads // k.shape[1]
+        k = k.repeat_interleave(repeat, dim=1)
+        v = v.repeat_interleave(repeat, dim=1)
+    qp, kp, vp = _pad(q, meta), _pad(k, meta), _pad(v, meta)
+    mask = meta.key_mask
+    assert mask is not None
+    if causal:
+        length = meta.max_seqlen
+        idx = torch.arange(length, device=q.device)
+        allowed = idx[None, :] <= idx[:, None]
+        if sliding_window is not None:
+            allowed = allowed & (idx[:, None] - idx[None, :] < sliding_window)
+        mask = mask & allowed[None, None, :, :]
+    out = F.scaled_dot_product_attention(qp, kp, vp, attn_mask=mask, scale=scale)
+    # [n, H, L, D] -> [n * L, H, D], then back to the packed tokens.
+    out = out.transpose(1, 2).reshape(-1, heads, head_dim)
+    return out[meta.pad_index]

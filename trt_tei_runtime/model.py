@@ -1,0 +1,183 @@
+"""`Model`: the runtime without a server, in the spirit of `SentenceTransformer.encode`."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Sequence
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from .batch import PackedBatch
+from .errors import InputError
+from .inference import InferenceModel, ModelInfo, load_inference_model
+from .pooling import apply_score_activation, finish_embeddings
+from .tokenization import TextOrPair, TextTokenizer
+
+DEFAULT_MAX_BATCH_TOKENS = 16384
+
+
+class Model:
+    """An embedding, reranking or classification model loaded from a checkpoint folder or hub id.
+
+    >>> model = Model("sentence-transformers/all-MiniLM-L6-v2")
+    >>> model.embed(["a query", "a document"]).shape
+    (2, 384)
+    """
+
+    def __init__(
+        self,
+        model_id_or_path: str | os.PathLike[str],
+        device: str | torch.device | None = None,
+        dtype: str | torch.dtype | None = None,
+        pooling: str | None = None,
+        *,
+        revision: str | None = None,
+        max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS,
+    ) -> None:
+        if max_batch_tokens <= 0:
+            raise InputError(f"max_batch_tokens must be positive, got {max_batch_tokens}")
+        self._model: InferenceModel = load_inference_model(
+            model_id_or_path, revision=revision, device=device, dtype=dtype, pooling=pooling
+        )
+        self.info: ModelInfo = self._model.info
+        self.tokenizer = TextTokenizer(self.info.model_dir, self.info.max_input_length)
+        # A batch must hold at least one sequence of the maximum length.
+        self.max_batch_tokens = max(max_batch_tokens, self.info.max_input_length)
+
+    @property
+    def device(self) -> torch.device:
+        return self._model.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self._model.dtype
+
+    def embed(
+        self,
+        texts: str | Sequence[str],
+        normalize: bool = True,
+        dimensions: int | None = None,
+        prompt_name: str | None = None,
+        truncate: bool = True,
+        show_progress_bar: bool | None = None,
+    ) -> np.ndarray:
+        """Embeddings `(n, dim)` float32; `dimensions` truncates (Matryoshka) before normalizing."""
+        texts = [texts] if isinstance(texts, str) else list(texts)
+        if dimensions is not None and not 0 < dimensions <= self.info.hidden_size:
+            raise InputError(
+                f"dimensions must be between 1 and {self.info.hidden_size}, got {dimensions}"
+            )
+        prompt = self._prompt(prompt_name)
+        if any(not isinstance(t, str) for t in texts):
+            raise InputError("embed takes strings")
+        outputs = self._run(
+            [prompt + t for t in texts], truncate, show_progress_bar, self._model.embed
+        )
+        if outputs is None:
+            return np.zeros((0, dimensions or self.info.hidden_size), dtype=np.float32)
+        return finish_embeddings(outputs, normalize=normalize, dimensions=dimensions).numpy()
+
+    def predict(
+        self,
+        texts_or_pairs: TextOrPair | Sequence[TextOrPair],
+        raw_scores: bool = False,
+        truncate: bool = True,
+        show_progress_bar: bool | None = None,
+    ) -> np.ndarray:
+        """Scores `(n, num_labels)`: sigmoid/softmax as TEI applies them, or raw logits."""
+        items = _as_items(texts_or_pairs)
+        logits = self._run(items, truncate, show_progress_bar, self._model.predict)
+        if logits is None:
+            return np.zeros((0, self.info.num_labels), dtype=np.float32)
+        if not raw_scores:
+            logits = apply_score_activation(logits, self.info.score_activation)
+        return logits.numpy()
+
+    def rerank(
+        self,
+        query: str,
+        texts: Sequence[str],
+        raw_scores: bool = False,
+        truncate: bool = True,
+        top_n: int | None = None,
+    ) -> list[tuple[int, float]]:
+        """(index into `texts`, score) pairs, best first."""
+        if self.info.model_type != "reranker":
+            raise InputError(
+                f"rerank needs a single-label reranker; this model is a {self.info.model_type}"
+            )
+        scores = self.predict([(query, t) for t in texts], raw_scores=raw_scores, truncate=truncate)
+        order = sorted(range(len(texts)), key=lambda i: -float(scores[i, 0]))
+        return [(i, float(scores[i, 0])) for i in order[:top_n]]
+
+    def _prompt(self, prompt_name: str | None) -> str:
+        name = prompt_name or self.info.default_prompt_name
+        if name is None:
+            return ""
+        if name not in self.info.prompts:
+            raise InputError(
+                f"unknown prompt_name {name!r}; the model has {sorted(self.info.prompts) or 'none'}"
+            )
+        return self.info.prompts[name]
+
+    def _run(self, items, truncate, show_progress_bar, forward):  # type: ignore[no-untyped-def]
+        """Tokenizes, runs token-budget batches longest first, returns rows in input order."""
+        if not items:
+            return None
+        encodings = self.tokenizer.encode(items, truncate=truncate)
+        lengths = [len(e.ids) for e in encodings]
+        for i, n in enumerate(lengths):
+            if n == 0:
+                raise InputError(f"input {i} is empty after tokenization")
+        order = sorted(range(len(items)), key=lambda i: -lengths[i])
+        batches = list(_token_budget_batches(order, lengths, self.max_batch_tokens))
+        results: list[torch.Tensor | None] = [None] * len(items)
+        progress = tqdm(
+            total=len(items),
+            disable=(not show_progress_bar)
+            if show_progress_bar is not None
+            else (len(batches) < 2 or None),
+            unit="input",
+        )
+        with progress:
+            for indices in batches:
+                batch = PackedBatch.from_sequences(
+                    [encodings[i].ids for i in indices],
+                    [encodings[i].type_ids for i in indices],
+                    self.info.position_offset,
+                )
+                out = forward(batch).cpu()
+                for row, i in enumerate(indices):
+                    results[i] = out[row]
+                progress.update(len(indices))
+        return torch.stack(results)  # type: ignore[arg-type]
+
+
+def _as_items(texts_or_pairs: TextOrPair | Sequence[TextOrPair]) -> list[TextOrPair]:
+    """A string or a tuple of two strings is one input; a list holds several."""
+    if isinstance(texts_or_pairs, str):
+        return [texts_or_pairs]
+    if (
+        isinstance(texts_or_pairs, tuple)
+        and len(texts_or_pairs) == 2
+        and all(isinstance(x, str) for x in texts_or_pairs)
+    ):
+        return [texts_or_pairs]
+    return list(texts_or_pairs)
+
+
+def _token_budget_batches(
+    order: list[int], lengths: list[int], max_tokens: int
+) -> Iterator[list[int]]:
+    batch: list[int] = []
+    tokens = 0
+    for i in order:
+        if batch and tokens + lengths[i] > max_tokens:
+            yield batch
+            batch, tokens = [], 0
+        batch.append(i)
+        tokens += lengths[i]
+    if batch:
+        yield batch
