@@ -1,0 +1,209 @@
+"""Engine benchmark: BENCHMARKS.md's backfill and query workloads, ours against the
+`transformers` baseline in the same run. Prints a table last.
+
+    python benchmarks/bench_engine.py --shapes bert-large --dtype bfloat16
+
+Not a test: it reports; CI never times it. Needs a CUDA GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import torch
+from shapes import BF16_LIMIT_TOKENS_PER_S, write_random_checkpoint
+
+from trt_tei_runtime.batch import PackedBatch
+from trt_tei_runtime.inference import load_inference_model
+
+
+def backfill_lengths(shape: str) -> list[int]:
+    rng = np.random.default_rng(0)
+    count = 512 if shape == "qwen3-8b" else 2048
+    return rng.integers(64, 513, size=count).tolist()
+
+
+def random_ids(lengths: list[int], vocab: int, seed: int = 1) -> list[list[int]]:
+    rng = np.random.default_rng(seed)
+    # Avoid special ids at the low end so no model treats them as padding.
+    return [rng.integers(1000, vocab - 1, size=n).tolist() for n in lengths]
+
+
+def timed(fn: Callable[[], object]) -> float:
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    fn()
+    torch.cuda.synchronize()
+    return time.perf_counter() - start
+
+
+def ours_backfill(model, docs: list[list[int]], max_batch_tokens: int) -> Callable[[], object]:  # type: ignore[no-untyped-def]
+    order = sorted(range(len(docs)), key=lambda i: -len(docs[i]))
+    batches, cur, tokens = [], [], 0
+    for i in order:
+        if cur and tokens + len(docs[i]) > max_batch_tokens:
+            batches.append(cur)
+            cur, tokens = [], 0
+        cur.append(i)
+        tokens += len(docs[i])
+    batches.append(cur)
+    packed = [
+        PackedBatch.from_sequences([docs[i] for i in b], position_offset=model.info.position_offset)
+        for b in batches
+    ]
+
+    def run() -> object:
+        return [model.embed(b) for b in packed]
+
+    return run
+
+
+def hf_backfill(hf, docs: list[list[int]], batch_size: int = 32) -> Callable[[], object]:  # type: ignore[no-untyped-def]
+    """What sentence-transformers does: length-sorted batches of 32, padded, mean pooling."""
+    order = sorted(range(len(docs)), key=lambda i: -len(docs[i]))
+    batches = []
+    for s in range(0, len(order), batch_size):
+        seqs = [docs[i] for i in order[s : s + batch_size]]
+        width = max(len(x) for x in seqs)
+        ids = torch.zeros((len(seqs), width), dtype=torch.long)
+        mask = torch.zeros((len(seqs), width), dtype=torch.long)
+        for r, x in enumerate(seqs):
+            ids[r, : len(x)] = torch.tensor(x)
+            mask[r, : len(x)] = 1
+        batches.append((ids.cuda(), mask.cuda()))
+
+    @torch.inference_mode()
+    def run() -> object:
+        out = []
+        for ids, mask in batches:
+            hidden = hf(input_ids=ids, attention_mask=mask).last_hidden_state
+            m = mask[..., None].to(hidden.dtype)
+            out.append((hidden * m).sum(1) / m.sum(1))
+        return out
+
+    return run
+
+
+def query_latencies(fn: Callable[[], object], reps: int) -> tuple[float, float]:
+    for _ in range(5):
+        fn()
+    times = sorted(timed(fn) for _ in range(reps))
+    return statistics.median(times) * 1e3, times[int(0.99 * (len(times) - 1))] * 1e3
+
+
+def bench_shape(shape: str, dtype: str, reps: int, max_batch_tokens: int) -> list[dict]:
+    import transformers
+
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = write_random_checkpoint(shape, Path(tmp) / shape)
+        model = load_inference_model(folder, device="cuda", dtype=dtype, pooling="mean")
+        vocab = model.network.vocab_size
+        docs = random_ids(backfill_lengths(shape), vocab)
+        tokens = sum(len(d) for d in docs)
+        query = PackedBatch.from_sequences(
+            random_ids([24], vocab, seed=2), position_offset=model.info.position_offset
+        )
+
+        fill = ours_backfill(model, docs, max_batch_tokens)
+        fill()
+        ours_s = statistics.median(timed(fill) for _ in range(3))
+        q50, q99 = query_latencies(lambda m=model: m.embed(query), reps)
+        rows.append(
+            dict(
+                shape=shape,
+                impl=f"ours-eager-{dtype}",
+                tokens_per_s=tokens / ours_s,
+                p50_ms=q50,
+                p99_ms=q99,
+            )
+        )
+        del model, fill
+        torch.cuda.empty_cache()
+
+        hf = (
+            transformers.AutoModel.from_pretrained(
+                folder, dtype=torch.float16, attn_implementation="sdpa"
+            )
+            .cuda()
+            .eval()
+        )
+        fill = hf_backfill(hf, docs)
+        fill()
+        hf_s = statistics.median(timed(fill) for _ in range(3))
+        ids = torch.tensor(random_ids([24], vocab, seed=2), device="cuda")
+        with torch.inference_mode():
+            h50, h99 = query_latencies(
+                lambda m=hf: m(input_ids=ids).last_hidden_state.mean(1), reps
+            )
+        rows.append(
+            dict(
+                shape=shape,
+                impl="hf-fp16-sdpa-b32",
+                tokens_per_s=tokens / hf_s,
+                p50_ms=h50,
+                p99_ms=h99,
+            )
+        )
+        del hf
+        torch.cuda.empty_cache()
+    base = rows[-1]["tokens_per_s"]
+    for row in rows:
+        row["x_baseline"] = row["tokens_per_s"] / base
+        limit = BF16_LIMIT_TOKENS_PER_S.get(shape)
+        row["frac_h200_bf16_limit"] = row["tokens_per_s"] / limit if limit else None
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--shapes",
+        default="bert-large",
+        help="comma-separated: minilm, bert-large, qwen3-0.6b, qwen3-8b",
+    )
+    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--reps", type=int, default=100, help="query repetitions")
+    parser.add_argument("--max-batch-tokens", type=int, default=16384)
+    parser.add_argument("--json", type=Path, help="also write the rows here")
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("bench_engine needs a CUDA GPU")
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+    ).stdout.strip()
+    print(
+        f"device: {torch.cuda.get_device_name()}  torch {torch.__version__}  "
+        f"commit {commit or 'unknown'}"
+    )
+    rows = [
+        r
+        for s in args.shapes.split(",")
+        for r in bench_shape(s.strip(), args.dtype, args.reps, args.max_batch_tokens)
+    ]
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=2))
+    print(
+        f"{'shape':<11} {'impl':<22} {'backfill tok/s':>15} {'x HF':>6} {'of limit':>9} "
+        f"{'query p50 ms':>13} {'p99 ms':>8}"
+    )
+    for r in rows:
+        frac = f"{r['frac_h200_bf16_limit']:.0%}" if r["frac_h200_bf16_limit"] else "-"
+        print(
+            f"{r['shape']:<11} {r['impl']:<22} {r['tokens_per_s']:>15,.0f} "
+            f"{r['x_baseline']:>6.2f} {frac:>9} {r['p50_ms']:>13.2f} {r['p99_ms']:>8.2f}"
+        )
+
+
+if __name__ == "__main__":
+    main()

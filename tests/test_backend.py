@@ -1,0 +1,96 @@
+"""The router ↔ runtime contract: packed uint32 buffers in, float32 arrays out."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from tiny_checkpoints import make_checkpoint
+
+from trt_tei_runtime import InputError, Model
+from trt_tei_runtime.backend import Backend
+
+TEXTS = ["the cat", "a dog in paris reads a book", "blue"]
+
+
+def _pack(model: Model, items, offset: int):  # type: ignore[no-untyped-def]
+    enc = model.tokenizer.encode(items)
+    ids = np.concatenate([e.ids for e in enc]).astype("<u4")
+    types = np.concatenate([e.type_ids for e in enc]).astype("<u4")
+    positions = np.concatenate([np.arange(len(e.ids)) + offset for e in enc]).astype("<u4")
+    cu = np.concatenate([[0], np.cumsum([len(e.ids) for e in enc])]).astype("<u4")
+    return (
+        ids.tobytes(),
+        types.tobytes(),
+        positions.tobytes(),
+        cu.tobytes(),
+        max(len(e.ids) for e in enc),
+    )
+
+
+@pytest.fixture(scope="module")
+def embedder(tmp_path_factory):  # type: ignore[no-untyped-def]
+    folder = make_checkpoint(tmp_path_factory.mktemp("xlmr"), "XLMRobertaModel", pooling="mean")
+    return Backend(str(folder)), Model(folder)
+
+
+def test_info_describes_the_model(embedder):  # type: ignore[no-untyped-def]
+    backend, _ = embedder
+    info = backend.info()
+    assert info["model_type"] == "embedding"
+    assert info["architecture"] == "XLMRobertaModel"
+    assert info["position_offset"] == 2 and info["max_input_length"] == 128
+    assert info["hidden_size"] == 32 and info["pooling"] == "mean"
+    assert info["tokenizer_path"].endswith("tokenizer.json")
+    assert (info["dtype"], info["device"]) == ("float32", "cpu")
+    backend.health()
+
+
+def test_embed_from_bytes_matches_model(embedder):  # type: ignore[no-untyped-def]
+    backend, model = embedder
+    pooled = backend.embed(*_pack(model, TEXTS, 2))
+    assert pooled.dtype == np.float32 and pooled.flags["C_CONTIGUOUS"]
+    np.testing.assert_allclose(pooled, model.embed(TEXTS, normalize=False), atol=1e-6)
+    tokens = backend.embed_all(*_pack(model, TEXTS, 2))
+    assert tokens.shape == (sum(len(e.ids) for e in model.tokenizer.encode(TEXTS)), 32)
+    with pytest.raises(InputError, match="use predict, not embed"):
+        Backend(str(make_reranker_dir(model))).embed(*_pack(model, TEXTS, 2))
+
+
+def make_reranker_dir(model: Model):  # type: ignore[no-untyped-def]
+    return make_checkpoint(
+        model.info.model_dir.parent / "reranker", "XLMRobertaForSequenceClassification"
+    )
+
+
+def test_predict_returns_raw_logits(embedder):  # type: ignore[no-untyped-def]
+    _, model = embedder
+    folder = make_reranker_dir(model)
+    backend, reranker = Backend(str(folder)), Model(folder)
+    info = backend.info()
+    assert (info["model_type"], info["num_labels"], info["score_activation"]) == (
+        "reranker",
+        1,
+        "sigmoid",
+    )
+    pairs = [("query", t) for t in TEXTS]
+    logits = backend.predict(*_pack(reranker, pairs, 2))
+    np.testing.assert_allclose(logits, reranker.predict(pairs, raw_scores=True), atol=1e-6)
+
+
+def test_inconsistent_batches_are_rejected(embedder):  # type: ignore[no-untyped-def]
+    backend, model = embedder
+    ids, types, positions, cu, max_len = _pack(model, TEXTS, 2)
+    with pytest.raises(InputError, match="must all hold cu_seqlens"):
+        backend.embed(ids[:-4], types, positions, cu, max_len)
+    with pytest.raises(InputError, match="not a multiple of 4"):
+        backend.embed(ids[:-1], types, positions, cu, max_len)
+    with pytest.raises(InputError, match="below the longest sequence"):
+        backend.embed(ids, types, positions, cu, 2)
+    bad_ids = np.frombuffer(ids, "<u4").copy()
+    bad_ids[0] = 10_000
+    with pytest.raises(InputError, match="token id 10000 is outside the vocabulary"):
+        backend.embed(bad_ids.tobytes(), types, positions, cu, max_len)
+    with pytest.raises(InputError, match="strictly increasing"):
+        backend.embed(
+            ids, types, positions, np.array([0, 3, 3, len(ids) // 4], "<u4").tobytes(), max_len
+        )

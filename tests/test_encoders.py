@@ -1,0 +1,119 @@
+"""Tier 2: every encoder architecture against `transformers` on a tiny random checkpoint."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from reference import cosine, hf_encoder_outputs
+from tiny_checkpoints import make_checkpoint
+
+from trt_tei_runtime import Model
+from trt_tei_runtime.batch import PackedBatch
+from trt_tei_runtime.inference import load_inference_model
+
+TEXTS = [
+    "the cat",
+    "a long document about the river in paris, france, and the green tree by the blue house "
+    "where the dog reads a book while the server writes text for the search engine " * 2,
+    "query",
+    "x",
+    "sentence embedding model is fast",
+]
+PAIRS = [(TEXTS[2], t) for t in TEXTS]
+
+EMBEDDERS = ["BertModel", "RobertaModel", "XLMRobertaModel"]
+CLASSIFIERS = ["BertForSequenceClassification", "XLMRobertaForSequenceClassification"]
+
+
+@pytest.fixture(scope="module", params=EMBEDDERS)
+def embedder_dir(request, tmp_path_factory):  # type: ignore[no-untyped-def]
+    return make_checkpoint(tmp_path_factory.mktemp(request.param), request.param, pooling="mean")
+
+
+@pytest.mark.parametrize("pooling", ["mean", "cls", "last-token"])
+def test_embedder_matches_transformers(embedder_dir, pooling):  # type: ignore[no-untyped-def]
+    model = Model(embedder_dir, pooling=pooling)
+    enc = model.tokenizer.encode(TEXTS)
+    ids = [e.ids for e in enc]
+    refs = hf_encoder_outputs(embedder_dir, ids)
+
+    # Per-token states of the whole packed batch against each sequence alone.
+    batch = PackedBatch.from_sequences(ids, [e.type_ids for e in enc], model.info.position_offset)
+    hidden = model._model.hidden_states(batch)
+    for i, ref in enumerate(refs):
+        ours = hidden[batch.cu_seqlens[i] : batch.cu_seqlens[i + 1]]
+        assert cosine(ours, ref).min() >= 0.99999, (i, cosine(ours, ref))
+
+    pooled_ref = {
+        "mean": torch.stack([r.mean(0) for r in refs]),
+        "cls": torch.stack([r[0] for r in refs]),
+        "last-token": torch.stack([r[-1] for r in refs]),
+    }[pooling]
+    ours = torch.from_numpy(model.embed(TEXTS, normalize=False))
+    assert cosine(ours, pooled_ref).min() >= 0.99999
+
+
+def test_batch_equals_one_by_one(embedder_dir):  # type: ignore[no-untyped-def]
+    model = Model(embedder_dir)
+    together = model.embed(TEXTS)
+    alone = np.concatenate([model.embed([t]) for t in TEXTS])
+    np.testing.assert_allclose(together, alone, atol=2e-6)
+    # A token budget so small that every text runs in its own batch changes nothing either.
+    tiny_budget = Model(embedder_dir, max_batch_tokens=1)
+    np.testing.assert_allclose(tiny_budget.embed(TEXTS), together, atol=2e-6)
+
+
+@pytest.mark.parametrize("arch", CLASSIFIERS)
+@pytest.mark.parametrize("num_labels", [1, 3])
+def test_classifier_logits_match_transformers(tmp_path, arch, num_labels):  # type: ignore[no-untyped-def]
+    folder = make_checkpoint(tmp_path, arch, num_labels=num_labels)
+    model = Model(folder)
+    assert model.info.model_type == ("reranker" if num_labels == 1 else "classifier")
+    assert model.info.id2label == {str(i): f"label_{i}" for i in range(num_labels)}
+    enc = model.tokenizer.encode(PAIRS)
+    refs = torch.stack(hf_encoder_outputs(folder, [e.ids for e in enc], [e.type_ids for e in enc]))
+
+    raw = torch.from_numpy(model.predict(PAIRS, raw_scores=True))
+    assert raw.shape == (len(PAIRS), num_labels)
+    assert (raw - refs).abs().max() <= 1e-5
+    scores = torch.from_numpy(model.predict(PAIRS))
+    expected = torch.sigmoid(refs) if num_labels == 1 else torch.softmax(refs, -1)
+    assert (scores - expected).abs().max() <= 1e-6
+    alone = np.concatenate([model.predict([p], raw_scores=True) for p in PAIRS])
+    np.testing.assert_allclose(alone, raw.numpy(), atol=2e-6)
+
+
+def test_multi_label_classifier_uses_sigmoid(tmp_path):  # type: ignore[no-untyped-def]
+    folder = make_checkpoint(
+        tmp_path,
+        "BertForSequenceClassification",
+        num_labels=4,
+        problem_type="multi_label_classification",
+    )
+    model = Model(folder)
+    raw = model.predict(TEXTS, raw_scores=True)
+    np.testing.assert_allclose(model.predict(TEXTS), 1 / (1 + np.exp(-raw)), rtol=1e-5)
+
+
+def test_rerank_orders_by_score(tmp_path):  # type: ignore[no-untyped-def]
+    model = Model(make_checkpoint(tmp_path, "BertForSequenceClassification", num_labels=1))
+    ranked = model.rerank("query", TEXTS)
+    scores = model.predict([("query", t) for t in TEXTS])[:, 0]
+    assert [i for i, _ in ranked] == list(np.argsort(-scores, kind="stable"))
+    assert [s for _, s in ranked] == pytest.approx(sorted(scores, reverse=True))
+    assert len(model.rerank("query", TEXTS, top_n=2)) == 2
+
+
+def test_reranker_cannot_embed_and_embedder_cannot_rerank(tmp_path, embedder_dir):  # type: ignore[no-untyped-def]
+    reranker = Model(make_checkpoint(tmp_path, "BertForSequenceClassification", num_labels=1))
+    with pytest.raises(ValueError, match="use predict, not embed"):
+        reranker.embed(["x"])
+    with pytest.raises(ValueError, match="rerank needs a single-label reranker"):
+        Model(embedder_dir).rerank("q", ["d"])
+
+
+def test_position_offset_is_padding_index_plus_one(tmp_path):  # type: ignore[no-untyped-def]
+    model = load_inference_model(make_checkpoint(tmp_path, "XLMRobertaModel"))
+    assert model.info.position_offset == 2
+    assert model.info.max_input_length == 128  # 130 positions minus the offset
