@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import tempfile
@@ -179,7 +180,8 @@ def main() -> None:
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("bench_engine needs a CUDA GPU")
-    commit = subprocess.run(
+    # The GPU machine gets the tree without .git: the caller passes the commit then.
+    commit = os.environ.get("TRT_TEI_COMMIT") or subprocess.run(
         ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
     ).stdout.strip()
     print(
