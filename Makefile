@@ -13,7 +13,7 @@ PORT ?= 8080
 CONFIG ?= release_matrix_cfg/builder_config_embed.yaml
 
 .PHONY: setup python_deps router_dev run_embed run_reranker test test_unit test_integration \
-	test_gpu lint wheel benchmark_embed clean
+	test_gpu lint wheel benchmark_embed engine clean
 
 setup: python_deps router_dev
 
@@ -64,6 +64,11 @@ lint: python_deps
 
 wheel: python_deps
 	$(VENV)/bin/maturin build --release --out dist
+
+# make engine CONFIG=release_matrix_cfg/builder_config_embed.yaml OUTPUT=engines/embed
+engine: setup
+	@test -n "$(OUTPUT)" || { echo "usage: make engine CONFIG=<builder yaml> OUTPUT=<engine dir>"; exit 2; }
+	$(VENV)/bin/trt-tei-build "$(CONFIG)" --output "$(OUTPUT)" $(ARGS)
 
 benchmark_embed: setup
 	$(PY) benchmarks/bench_engine.py $(ARGS)

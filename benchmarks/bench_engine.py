@@ -106,29 +106,36 @@ def bench_shape(shape: str, dtype: str, reps: int, max_batch_tokens: int) -> lis
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         folder = write_random_checkpoint(shape, Path(tmp) / shape)
-        model = load_inference_model(folder, device="cuda", dtype=dtype, pooling="mean")
-        vocab = model.network.vocab_size
-        docs = random_ids(backfill_lengths(shape), vocab)
-        tokens = sum(len(d) for d in docs)
-        query = PackedBatch.from_sequences(
-            random_ids([24], vocab, seed=2), position_offset=model.info.position_offset
-        )
-
-        fill = ours_backfill(model, docs, max_batch_tokens)
-        fill()
-        ours_s = statistics.median(timed(fill) for _ in range(3))
-        q50, q99 = query_latencies(lambda m=model: m.embed(query), reps)
-        rows.append(
-            dict(
-                shape=shape,
-                impl=f"ours-eager-{dtype}",
-                tokens_per_s=tokens / ours_s,
-                p50_ms=q50,
-                p99_ms=q99,
+        for label, graphs in (("graphs", True), ("eager", False)):
+            model = load_inference_model(
+                folder,
+                device="cuda",
+                dtype=dtype,
+                pooling="mean",
+                cuda_graphs=graphs,
+                max_num_tokens=max_batch_tokens,
             )
-        )
-        del model, fill
-        torch.cuda.empty_cache()
+            vocab = model.network.vocab_size
+            docs = random_ids(backfill_lengths(shape), vocab)
+            tokens = sum(len(d) for d in docs)
+            query = PackedBatch.from_sequences(
+                random_ids([24], vocab, seed=2), position_offset=model.info.position_offset
+            )
+            fill = ours_backfill(model, docs, max_batch_tokens)
+            fill()
+            ours_s = statistics.median(timed(fill) for _ in range(3))
+            q50, q99 = query_latencies(lambda m=model, q=query: m.embed(q), reps)
+            rows.append(
+                dict(
+                    shape=shape,
+                    impl=f"ours-{label}-{dtype}",
+                    tokens_per_s=tokens / ours_s,
+                    p50_ms=q50,
+                    p99_ms=q99,
+                )
+            )
+            del model, fill
+            torch.cuda.empty_cache()
 
         hf = (
             transformers.AutoModel.from_pretrained(
@@ -181,9 +188,12 @@ def main() -> None:
     if not torch.cuda.is_available():
         raise SystemExit("bench_engine needs a CUDA GPU")
     # The GPU machine gets the tree without .git: the caller passes the commit then.
-    commit = os.environ.get("TRT_TEI_COMMIT") or subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
-    ).stdout.strip()
+    commit = (
+        os.environ.get("TRT_TEI_COMMIT")
+        or subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+        ).stdout.strip()
+    )
     print(
         f"device: {torch.cuda.get_device_name()}  torch {torch.__version__}  "
         f"commit {commit or 'unknown'}"

@@ -28,9 +28,20 @@ class Backend:
         dtype: str | None = None,
         pooling: str | None = None,
         device: str | None = None,
+        task: str | None = None,
+        max_batch_tokens: int | None = None,
+        max_batch_requests: int | None = None,
     ) -> None:
+        # The router's batch limits size the CUDA graphs: every batch it sends replays one.
         self.model: InferenceModel = load_inference_model(
-            model_id, revision=revision, device=device, dtype=dtype, pooling=pooling
+            model_id,
+            revision=revision,
+            device=device,
+            dtype=dtype,
+            pooling=pooling,
+            task=task,
+            max_num_tokens=max_batch_tokens,
+            max_batch_size=max_batch_requests,
         )
 
     def info(self) -> dict[str, Any]:
@@ -49,6 +60,8 @@ class Backend:
             "score_activation": info.score_activation,
             "prompts": dict(info.prompts),
             "default_prompt_name": info.default_prompt_name,
+            # Rerankers trained on a prompt (Qwen3-Reranker): how to lay out a pair.
+            "pair_template": None if info.pair_template is None else info.pair_template.as_dict(),
             "dtype": str(self.model.dtype).removeprefix("torch."),
             "device": str(self.model.device),
         }

@@ -10,6 +10,7 @@ import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -21,14 +22,21 @@ from .checkpoint import (
     resolve_model_dir,
 )
 from .dense import DenseLayer
+from .engine.graphs import CudaGraphRunner
+from .engine.load import load_engine_network, read_engine_manifest
 from .errors import CheckpointError, InputError
 from .layers import AttentionMetadata
 from .layers.attention import flash_available
 from .models import Task, TransformerModel, architecture_class
 from .pooling import canonical_pooling, pool, score_activation
+from .templates import PairTemplate
 from .weights import WeightReader, load_checkpoint_tensors
 
 log = logging.getLogger(__name__)
+
+# Largest batch the CUDA graphs cover unless an engine manifest or the caller says otherwise.
+DEFAULT_MAX_NUM_TOKENS = 16384
+DEFAULT_MAX_BATCH_SIZE = 256
 
 _DTYPES = {
     "float32": torch.float32,
@@ -84,6 +92,8 @@ class ModelInfo:
     prompts: dict[str, str] = field(default_factory=dict)
     default_prompt_name: str | None = None
     normalize_default: bool = True
+    # Set for models trained on one prompt per (query, document) pair (yes/no rerankers).
+    pair_template: PairTemplate | None = None
 
     @property
     def model_type(self) -> str:
@@ -107,11 +117,33 @@ class InferenceModel:
         self.device = device
         self.dtype = dtype
         self._use_flash = flash_available(device, dtype)
+        # Name → shape of every checkpoint tensor the network was built from (an engine
+        # records it), and the engine manifest when loaded from an engine directory.
+        self.checkpoint_tensors: dict[str, tuple[int, ...]] = {}
+        self.engine_manifest: dict[str, Any] | None = None
+        self.graphs: CudaGraphRunner | None = None
+
+    def enable_cuda_graphs(self, max_num_tokens: int, max_batch_size: int) -> bool:
+        """Captures CUDA graphs for batches up to these sizes; False where they cannot run
+        (CPU, or fp32, whose attention path has data-dependent shapes)."""
+        if not self._use_flash:
+            return False
+        self.graphs = CudaGraphRunner(
+            self.network,
+            self.device,
+            max_num_tokens=max_num_tokens,
+            max_batch_size=max_batch_size,
+            max_seqlen=self.info.max_input_length,
+        )
+        self.graphs.capture()
+        return True
 
     @torch.inference_mode()
     def hidden_states(self, batch: PackedBatch) -> torch.Tensor:
         """Per-token last hidden states `[T, H]` in the model dtype, on the device."""
         self._check_tokens(batch)
+        if self.graphs is not None and self.graphs.can_run(batch):
+            return self.graphs.run(batch)
         batch = batch.to(self.device)
         meta = AttentionMetadata.build(
             batch.cu_seqlens, batch.max_seqlen, use_flash=self._use_flash
@@ -154,7 +186,11 @@ class InferenceModel:
                 f"token id {int(batch.input_ids.max())} is outside the vocabulary "
                 f"({net.vocab_size})"
             )
-        if batch.num_tokens and int(batch.token_type_ids.max()) >= net.type_vocab_size:
+        if (
+            net.uses_token_types
+            and batch.num_tokens
+            and int(batch.token_type_ids.max()) >= net.type_vocab_size
+        ):
             raise InputError(
                 f"token type id {int(batch.token_type_ids.max())} is outside the model's "
                 f"{net.type_vocab_size} token types"
@@ -173,7 +209,18 @@ def load_inference_model(
     device: str | torch.device | None = None,
     dtype: str | torch.dtype | None = None,
     pooling: str | None = None,
+    task: str | None = None,
+    cuda_graphs: bool | None = None,
+    max_num_tokens: int | None = None,
+    max_batch_size: int | None = None,
 ) -> InferenceModel:
+    """Loads a checkpoint folder, hub id or engine directory.
+
+    On CUDA, CUDA graphs are captured for batches of up to `max_num_tokens` tokens and
+    `max_batch_size` sequences (an engine's manifest gives both) unless `cuda_graphs` is
+    False or TRT_TEI_CUDA_GRAPHS=0.
+    `task` loads a checkpoint for a task other than its architecture's (see
+    `models.TASKS`), e.g. "rerank-yes-no" for Qwen3-Reranker's `Qwen3ForCausalLM`."""
     model_dir = resolve_model_dir(model_id, revision)
     config = read_json(model_dir / "config.json")
     assert config is not None
@@ -181,20 +228,31 @@ def load_inference_model(
     if not isinstance(architectures, list) or not architectures:
         raise CheckpointError(f"config.json in {model_dir}: missing field 'architectures'")
     arch_name = str(architectures[0])
-    arch = architecture_class(arch_name)
+    arch = architecture_class(arch_name, task)
     st = read_sentence_transformers_config(model_dir)
     torch_device = parse_device(device)
     torch_dtype = parse_dtype(dtype, torch_device, config.get("torch_dtype") or config.get("dtype"))
 
-    reader = WeightReader(
-        load_checkpoint_tensors(model_dir),
-        prefixes=arch.prefixes,
-        ignore=arch.unused,
-        source=str(model_dir),
-    )
-    network = arch.load(config, reader)
-    reader.finish()
-    network.to(device=torch_device, dtype=torch_dtype).eval()
+    manifest = read_engine_manifest(model_dir)
+    if manifest is not None:
+        # An engine is built for one dtype (and maybe FP8): it loads as it was built.
+        built = parse_dtype(manifest["dtype"], torch_device, None)
+        if dtype is not None and parse_dtype(dtype, torch_device, None) != built:
+            raise InputError(f"engine {model_dir} was built for {manifest['dtype']}, not {dtype}")
+        torch_dtype = built
+        network = load_engine_network(arch, config, model_dir, manifest, torch_device)
+        checkpoint_tensors = {k: tuple(v) for k, v in manifest["checkpoint_tensors"].items()}
+    else:
+        reader = WeightReader(
+            load_checkpoint_tensors(model_dir),
+            prefixes=arch.prefixes,
+            ignore=arch.unused,
+            source=str(model_dir),
+        )
+        network = arch.from_checkpoint(config, reader, model_dir)
+        reader.finish()
+        network.to(device=torch_device, dtype=torch_dtype).eval()
+        checkpoint_tensors = reader.taken
     dense = [DenseLayer(spec).to(torch_device, torch.float32).eval() for spec in st.dense]
 
     info = _model_info(arch_name, network, model_dir, st, dense, pooling)
@@ -206,7 +264,18 @@ def load_inference_model(
         torch_device,
         torch_dtype,
     )
-    return InferenceModel(network, info, dense, torch_device, torch_dtype)
+    model = InferenceModel(network, info, dense, torch_device, torch_dtype)
+    model.checkpoint_tensors = checkpoint_tensors
+    model.engine_manifest = manifest
+    if cuda_graphs is None:
+        cuda_graphs = os.environ.get("TRT_TEI_CUDA_GRAPHS", "1") != "0"
+    if cuda_graphs and torch_device.type == "cuda":
+        limits = manifest or {}
+        model.enable_cuda_graphs(
+            max_num_tokens=max_num_tokens or limits.get("max_num_tokens", DEFAULT_MAX_NUM_TOKENS),
+            max_batch_size=max_batch_size or limits.get("max_batch_size", DEFAULT_MAX_BATCH_SIZE),
+        )
+    return model
 
 
 def _model_info(
@@ -235,6 +304,7 @@ def _model_info(
         pooling=None,
         prompts=st.prompts,
         default_prompt_name=st.default_prompt_name,
+        pair_template=network.pair_template,
     )
     if network.task is Task.EMBEDDING:
         info.pooling = canonical_pooling(pooling or st.pooling or network.default_pooling)

@@ -35,11 +35,20 @@ class Model:
         *,
         revision: str | None = None,
         max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS,
+        task: str | None = None,
+        cuda_graphs: bool | None = None,
     ) -> None:
         if max_batch_tokens <= 0:
             raise InputError(f"max_batch_tokens must be positive, got {max_batch_tokens}")
         self._model: InferenceModel = load_inference_model(
-            model_id_or_path, revision=revision, device=device, dtype=dtype, pooling=pooling
+            model_id_or_path,
+            revision=revision,
+            device=device,
+            dtype=dtype,
+            pooling=pooling,
+            task=task,
+            cuda_graphs=cuda_graphs,
+            max_num_tokens=max_batch_tokens,
         )
         self.info: ModelInfo = self._model.info
         self.tokenizer = TextTokenizer(self.info.model_dir, self.info.max_input_length)
@@ -86,9 +95,17 @@ class Model:
         truncate: bool = True,
         show_progress_bar: bool | None = None,
     ) -> np.ndarray:
-        """Scores `(n, num_labels)`: sigmoid/softmax as TEI applies them, or raw logits."""
+        """Scores `(n, num_labels)`: sigmoid/softmax as TEI applies them, or raw logits.
+
+        For a model with a pair template (yes/no rerankers), each (query, document) pair is
+        formatted with it; a single string is scored as given (already formatted)."""
         items = _as_items(texts_or_pairs)
-        logits = self._run(items, truncate, show_progress_bar, self._model.predict)
+        suffixes = None
+        template = self.info.pair_template
+        if template is not None:
+            suffixes = [template.suffix_ids if _is_pair(it) else () for it in items]
+            items = [template.head(*it) if _is_pair(it) else it for it in items]  # type: ignore[misc]
+        logits = self._run(items, truncate, show_progress_bar, self._model.predict, suffixes)
         if logits is None:
             return np.zeros((0, self.info.num_labels), dtype=np.float32)
         if not raw_scores:
@@ -122,12 +139,20 @@ class Model:
             )
         return self.info.prompts[name]
 
-    def _run(self, items, truncate, show_progress_bar, forward):  # type: ignore[no-untyped-def]
-        """Tokenizes, runs token-budget batches longest first, returns rows in input order."""
+    def _run(self, items, truncate, show_progress_bar, forward, suffixes=None):  # type: ignore[no-untyped-def]
+        """Tokenizes, runs token-budget batches longest first, returns rows in input order.
+
+        `suffixes[i]` (token ids) is appended to item i after truncation, which keeps it."""
         if not items:
             return None
         encodings = self.tokenizer.encode(items, truncate=truncate)
-        lengths = [len(e.ids) for e in encodings]
+        ids = [e.ids for e in encodings]
+        type_ids = [e.type_ids for e in encodings]
+        for i, suffix in enumerate(suffixes or ()):
+            if suffix:
+                ids[i] = self._with_suffix(ids[i], suffix, truncate, i)
+                type_ids[i] = [0] * len(ids[i])
+        lengths = [len(s) for s in ids]
         for i, n in enumerate(lengths):
             if n == 0:
                 raise InputError(f"input {i} is empty after tokenization")
@@ -144,8 +169,8 @@ class Model:
         with progress:
             for indices in batches:
                 batch = PackedBatch.from_sequences(
-                    [encodings[i].ids for i in indices],
-                    [encodings[i].type_ids for i in indices],
+                    [ids[i] for i in indices],
+                    [type_ids[i] for i in indices],
                     self.info.position_offset,
                 )
                 out = forward(batch).cpu()
@@ -153,6 +178,24 @@ class Model:
                     results[i] = out[row]
                 progress.update(len(indices))
         return torch.stack(results)  # type: ignore[arg-type]
+
+    def _with_suffix(
+        self, ids: list[int], suffix: tuple[int, ...], truncate: bool, index: int
+    ) -> list[int]:
+        limit = self.info.max_input_length
+        if len(ids) + len(suffix) <= limit:
+            return ids + list(suffix)
+        if not truncate:
+            raise InputError(
+                f"input {index} has {len(ids) + len(suffix)} tokens with its prompt template, "
+                f"more than the model's maximum of {limit}; pass truncate=True to cut it"
+            )
+        if len(suffix) >= limit:
+            raise InputError(
+                f"the prompt template's suffix alone ({len(suffix)} tokens) fills the model's "
+                f"maximum input length {limit}"
+            )
+        return ids[: limit - len(suffix)] + list(suffix)
 
 
 def _as_items(texts_or_pairs: TextOrPair | Sequence[TextOrPair]) -> list[TextOrPair]:
@@ -166,6 +209,14 @@ def _as_items(texts_or_pairs: TextOrPair | Sequence[TextOrPair]) -> list[TextOrP
     ):
         return [texts_or_pairs]
     return list(texts_or_pairs)
+
+
+def _is_pair(item: object) -> bool:
+    return (
+        isinstance(item, (tuple, list))
+        and len(item) == 2
+        and all(isinstance(part, str) for part in item)
+    )
 
 
 def _token_budget_batches(

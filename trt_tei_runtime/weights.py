@@ -77,6 +77,9 @@ class WeightReader:
         self._prefixes = list(prefixes)
         self._ignore = [re.compile(p) for p in ignore]
         self._source = source
+        # Name → shape of every tensor handed out: an engine records it so that the same
+        # module tree can be rebuilt from the engine file alone (see `SkeletonReader`).
+        self.taken: dict[str, tuple[int, ...]] = {}
 
     def has(self, name: str) -> bool:
         return self._find(name) is not None
@@ -91,6 +94,7 @@ class WeightReader:
                 f"tensor {key!r} in {self._source} has shape {tuple(tensor.shape)}, "
                 f"expected {tuple(shape)}"
             )
+        self.taken[name] = tuple(shape)
         return tensor
 
     def take_optional(self, name: str, shape: Sequence[int]) -> torch.Tensor | None:
@@ -109,3 +113,31 @@ class WeightReader:
             if prefix + name in self._tensors:
                 return prefix + name
         return None
+
+
+class SkeletonReader(WeightReader):
+    """Hands out empty `meta` tensors of the recorded shapes: builds a model's module tree
+    (fusions included) without reading or converting any weight. An engine fills it with
+    `load_state_dict(..., assign=True)`."""
+
+    def __init__(self, shapes: dict[str, Sequence[int]], source: str = "engine") -> None:
+        super().__init__({}, source=source)
+        self._shapes = {name: tuple(shape) for name, shape in shapes.items()}
+
+    def has(self, name: str) -> bool:
+        return name in self._shapes
+
+    def take(self, name: str, shape: Sequence[int]) -> torch.Tensor:
+        if self._shapes.get(name) != tuple(shape):
+            raise WeightError(
+                f"engine in {self._source} does not match this runtime's model code: tensor "
+                f"{name!r} recorded as {self._shapes.get(name)}, expected {tuple(shape)}; "
+                "rebuild the engine"
+            )
+        self.taken[name] = tuple(shape)
+        return torch.empty(shape, device="meta")
+
+    def finish(self) -> None:
+        left = sorted(set(self._shapes) - set(self.taken))
+        if left:
+            raise WeightError(f"engine in {self._source} records tensors no model took: {left[:8]}")

@@ -6,6 +6,9 @@ Two implementations, chosen here and nowhere else:
 - Everything else (CPU, fp32): scatter the packed tokens into a padded
   `[n_seqs, heads, max_len, head_dim]` tensor and run `scaled_dot_product_attention` with a
   key-padding mask. The scatter indices are computed once per batch in `AttentionMetadata`.
+- Attention-logit soft-capping (Gemma 2), which neither kernel above offers: a Triton
+  varlen kernel on flash batches (`triton_attention.py`), else the padded path with
+  explicit scores (`_padded_eager`).
 """
 
 from __future__ import annotations
@@ -14,6 +17,8 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+
+from . import triton_attention
 
 try:  # torch >= 2.10
     from torch.nn.attention.varlen import varlen_attn as _varlen_attn
@@ -40,21 +45,33 @@ class AttentionMetadata:
     ) -> AttentionMetadata:
         if use_flash:
             return cls(cu_seqlens=cu_seqlens, max_seqlen=max_seqlen)
-        lengths = (cu_seqlens[1:] - cu_seqlens[:-1]).long()
-        n = lengths.numel()
-        seq_of_token = torch.repeat_interleave(torch.arange(n, device=lengths.device), lengths)
-        pos_in_seq = (
-            torch.arange(seq_of_token.numel(), device=lengths.device)
-            - cu_seqlens[seq_of_token].long()
-        )
-        pad_index = seq_of_token * max_seqlen + pos_in_seq
-        key_mask = torch.arange(max_seqlen, device=lengths.device)[None, :] < lengths[:, None]
+        pad_index, key_mask = _padding(cu_seqlens, max_seqlen)
         return cls(
-            cu_seqlens=cu_seqlens,
-            max_seqlen=max_seqlen,
-            pad_index=pad_index,
-            key_mask=key_mask[:, None, None, :],
+            cu_seqlens=cu_seqlens, max_seqlen=max_seqlen, pad_index=pad_index, key_mask=key_mask
         )
+
+    def padding(self, num_tokens: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """`pad_index` and `key_mask`; computed afresh on each call for a batch built for
+        flash (never cached: a CUDA graph's static metadata changes between replays)."""
+        if self.pad_index is not None and self.key_mask is not None:
+            return self.pad_index, self.key_mask
+        return _padding(self.cu_seqlens, self.max_seqlen, num_tokens)
+
+
+def _padding(
+    cu_seqlens: torch.Tensor, max_seqlen: int, num_tokens: int | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    lengths = (cu_seqlens[1:] - cu_seqlens[:-1]).long()
+    n = lengths.numel()
+    seq_of_token = torch.repeat_interleave(
+        torch.arange(n, device=lengths.device), lengths, output_size=num_tokens
+    )
+    pos_in_seq = (
+        torch.arange(seq_of_token.numel(), device=lengths.device) - cu_seqlens[seq_of_token].long()
+    )
+    pad_index = seq_of_token * max_seqlen + pos_in_seq
+    key_mask = torch.arange(max_seqlen, device=lengths.device)[None, :] < lengths[:, None]
+    return pad_index, key_mask[:, None, None, :]
 
 
 def flash_available(device: torch.device, dtype: torch.dtype) -> bool:
@@ -70,12 +87,29 @@ def varlen_attention(
     causal: bool = False,
     sliding_window: int | None = None,
     scale: float | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     """q `[T, Hq, D]`, k/v `[T, Hkv, D]` (Hq a multiple of Hkv) → `[T, Hq, D]`.
 
-    `sliding_window` follows Hugging Face's meaning: a query sees itself and the
-    `sliding_window - 1` keys before it (causal only).
+    `sliding_window` follows Hugging Face's meaning: with `causal`, a query sees itself and
+    the `sliding_window - 1` keys before it; without, every key at most `sliding_window`
+    positions away on either side (transformers' bidirectional sliding mask).
+    `softcap` caps the scaled scores as `softcap * tanh(scores / softcap)` (Gemma 2).
     """
+    if softcap is not None:
+        if meta.pad_index is None and triton_attention.available(q):
+            return triton_attention.softcap_attention(
+                q,
+                k,
+                v,
+                meta.cu_seqlens,
+                meta.max_seqlen,
+                causal=causal,
+                sliding_window=sliding_window,
+                scale=q.shape[-1] ** -0.5 if scale is None else scale,
+                softcap=softcap,
+            )
+        return _padded_eager(q, k, v, meta, causal, sliding_window, scale, softcap)
     if meta.pad_index is None:
         return _flash(q, k, v, meta, causal, sliding_window, scale)
     return _padded_sdpa(q, k, v, meta, causal, sliding_window, scale)
@@ -83,12 +117,12 @@ def varlen_attention(
 
 def _flash(q, k, v, meta, causal, sliding_window, scale):  # type: ignore[no-untyped-def]
     assert _varlen_attn is not None
-    if not causal:
-        window = (-1, -1)
-    elif sliding_window is None:
-        window = (-1, 0)
-    else:
+    if sliding_window is None:
+        window = (-1, 0) if causal else (-1, -1)
+    elif causal:
         window = (sliding_window - 1, 0)
+    else:
+        window = (sliding_window, sliding_window)
     if k.shape[1] != q.shape[1]:
         repeat = q.shape[1] // k.shape[1]
         k = k.repeat_interleave(repeat, dim=1)
@@ -106,10 +140,10 @@ def _flash(q, k, v, meta, causal, sliding_window, scale):  # type: ignore[no-unt
     )
 
 
-def _pad(x: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+def _pad(x: torch.Tensor, meta: AttentionMetadata, pad_index: torch.Tensor) -> torch.Tensor:
     n = meta.cu_seqlens.numel() - 1
     padded = x.new_zeros((n * meta.max_seqlen, x.shape[1], x.shape[2]))
-    padded[meta.pad_index] = x
+    padded[pad_index] = x
     # [n, L, H, D] -> [n, H, L, D]
     return padded.view(n, meta.max_seqlen, x.shape[1], x.shape[2]).transpose(1, 2)
 
@@ -120,17 +154,51 @@ def _padded_sdpa(q, k, v, meta, causal, sliding_window, scale):  # type: ignore[
         repeat = heads // k.shape[1]
         k = k.repeat_interleave(repeat, dim=1)
         v = v.repeat_interleave(repeat, dim=1)
-    qp, kp, vp = _pad(q, meta), _pad(k, meta), _pad(v, meta)
-    mask = meta.key_mask
-    assert mask is not None
-    if causal:
-        length = meta.max_seqlen
-        idx = torch.arange(length, device=q.device)
-        allowed = idx[None, :] <= idx[:, None]
-        if sliding_window is not None:
-            allowed = allowed & (idx[:, None] - idx[None, :] < sliding_window)
+    pad_index, mask = meta.padding()
+    qp, kp, vp = _pad(q, meta, pad_index), _pad(k, meta, pad_index), _pad(v, meta, pad_index)
+    allowed = _position_mask(meta.max_seqlen, causal, sliding_window, q.device)
+    if allowed is not None:
         mask = mask & allowed[None, None, :, :]
     out = F.scaled_dot_product_attention(qp, kp, vp, attn_mask=mask, scale=scale)
     # [n, H, L, D] -> [n * L, H, D], then back to the packed tokens.
     out = out.transpose(1, 2).reshape(-1, heads, head_dim)
-    return out[meta.pad_index]
+    return out[pad_index]
+
+
+def _position_mask(
+    length: int, causal: bool, sliding_window: int | None, device: torch.device
+) -> torch.Tensor | None:
+    """`[L, L]` (query, key) positions allowed by causality and the sliding window."""
+    if not causal and sliding_window is None:
+        return None
+    idx = torch.arange(length, device=device)
+    distance = idx[:, None] - idx[None, :]  # query - key
+    if not causal:
+        assert sliding_window is not None
+        return distance.abs() <= sliding_window
+    allowed = distance >= 0
+    if sliding_window is not None:
+        allowed = allowed & (distance < sliding_window)
+    return allowed
+
+
+def _padded_eager(q, k, v, meta, causal, sliding_window, scale, softcap):  # type: ignore[no-untyped-def]
+    """Explicit scores for what SDPA cannot express (soft-capping); softmax in float32."""
+    heads, head_dim = q.shape[1], q.shape[2]
+    if k.shape[1] != heads:
+        repeat = heads // k.shape[1]
+        k = k.repeat_interleave(repeat, dim=1)
+        v = v.repeat_interleave(repeat, dim=1)
+    pad_index, mask = meta.padding(q.shape[0])
+    qp, kp, vp = _pad(q, meta, pad_index), _pad(k, meta, pad_index), _pad(v, meta, pad_index)
+    scores = torch.matmul(qp, kp.transpose(-1, -2)).float()
+    scores = scores * (head_dim**-0.5 if scale is None else scale)
+    scores = torch.tanh(scores / softcap) * softcap
+    allowed = _position_mask(meta.max_seqlen, causal, sliding_window, q.device)
+    if allowed is not None:
+        mask = mask & allowed[None, None, :, :]
+    scores = scores.masked_fill(~mask, float("-inf"))
+    probs = torch.softmax(scores, dim=-1).to(vp.dtype)
+    out = torch.matmul(probs, vp)
+    out = out.transpose(1, 2).reshape(-1, heads, head_dim)
+    return out[pad_index]

@@ -21,16 +21,26 @@ class LayerNorm(nn.Module):
 
 
 class RMSNorm(nn.Module):
-    """RMSNorm computed in float32 as Llama does; `offset=1.0` gives Gemma's `(1 + w)`."""
+    """Llama's RMSNorm: normalized in float32, cast back to the input dtype, then scaled by
+    the weight in the weight's dtype (`w * x.to(dtype)`), the rounding order of Llama,
+    Mistral and Qwen checkpoints."""
 
-    def __init__(self, weight: torch.Tensor, eps: float, offset: float = 0.0) -> None:
+    def __init__(self, weight: torch.Tensor, eps: float) -> None:
         super().__init__()
         self.weight = nn.Parameter(weight, requires_grad=False)
         self.eps = eps
-        self.offset = offset
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
         xf = x.float()
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return ((self.weight.float() + self.offset) * xf).to(dtype)
+        return self.weight * xf.to(x.dtype)
+
+
+class GemmaRMSNorm(RMSNorm):
+    """Gemma's RMSNorm: the checkpoint stores `w - 1`; `(1 + w) * x` is computed in float32
+    and only then cast back to the input dtype."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (xf * (1.0 + self.weight.float())).to(x.dtype)

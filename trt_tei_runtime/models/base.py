@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
+from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
@@ -12,6 +13,7 @@ from torch import nn
 from ..batch import PackedBatch
 from ..errors import CheckpointError
 from ..layers import AttentionMetadata
+from ..templates import PairTemplate
 from ..weights import WeightReader
 
 
@@ -91,6 +93,10 @@ class TransformerModel(nn.Module):
     prefixes: ClassVar[tuple[str, ...]] = ("",)
     # Patterns of checkpoint tensors this class knowingly leaves unused (MLM heads, buffers).
     unused: ClassVar[tuple[str, ...]] = ()
+    # Decoders have no token-type embeddings: their token type ids are ignored, not checked.
+    uses_token_types: ClassVar[bool] = True
+    # How (query, document) pairs become one prompt, for models trained on a template.
+    pair_template: PairTemplate | None = None
 
     def forward(self, batch: PackedBatch, meta: AttentionMetadata) -> torch.Tensor:
         raise NotImplementedError
@@ -101,3 +107,10 @@ class TransformerModel(nn.Module):
     @classmethod
     def load(cls, config: dict[str, Any], reader: WeightReader) -> TransformerModel:
         raise NotImplementedError
+
+    @classmethod
+    def from_checkpoint(
+        cls, config: dict[str, Any], reader: WeightReader, model_dir: Path
+    ) -> TransformerModel:
+        """`load`, for classes that also read other files of the folder (tokenizer.json)."""
+        return cls.load(config, reader)

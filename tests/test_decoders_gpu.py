@@ -1,0 +1,117 @@
+"""Tier 5 (device): decoder families on CUDA in bfloat16 against transformers in float32.
+
+Run with `make test_gpu` on a machine with a GPU; CI skips these.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from decoder_checkpoints import hf_decoder_outputs, make_decoder_checkpoint, random_ids, tokenizer
+from reference import cosine
+from test_decoders import LLAMA3_ROPE, QUERY, _model_card_ids
+
+from trt_tei_runtime import Model
+from trt_tei_runtime.batch import PackedBatch
+from trt_tei_runtime.inference import load_inference_model
+
+pytestmark = pytest.mark.gpu
+
+LENGTHS = [3, 70, 200, 1, 33]
+EMBEDDERS = {
+    "llama-rope-llama3": ("LlamaModel", {"rope_scaling": LLAMA3_ROPE}),
+    "mistral-sliding-window": ("MistralModel", {"sliding_window": 16}),
+    "qwen2-sliding-layers": (
+        "Qwen2Model",
+        {"use_sliding_window": True, "sliding_window": 8, "max_window_layers": 1},
+    ),
+    "qwen2-bidirectional": ("Qwen2Model", {"is_causal": False}),
+    "qwen3-causal-lm": ("Qwen3ForCausalLM", {}),
+    "gemma2-sliding-softcap": ("Gemma2Model", {}),
+    "gemma2-bidirectional": ("Gemma2Model", {"is_causal": False}),
+}
+CLASSIFIERS = {
+    "LlamaForSequenceClassification": 3,
+    "MistralForSequenceClassification": 1,
+    "Qwen2ForSequenceClassification": 2,
+    "Qwen3ForSequenceClassification": 1,
+}
+
+
+@pytest.mark.parametrize("graphs", [True, False], ids=["graphs", "eager"])
+@pytest.mark.parametrize("case", sorted(EMBEDDERS))
+def test_decoder_bf16_hidden_states(tmp_path, case, graphs):  # type: ignore[no-untyped-def]
+    arch, overrides = EMBEDDERS[case]
+    folder = make_decoder_checkpoint(tmp_path, arch, **overrides)
+    model = load_inference_model(
+        folder, device="cuda", dtype="bfloat16", cuda_graphs=graphs, max_num_tokens=512
+    )
+    assert (model.graphs is not None) == graphs
+    assert model._use_flash, "bfloat16 on CUDA must use varlen FlashAttention"
+    ids = random_ids(LENGTHS, seed=1)
+    ours = model.hidden_states(PackedBatch.from_sequences(ids)).float().cpu()
+    expected = torch.cat(hf_decoder_outputs(folder, ids))
+    assert cosine(ours, expected).min() >= 0.999
+    pooled = model.embed(PackedBatch.from_sequences(ids)).cpu()
+    assert cosine(pooled, expected[np.cumsum(LENGTHS) - 1]).min() >= 0.999
+
+
+@pytest.mark.parametrize("arch", sorted(CLASSIFIERS))
+def test_decoder_bf16_classifier_logits(tmp_path, arch):  # type: ignore[no-untyped-def]
+    folder = make_decoder_checkpoint(tmp_path, arch, num_labels=CLASSIFIERS[arch])
+    model = load_inference_model(folder, device="cuda", dtype="bfloat16")
+    ids = random_ids(LENGTHS, seed=2)
+    ours = model.predict(PackedBatch.from_sequences(ids)).cpu()
+    expected = torch.stack(hf_decoder_outputs(folder, ids))
+    assert (ours - expected).abs().max() <= 0.05 * expected.abs().max() + 0.02
+    if CLASSIFIERS[arch] > 1:
+        assert cosine(ours, expected).min() >= 0.999
+
+
+def test_yes_no_reranker_bf16(tmp_path):  # type: ignore[no-untyped-def]
+    folder = make_decoder_checkpoint(tmp_path, "Qwen3ForCausalLM", tie_word_embeddings=True)
+    model = Model(folder, device="cuda", dtype="bfloat16", task="rerank-yes-no")
+    docs = ["paris is the capital of france", "the cat sat on the mat", "yes", "no no no"]
+    tok = tokenizer()
+    yes_no = (tok.token_to_id("no"), tok.token_to_id("yes"))
+    ids = [_model_card_ids(QUERY, d) for d in docs]
+    expected = torch.cat(hf_decoder_outputs(folder, ids, yes_no=yes_no)).numpy()
+    raw = model.predict([(QUERY, d) for d in docs], raw_scores=True)[:, 0]
+    assert np.abs(raw - expected).max() <= 0.05 * np.abs(expected).max() + 0.02
+
+
+@pytest.mark.parametrize("case", ["gemma2-sliding-softcap", "qwen2-sliding-layers"])
+def test_decoder_fp32_on_gpu_matches_cpu(tmp_path, case):  # type: ignore[no-untyped-def]
+    arch, overrides = EMBEDDERS[case]
+    folder = make_decoder_checkpoint(tmp_path, arch, **overrides)
+    ids = random_ids(LENGTHS, seed=3)
+    gpu = load_inference_model(folder, device="cuda", dtype="float32")
+    cpu = load_inference_model(folder, device="cpu")
+    a = gpu.hidden_states(PackedBatch.from_sequences(ids)).cpu()
+    b = cpu.hidden_states(PackedBatch.from_sequences(ids))
+    assert cosine(a, b).min() >= 0.99999
+
+
+@pytest.mark.parametrize("head_dim", [16, 80, 256])
+@pytest.mark.parametrize(
+    "causal, window", [(True, None), (True, 7), (False, None), (False, 5)], ids=str
+)
+def test_triton_softcap_attention_matches_padded_reference(head_dim, causal, window):  # type: ignore[no-untyped-def]
+    """The Triton kernel against the explicit-scores path, in float32 on the same inputs."""
+    from trt_tei_runtime.layers import attention
+    from trt_tei_runtime.layers.triton_attention import softcap_attention
+
+    torch.manual_seed(0)
+    lengths = [1, 130, 3, 64, 17]
+    cu = torch.tensor(np.concatenate([[0], np.cumsum(lengths)]), dtype=torch.int32).cuda()
+    tokens = int(cu[-1])
+    q = torch.randn(tokens, 8, head_dim, device="cuda", dtype=torch.bfloat16) * 2
+    k = torch.randn(tokens, 2, head_dim, device="cuda", dtype=torch.bfloat16) * 2
+    v = torch.randn(tokens, 2, head_dim, device="cuda", dtype=torch.bfloat16)
+    kwargs = dict(causal=causal, sliding_window=window, scale=0.2, softcap=3.0)
+    ours = softcap_attention(q, k, v, cu, max(lengths), **kwargs).float()
+    meta = attention.AttentionMetadata.build(cu, max(lengths), use_flash=False)
+    ref = attention.varlen_attention(q.float(), k.float(), v.float(), meta, **kwargs)
+    assert (ours - ref).abs().max() <= 2e-2
+    assert cosine(ours.flatten(1), ref.flatten(1)).min() >= 0.9999

@@ -1,0 +1,111 @@
+"""Tier 5 (device): CUDA graphs and engines on the GPU.
+
+Graphs on vs off at every bucket boundary, a batch that fills `max_num_tokens` exactly and
+one token over (eager fallback), builder round trip and the FP8 gate on Hopper.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from tiny_checkpoints import make_checkpoint
+
+from trt_tei_runtime import Model
+from trt_tei_runtime.batch import PackedBatch
+from trt_tei_runtime.engine import BuilderConfig
+from trt_tei_runtime.engine.build import build_engine
+from trt_tei_runtime.engine.graphs import bucket_ladder
+from trt_tei_runtime.inference import load_inference_model
+
+pytestmark = pytest.mark.gpu
+MAX_TOKENS = 4096
+
+
+def _batch(lengths: list[int], vocab: int, seed: int) -> PackedBatch:
+    gen = torch.Generator().manual_seed(seed)
+    return PackedBatch.from_sequences(
+        [torch.randint(5, vocab, (n,), generator=gen).tolist() for n in lengths]
+    )
+
+
+def _lengths_for(total: int, longest: int = 128) -> list[int]:
+    lengths = [longest] * (total // longest)
+    if total % longest:
+        lengths.append(total % longest)
+    return lengths
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):  # type: ignore[no-untyped-def]
+    folder = make_checkpoint(
+        tmp_path_factory.mktemp("bert"), "BertModel", pooling="mean", hidden_size=64
+    )
+    graphs = load_inference_model(
+        folder, device="cuda", dtype="bfloat16", max_num_tokens=MAX_TOKENS, max_batch_size=64
+    )
+    eager = load_inference_model(folder, device="cuda", dtype="bfloat16", cuda_graphs=False)
+    assert graphs.graphs is not None and eager.graphs is None
+    return graphs, eager
+
+
+@pytest.mark.parametrize(
+    "tokens",
+    sorted({1, 15, 16, 17} | {b + d for b in bucket_ladder(MAX_TOKENS) for d in (-1, 0, 1)}),
+)
+def test_graphs_equal_eager_at_bucket_boundaries(models, tokens):  # type: ignore[no-untyped-def]
+    graphs, eager = models
+    batch = _batch(_lengths_for(tokens), graphs.network.vocab_size, seed=tokens)
+    over = tokens > MAX_TOKENS or batch.num_seqs > 64
+    ours = graphs.embed(batch)
+    ref = eager.embed(batch)
+    # The graph runs GEMMs on the bucket's padded row count, so cuBLAS may pick other
+    # kernels: equal within bf16 rounding, not bit for bit.
+    cos = torch.nn.functional.cosine_similarity(ours.double(), ref.double(), dim=-1)
+    assert cos.min() >= 0.9999, cos.min()
+    torch.testing.assert_close(ours, ref, rtol=3e-2, atol=3e-2)
+    assert graphs.graphs is not None
+    assert graphs.graphs.can_run(batch) == (not over)
+
+
+def test_graph_replays_do_not_leak_between_batches(models):  # type: ignore[no-untyped-def]
+    graphs, eager = models
+    big = _batch([100, 37, 5], graphs.network.vocab_size, seed=1)
+    small = _batch([3], graphs.network.vocab_size, seed=2)
+    graphs.embed(big)
+    torch.testing.assert_close(graphs.embed(small), eager.embed(small), rtol=3e-2, atol=3e-2)
+
+
+def test_engine_round_trip_on_gpu_with_fp8(tmp_path):  # type: ignore[no-untyped-def]
+    folder = make_checkpoint(
+        tmp_path / "ckpt",
+        "BertModel",
+        pooling="cls",
+        hidden_size=128,
+        num_attention_heads=2,
+        intermediate_size=256,
+    )
+    texts = ["the cat", "a dog in paris reads a book by the river " * 4, "blue"]
+    base = {
+        "base_model": "encoder",
+        "checkpoint_repository": {"repo": str(folder), "source": "local"},
+        "max_num_tokens": 2048,
+        "max_batch_size": 32,
+        "device": "cuda",
+    }
+    bf16 = build_engine(BuilderConfig.from_dict({**base, "dtype": "bfloat16"}), tmp_path / "bf16")
+    assert bf16["built_with"]["device"].startswith("NVIDIA")
+    fresh = Model(tmp_path / "bf16")
+    again = Model(folder, device="cuda", dtype="bfloat16")
+    np.testing.assert_array_equal(fresh.embed(texts), again.embed(texts))
+    fp8 = build_engine(
+        BuilderConfig.from_dict(
+            {**base, "dtype": "bfloat16", "quantization_type": "fp8", "fp8_min_cosine": 0.99}
+        ),
+        tmp_path / "fp8",
+    )
+    quality = fp8["quantization"]["quality"]
+    assert quality["passed"], quality
+    loaded = Model(tmp_path / "fp8")
+    cos = (loaded.embed(texts).astype(np.float64) * fresh.embed(texts)).sum(1)
+    assert cos.min() >= 0.99

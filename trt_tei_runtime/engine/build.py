@@ -1,0 +1,181 @@
+"""`trt-tei-build CONFIG.yaml --output DIR`: convert a checkpoint into an engine directory.
+
+An engine directory holds the converted, fused (and optionally FP8-quantized) weights in
+one safetensors file, a manifest, and the tokenizer and model files the router needs.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import platform
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from safetensors.torch import save_file
+from tqdm.auto import tqdm
+
+from .. import __version__
+from ..errors import InputError
+from ..layers.fp8 import quantize_linears
+from ..model import Model
+from ..models.bert import BertModel
+from . import ENGINE_FORMAT, ENGINE_VERSION, MANIFEST, WEIGHTS
+from .calibration import CALIBRATION_QUERIES, CALIBRATION_TEXTS
+from .config import BuilderConfig
+
+log = logging.getLogger(__name__)
+
+# Files and folders of a checkpoint the runtime and router read besides the weights.
+_COPY_FILES = (
+    "config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "vocab.txt",
+    "vocab.json",
+    "merges.txt",
+    "added_tokens.json",
+    "sentencepiece.bpe.model",
+    "tokenizer.model",
+    "modules.json",
+    "sentence_bert_config.json",
+    "config_sentence_transformers.json",
+)
+_COPY_DIR_SUFFIXES = ("_Pooling", "_Dense", "_Normalize")
+
+
+class BuildRefusedError(InputError):
+    """The FP8 engine failed its quality gate; nothing was written."""
+
+
+def build_engine(config: BuilderConfig, output: Path, *, force: bool = False) -> dict[str, Any]:
+    """Builds the engine described by `config` into `output`; returns the manifest."""
+    output = Path(output)
+    if output.exists() and any(output.iterdir()) and not (output / MANIFEST).is_file():
+        raise InputError(f"output {output} exists and is not an engine directory; not overwriting")
+    steps = tqdm(total=4, desc="build", unit="step")
+    started = time.time()
+    with steps:
+        steps.set_postfix_str("load checkpoint")
+        model = Model(
+            config.checkpoint.repo,
+            device=config.device,
+            dtype=config.dtype,
+            pooling=config.pooling,
+            revision=config.checkpoint.revision,
+            max_batch_tokens=config.max_num_tokens,
+        )
+        inference = model._model
+        kind = "encoder" if isinstance(inference.network, BertModel) else "decoder"
+        if kind != config.base_model:
+            raise InputError(
+                f"base_model is {config.base_model!r} but {model.info.architecture} is an {kind}"
+            )
+        steps.update()
+
+        quality: dict[str, Any] | None = None
+        steps.set_postfix_str("quantize" if config.quantization_type == "fp8" else "convert")
+        if config.quantization_type == "fp8":
+            reference = _calibration_outputs(model)
+            replaced = quantize_linears(inference.network)
+            quality = _compare(model, reference)
+            quality["quantized_linears"] = replaced
+            quality["min_cosine_required"] = config.fp8_min_cosine
+            passed = quality["min_cosine"] >= config.fp8_min_cosine and quality["order_preserved"]
+            quality["passed"] = passed
+            if not passed and not force:
+                raise BuildRefusedError(
+                    f"FP8 engine fails the quality gate: min cosine {quality['min_cosine']:.6f} "
+                    f"(needs {config.fp8_min_cosine}), rank order preserved: "
+                    f"{quality['order_preserved']}; nothing written (use --force to write anyway)"
+                )
+        steps.update()
+
+        steps.set_postfix_str("write")
+        output.mkdir(parents=True, exist_ok=True)
+        tensors = {
+            k: v.detach().contiguous().cpu() for k, v in inference.network.state_dict().items()
+        }
+        save_file(tensors, str(output / WEIGHTS), metadata={"format": ENGINE_FORMAT})
+        _copy_model_files(model.info.model_dir, output)
+        steps.update()
+
+        manifest = {
+            "format": ENGINE_FORMAT,
+            "version": ENGINE_VERSION,
+            "architecture": model.info.architecture,
+            "base_model": config.base_model,
+            "model_type": model.info.model_type,
+            "dtype": str(inference.dtype).removeprefix("torch."),
+            "quantization": {"type": config.quantization_type, "quality": quality},
+            "max_num_tokens": config.max_num_tokens,
+            "max_batch_size": config.max_batch_size,
+            "max_input_length": model.info.max_input_length,
+            "pooling": model.info.pooling,
+            "source": {
+                "repo": config.checkpoint.repo,
+                "revision": config.checkpoint.revision,
+                "source": config.checkpoint.source,
+            },
+            "checkpoint_tensors": {k: list(v) for k, v in inference.checkpoint_tensors.items()},
+            "built_with": {
+                "trt_tei_runtime": __version__,
+                "torch": torch.__version__,
+                "python": platform.python_version(),
+                "device": _device_name(inference.device),
+            },
+            "build_seconds": round(time.time() - started, 2),
+        }
+        (output / MANIFEST).write_text(json.dumps(manifest, indent=2))
+        steps.update()
+    return manifest
+
+
+def _device_name(device: torch.device) -> str:
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+
+
+def _calibration_outputs(model: Model) -> np.ndarray:
+    if model.info.model_type == "embedding":
+        return model.embed(CALIBRATION_TEXTS, show_progress_bar=False)
+    pairs = [(q, t) for q in CALIBRATION_QUERIES for t in CALIBRATION_TEXTS]
+    return model.predict(pairs, raw_scores=True, show_progress_bar=False)
+
+
+def _compare(model: Model, reference: np.ndarray) -> dict[str, Any]:
+    """Cosine of each quantized output to the reference; for rerankers also whether every
+    query's ranking of the calibration texts is unchanged."""
+    quantized = _calibration_outputs(model)
+    a, b = reference.astype(np.float64), quantized.astype(np.float64)
+    result: dict[str, Any] = {"calibration_inputs": len(a)}
+    if model.info.model_type == "embedding":
+        cos = (a * b).sum(1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
+        result["min_cosine"] = float(cos.min())
+        result["order_preserved"] = True
+    else:
+        groups = len(CALIBRATION_QUERIES)
+        ref_scores, q_scores = a.reshape(groups, -1), b.reshape(groups, -1)
+        # Scores of a reranker are compared per query as vectors over its candidates.
+        cos = (ref_scores * q_scores).sum(1) / (
+            np.linalg.norm(ref_scores, axis=1) * np.linalg.norm(q_scores, axis=1)
+        )
+        result["min_cosine"] = float(cos.min())
+        result["order_preserved"] = bool(
+            all((np.argsort(-r) == np.argsort(-q)).all() for r, q in zip(ref_scores, q_scores))
+        )
+        result["max_abs_score_diff"] = float(np.abs(a - b).max())
+    return result
+
+
+def _copy_model_files(src: Path, dst: Path) -> None:
+    for name in _COPY_FILES:
+        if (src / name).is_file():
+            shutil.copy2(src / name, dst / name)
+    for sub in src.iterdir():
+        if sub.is_dir() and sub.name.endswith(_COPY_DIR_SUFFIXES):
+            shutil.copytree(sub, dst / sub.name, dirs_exist_ok=True)

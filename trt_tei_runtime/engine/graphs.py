@@ -1,0 +1,118 @@
+"""CUDA graphs for a ladder of token-count buckets.
+
+A batch of T tokens runs as one replay of the graph captured for the smallest bucket
+≥ T: its tokens are copied into static buffers, the rest of the bucket is one junk
+sequence (its own `cu_seqlens` entry, so it attends to nothing real), and unused sequence
+slots are empty sequences at the end. Every buffer is allocated once, at capture; graphs
+share one memory pool, captured largest first. Only the network runs in the graph;
+pooling and heads run on the real `cu_seqlens` afterwards.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import torch
+
+from ..batch import PackedBatch
+from ..layers import AttentionMetadata
+
+log = logging.getLogger(__name__)
+
+
+def bucket_ladder(max_num_tokens: int, fine_until: int = 2048, step: int = 2048) -> list[int]:
+    """Powers of two from 16 to `fine_until`, then every `step` tokens, then the maximum."""
+    ladder = []
+    size = 16
+    while size < min(fine_until, max_num_tokens):
+        ladder.append(size)
+        size *= 2
+    size = min(fine_until, max_num_tokens)
+    while size < max_num_tokens:
+        ladder.append(size)
+        size += step
+    ladder.append(max_num_tokens)
+    return ladder
+
+
+class CudaGraphRunner:
+    def __init__(
+        self,
+        network: torch.nn.Module,
+        device: torch.device,
+        *,
+        max_num_tokens: int,
+        max_batch_size: int,
+        max_seqlen: int,
+        buckets: list[int] | None = None,
+    ) -> None:
+        self.network = network
+        self.device = device
+        self.max_num_tokens = max_num_tokens
+        self.max_batch_size = max_batch_size
+        self.max_seqlen = max_seqlen
+        self.buckets = buckets or bucket_ladder(max_num_tokens)
+        long = dict(dtype=torch.int64, device=device)
+        self.input_ids = torch.zeros(max_num_tokens, **long)
+        self.token_type_ids = torch.zeros(max_num_tokens, **long)
+        self.position_ids = torch.zeros(max_num_tokens, **long)
+        # n real sequences + 1 junk sequence + empty slots; a fixed length for every replay.
+        self.cu_seqlens = torch.zeros(max_batch_size + 2, dtype=torch.int32, device=device)
+        self._cu_host = torch.zeros(max_batch_size + 2, dtype=torch.int32).pin_memory()
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.outputs: dict[int, torch.Tensor] = {}
+
+    def can_run(self, batch: PackedBatch) -> bool:
+        return batch.num_tokens <= self.max_num_tokens and batch.num_seqs <= self.max_batch_size
+
+    def _static_batch(self, bucket: int) -> tuple[PackedBatch, AttentionMetadata]:
+        batch = PackedBatch(
+            input_ids=self.input_ids[:bucket],
+            token_type_ids=self.token_type_ids[:bucket],
+            position_ids=self.position_ids[:bucket],
+            cu_seqlens=self.cu_seqlens,
+            max_seqlen=min(bucket, self.max_seqlen),
+        )
+        return batch, AttentionMetadata(cu_seqlens=self.cu_seqlens, max_seqlen=batch.max_seqlen)
+
+    @torch.inference_mode()
+    def capture(self) -> None:
+        started = time.perf_counter()
+        pool = torch.cuda.graph_pool_handle()
+        stream = torch.cuda.Stream(self.device)
+        for bucket in sorted(self.buckets, reverse=True):
+            self.cu_seqlens.fill_(bucket)
+            self.cu_seqlens[0] = 0
+            batch, meta = self._static_batch(bucket)
+            stream.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.stream(stream):  # warm-up: kernels selected, workspaces sized
+                self.network(batch, meta)
+            torch.cuda.current_stream(self.device).wait_stream(stream)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool):
+                self.outputs[bucket] = self.network(batch, meta)
+            self.graphs[bucket] = graph
+        torch.cuda.synchronize(self.device)
+        log.info(
+            "captured %d CUDA graphs (%s tokens) in %.1f s",
+            len(self.graphs),
+            ",".join(map(str, sorted(self.graphs))),
+            time.perf_counter() - started,
+        )
+
+    def run(self, batch: PackedBatch) -> torch.Tensor:
+        """Hidden states `[T, H]` of a host-side batch; valid until the next `run`."""
+        tokens, n = batch.num_tokens, batch.num_seqs
+        bucket = next(b for b in sorted(self.graphs) if b >= tokens)
+        self.input_ids[:tokens].copy_(batch.input_ids, non_blocking=True)
+        self.token_type_ids[:tokens].copy_(batch.token_type_ids, non_blocking=True)
+        self.position_ids[:tokens].copy_(batch.position_ids, non_blocking=True)
+        cu = self._cu_host
+        cu.fill_(bucket)
+        cu[: n + 1] = batch.cu_seqlens
+        self.cu_seqlens.copy_(cu, non_blocking=True)
+        self.graphs[bucket].replay()
+        # The host buffer may be rewritten by the next call only after this copy ran.
+        torch.cuda.current_stream(self.device).synchronize()
+        return self.outputs[bucket][:tokens]

@@ -1,0 +1,99 @@
+"""Gemma 2: embeddings scaled by sqrt(hidden_size), `(1 + w)` RMSNorms, sandwich norms
+around attention and MLP, GELU-tanh gated MLP, attention scaled by
+`query_pre_attn_scalar ** -0.5` with soft-capped logits, sliding-window attention on every
+other layer (the even ones, unless `layer_types` says otherwise), tied LM head with
+soft-capped final logits."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import torch
+import torch.nn.functional as F
+
+from ..layers import AttentionMetadata, GemmaRMSNorm, RMSNorm
+from ..weights import WeightReader
+from .base import ConfigReader
+from .llama import (
+    FULL_ATTENTION,
+    SLIDING_ATTENTION,
+    DecoderSequenceClassification,
+    LlamaConfig,
+    LlamaDecoderLayer,
+    LlamaModel,
+    YesNoReranker,
+    config_bool,
+    layer_windows,
+    optional_float,
+    optional_positive_int,
+)
+
+
+class Gemma2Config(LlamaConfig):
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> LlamaConfig:
+        cfg = ConfigReader(data)
+        layers = cfg.int("num_hidden_layers")
+        window = optional_positive_int(data, "sliding_window", 4096)
+        default = [SLIDING_ATTENTION if i % 2 == 0 else FULL_ATTENTION for i in range(layers)]
+        bias = config_bool(data, "attention_bias", False)
+        return cls.parse(
+            data,
+            default_head_dim=256,
+            act_key="hidden_activation",
+            default_act="gelu_pytorch_tanh",
+            default_tie=True,
+            qkv_bias=bias,
+            o_bias=bias,
+            sliding_windows=layer_windows(data, layers, window, default),
+            attention_scale=cfg.float("query_pre_attn_scalar", 256) ** -0.5,
+            attn_logit_softcapping=optional_float(data, "attn_logit_softcapping", 50.0),
+            final_logit_softcapping=optional_float(data, "final_logit_softcapping", 30.0),
+        )
+
+
+class Gemma2DecoderLayer(LlamaDecoderLayer):
+    norm_cls: ClassVar[type[RMSNorm]] = GemmaRMSNorm
+
+    def __init__(self, config: LlamaConfig, reader: WeightReader, index: int) -> None:
+        super().__init__(config, reader, index)
+        p = f"layers.{index}"
+        self.pre_feedforward_layernorm = self.norm(reader, f"{p}.pre_feedforward_layernorm", config)
+        self.post_feedforward_layernorm = self.norm(
+            reader, f"{p}.post_feedforward_layernorm", config
+        )
+
+    def forward(
+        self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata
+    ) -> torch.Tensor:
+        attn = self.self_attn(self.input_layernorm(x), rope, meta)
+        x = x + self.post_attention_layernorm(attn)
+        mlp = self.mlp(self.pre_feedforward_layernorm(x))
+        return x + self.post_feedforward_layernorm(mlp)
+
+
+class Gemma2Model(LlamaModel):
+    config_cls: ClassVar[type[LlamaConfig]] = Gemma2Config
+    layer_cls: ClassVar[type[LlamaDecoderLayer]] = Gemma2DecoderLayer
+    embed_scale: torch.Tensor
+
+    def __init__(self, config: LlamaConfig, reader: WeightReader) -> None:
+        super().__init__(config, reader)
+        self.register_buffer("embed_scale", torch.tensor(config.hidden_size**0.5), persistent=False)
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        # sqrt(hidden_size) rounded to the model dtype first, exactly as transformers does.
+        scale = self.embed_scale.to(self.embed_tokens.dtype)
+        return F.embedding(input_ids, self.embed_tokens) * scale
+
+
+class Gemma2ForCausalLM(Gemma2Model):
+    unused: ClassVar[tuple[str, ...]] = (*Gemma2Model.unused, r"^lm_head\.")
+
+
+class Gemma2ForSequenceClassification(DecoderSequenceClassification, Gemma2Model):
+    pass
+
+
+class Gemma2YesNoReranker(YesNoReranker, Gemma2Model):
+    pass

@@ -1,0 +1,479 @@
+"""Llama, and the decoder pieces Mistral, Qwen2, Qwen3 and Gemma2 build on.
+
+A pre-norm decoder over packed tokens: token embeddings, N layers of (RMSNorm → GQA
+attention with RoPE → residual, RMSNorm → gated MLP → residual), a final RMSNorm. Query,
+key and value projections are fused into one GEMM, as are the MLP's gate and up
+projections. Attention is causal unless the checkpoint's config says otherwise
+(`"is_causal": false` or `"use_bidirectional_attention": true`); in either mode a sequence
+only ever sees its own tokens.
+
+Task heads shared by the families:
+- `*ForCausalLM` checkpoints load as embedders (the LM head is left unused);
+- `*ForSequenceClassification`: the score of the last real token of each sequence, with
+  transformers' `pad_token_id` rule (`DecoderSequenceClassification`);
+- yes/no rerankers (Qwen3-Reranker): a `*ForCausalLM` checkpoint scored as
+  logit("yes") - logit("no") at the last position (`YesNoReranker`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..batch import PackedBatch
+from ..errors import CheckpointError
+from ..layers import (
+    AttentionMetadata,
+    Linear,
+    RMSNorm,
+    RopeConfig,
+    RotaryEmbedding,
+    apply_rotary,
+    get_activation,
+    varlen_attention,
+)
+from ..templates import QWEN3_RERANKER, PairTemplate, load_tokenizer, token_id
+from ..weights import WeightReader
+from .base import ClassifierInfo, ConfigReader, Task, TransformerModel
+
+FULL_ATTENTION = "full_attention"
+SLIDING_ATTENTION = "sliding_attention"
+
+
+@dataclass
+class LlamaConfig:
+    """What the shared decoder pieces need; each family fills it from its own config.json
+    conventions (`from_dict`)."""
+
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    hidden_act: str
+    rms_norm_eps: float
+    max_position_embeddings: int
+    rope: RopeConfig
+    pad_token_id: int | None
+    tie_word_embeddings: bool
+    is_causal: bool = True
+    qkv_bias: bool = False
+    o_bias: bool = False
+    mlp_bias: bool = False
+    # One entry per layer: the sliding window of that layer, or None for full attention.
+    sliding_windows: tuple[int | None, ...] = ()
+    attention_scale: float | None = None  # None: head_dim ** -0.5
+    attn_logit_softcapping: float | None = None
+    final_logit_softcapping: float | None = None
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> LlamaConfig:
+        attention_bias = config_bool(data, "attention_bias", False)
+        return cls.parse(
+            data,
+            qkv_bias=attention_bias,
+            o_bias=attention_bias,
+            mlp_bias=config_bool(data, "mlp_bias", False),
+        )
+
+    @classmethod
+    def parse(
+        cls,
+        data: dict[str, Any],
+        *,
+        default_head_dim: int | None = None,
+        act_key: str = "hidden_act",
+        default_act: str = "silu",
+        default_tie: bool = False,
+        **fields: Any,
+    ) -> LlamaConfig:
+        """The fields every family reads the same way; `fields` holds the family's own."""
+        cfg = ConfigReader(data)
+        hidden = cfg.int("hidden_size")
+        heads = cfg.int("num_attention_heads")
+        kv_heads = data.get("num_key_value_heads")
+        kv_heads = heads if kv_heads is None else cfg.int("num_key_value_heads")
+        head_dim = data.get("head_dim")
+        if head_dim is None:
+            head_dim = default_head_dim if default_head_dim is not None else hidden // heads
+        else:
+            head_dim = cfg.int("head_dim")
+        if default_head_dim is None and data.get("head_dim") is None and hidden % heads:
+            raise CheckpointError(
+                f"config.json: hidden_size {hidden} is not a multiple of "
+                f"num_attention_heads {heads}"
+            )
+        if heads % kv_heads:
+            raise CheckpointError(
+                f"config.json: num_attention_heads {heads} is not a multiple of "
+                f"num_key_value_heads {kv_heads}"
+            )
+        max_positions = cfg.int("max_position_embeddings", 2048)
+        pad = data.get("pad_token_id")
+        if pad is not None:
+            pad = cfg.int("pad_token_id")
+        config = cls(
+            vocab_size=cfg.int("vocab_size"),
+            hidden_size=hidden,
+            intermediate_size=cfg.int("intermediate_size"),
+            num_hidden_layers=cfg.int("num_hidden_layers"),
+            num_attention_heads=heads,
+            num_key_value_heads=kv_heads,
+            head_dim=head_dim,
+            hidden_act=cfg.str(act_key, default_act),
+            rms_norm_eps=cfg.float("rms_norm_eps", 1e-6),
+            max_position_embeddings=max_positions,
+            rope=RopeConfig.from_config(data, max_positions),
+            pad_token_id=pad,
+            tie_word_embeddings=config_bool(data, "tie_word_embeddings", default_tie),
+            is_causal=_is_causal(data),
+            **fields,
+        )
+        if not config.sliding_windows:
+            config.sliding_windows = (None,) * config.num_hidden_layers
+        if len(config.sliding_windows) != config.num_hidden_layers:
+            raise CheckpointError(
+                f"config.json: layer_types has {len(config.sliding_windows)} entries for "
+                f"{config.num_hidden_layers} layers"
+            )
+        return config
+
+
+def config_bool(data: dict[str, Any], key: str, default: bool) -> bool:
+    value = data.get(key)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise CheckpointError(f"config.json: field {key!r} must be true or false, got {value!r}")
+    return value
+
+
+def _is_causal(data: dict[str, Any]) -> bool:
+    """transformers' switch (`is_causal: false`) or Gemma's (`use_bidirectional_attention`)."""
+    return config_bool(data, "is_causal", True) and not config_bool(
+        data, "use_bidirectional_attention", False
+    )
+
+
+def optional_positive_int(data: dict[str, Any], key: str, default: int | None) -> int | None:
+    value = data.get(key, default)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise CheckpointError(f"config.json: field {key!r} must be a positive integer or null")
+    return value
+
+
+def optional_float(data: dict[str, Any], key: str, default: float | None) -> float | None:
+    value = data.get(key, default)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise CheckpointError(f"config.json: field {key!r} must be a number or null, got {value!r}")
+    return float(value)
+
+
+def layer_windows(
+    data: dict[str, Any], num_layers: int, window: int | None, default_types: list[str]
+) -> tuple[int | None, ...]:
+    """Per-layer windows from `layer_types` (or the family's default pattern)."""
+    types = data.get("layer_types") or default_types
+    if not isinstance(types, list) or any(
+        t not in (FULL_ATTENTION, SLIDING_ATTENTION) for t in types
+    ):
+        raise CheckpointError(
+            f"config.json: layer_types must list {FULL_ATTENTION!r} or {SLIDING_ATTENTION!r} "
+            f"per layer, got {types!r}"
+        )
+    if len(types) != num_layers:
+        raise CheckpointError(
+            f"config.json: layer_types has {len(types)} entries for {num_layers} layers"
+        )
+    return tuple(window if t == SLIDING_ATTENTION else None for t in types)
+
+
+def _linear(
+    reader: WeightReader, name: str, out_f: int, in_f: int, bias: bool
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    weight = reader.take(f"{name}.weight", (out_f, in_f))
+    return weight, reader.take(f"{name}.bias", (out_f,)) if bias else None
+
+
+def fused_linear(
+    reader: WeightReader, names: list[str], outs: list[int], in_f: int, bias: bool
+) -> Linear:
+    """One GEMM for several projections of the same input (q/k/v, gate/up)."""
+    parts = [_linear(reader, n, o, in_f, bias) for n, o in zip(names, outs)]
+    weight = torch.cat([w for w, _ in parts])
+    biases = [b for _, b in parts if b is not None]
+    return Linear(weight, torch.cat(biases) if bias else None)
+
+
+class DecoderAttention(nn.Module):
+    """Grouped-query attention with RoPE; fused q/k/v projection."""
+
+    def __init__(self, config: LlamaConfig, reader: WeightReader, prefix: str, layer: int) -> None:
+        super().__init__()
+        h, d = config.hidden_size, config.head_dim
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.head_dim = d
+        self.q_size = self.num_heads * d
+        self.kv_size = self.num_kv_heads * d
+        self.qkv = fused_linear(
+            reader,
+            [f"{prefix}.q_proj", f"{prefix}.k_proj", f"{prefix}.v_proj"],
+            [self.q_size, self.kv_size, self.kv_size],
+            h,
+            config.qkv_bias,
+        )
+        self.o_proj = Linear(*_linear(reader, f"{prefix}.o_proj", h, self.q_size, config.o_bias))
+        self.causal = config.is_causal
+        self.sliding_window = config.sliding_windows[layer]
+        self.scale = config.attention_scale if config.attention_scale else d**-0.5
+        self.softcap = config.attn_logit_softcapping
+
+    def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q `[T, Hq, D]`, k and v `[T, Hkv, D]` before RoPE (Qwen3 adds its norms here)."""
+        tokens = x.shape[0]
+        q, k, v = self.qkv(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        return (
+            q.view(tokens, self.num_heads, self.head_dim),
+            k.view(tokens, self.num_kv_heads, self.head_dim),
+            v.view(tokens, self.num_kv_heads, self.head_dim),
+        )
+
+    def forward(
+        self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata
+    ) -> torch.Tensor:
+        q, k, v = self.project(x)
+        q = apply_rotary(q, *rope)
+        k = apply_rotary(k, *rope)
+        out = varlen_attention(
+            q,
+            k,
+            v,
+            meta,
+            causal=self.causal,
+            sliding_window=self.sliding_window,
+            scale=self.scale,
+            softcap=self.softcap,
+        )
+        return self.o_proj(out.reshape(x.shape[0], self.q_size))
+
+
+class GatedMLP(nn.Module):
+    """down(act(gate(x)) * up(x)) with gate and up fused into one GEMM."""
+
+    def __init__(self, config: LlamaConfig, reader: WeightReader, prefix: str) -> None:
+        super().__init__()
+        h, ffn = config.hidden_size, config.intermediate_size
+        self.ffn = ffn
+        self.gate_up = fused_linear(
+            reader, [f"{prefix}.gate_proj", f"{prefix}.up_proj"], [ffn, ffn], h, config.mlp_bias
+        )
+        self.down = Linear(*_linear(reader, f"{prefix}.down_proj", h, ffn, config.mlp_bias))
+        self.act = get_activation(config.hidden_act)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up(x).split([self.ffn, self.ffn], dim=-1)
+        return self.down(self.act(gate) * up)
+
+
+class LlamaDecoderLayer(nn.Module):
+    attention_cls: ClassVar[type[DecoderAttention]] = DecoderAttention
+    norm_cls: ClassVar[type[RMSNorm]] = RMSNorm
+
+    def __init__(self, config: LlamaConfig, reader: WeightReader, index: int) -> None:
+        super().__init__()
+        p = f"layers.{index}"
+        self.input_layernorm = self.norm(reader, f"{p}.input_layernorm", config)
+        self.self_attn = self.attention_cls(config, reader, f"{p}.self_attn", index)
+        self.post_attention_layernorm = self.norm(reader, f"{p}.post_attention_layernorm", config)
+        self.mlp = GatedMLP(config, reader, f"{p}.mlp")
+
+    def norm(self, reader: WeightReader, name: str, config: LlamaConfig) -> RMSNorm:
+        weight = reader.take(f"{name}.weight", (config.hidden_size,))
+        return self.norm_cls(weight, config.rms_norm_eps)
+
+    def forward(
+        self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata
+    ) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), rope, meta)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class LlamaModel(TransformerModel):
+    """The decoder without a head: per-token final hidden states (after the last norm)."""
+
+    task: ClassVar[Task] = Task.EMBEDDING
+    default_pooling: ClassVar[str] = "last-token"
+    prefixes: ClassVar[tuple[str, ...]] = ("", "model.")
+    unused: ClassVar[tuple[str, ...]] = (r"rotary_emb\.inv_freq$",)
+    uses_token_types: ClassVar[bool] = False
+    config_cls: ClassVar[type[LlamaConfig]] = LlamaConfig
+    layer_cls: ClassVar[type[LlamaDecoderLayer]] = LlamaDecoderLayer
+
+    def __init__(self, config: LlamaConfig, reader: WeightReader) -> None:
+        super().__init__()
+        self.config = config
+        self.hidden_size = config.hidden_size
+        self.vocab_size = config.vocab_size
+        self.max_positions = config.max_position_embeddings
+        self.embed_tokens = nn.Parameter(
+            reader.take("embed_tokens.weight", (config.vocab_size, config.hidden_size)),
+            requires_grad=False,
+        )
+        self.rotary = RotaryEmbedding(config.rope, config.head_dim)
+        self.layers = nn.ModuleList(
+            self.layer_cls(config, reader, i) for i in range(config.num_hidden_layers)
+        )
+        self.norm = self.layer_cls.norm_cls(
+            reader.take("norm.weight", (config.hidden_size,)), config.rms_norm_eps
+        )
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return F.embedding(input_ids, self.embed_tokens)
+
+    def forward(self, batch: PackedBatch, meta: AttentionMetadata) -> torch.Tensor:
+        x = self.embed(batch.input_ids)
+        rope = self.rotary(batch.position_ids)
+        for layer in self.layers:
+            x = layer(x, rope, meta)
+        return self.norm(x)
+
+    @classmethod
+    def load(cls, config: dict[str, Any], reader: WeightReader) -> TransformerModel:
+        return cls(cls.config_cls.from_dict(config), reader)
+
+
+class LlamaForCausalLM(LlamaModel):
+    """A causal-LM checkpoint used as an embedder: the LM head is not needed."""
+
+    unused: ClassVar[tuple[str, ...]] = (*LlamaModel.unused, r"^lm_head\.")
+
+
+def last_token_indices(
+    input_ids: torch.Tensor, cu_seqlens: torch.Tensor, pad_token_id: int | None
+) -> torch.Tensor:
+    """Per sequence, the packed index of the token a sequence classifier reads.
+
+    transformers takes the rightmost token that is not `pad_token_id` (the first token when
+    all are padding) and, without a pad token, the last one. Packed batches carry no
+    padding, so this is the last token unless a sequence itself ends in pad tokens.
+    """
+    starts = cu_seqlens[:-1].long()
+    ends = cu_seqlens[1:].long()
+    if pad_token_id is None:
+        return ends - 1
+    lengths = ends - starts
+    seq_of_token = torch.repeat_interleave(
+        torch.arange(lengths.numel(), device=ends.device), lengths, output_size=input_ids.numel()
+    )
+    positions = torch.arange(input_ids.numel(), device=ends.device)
+    candidates = torch.where(input_ids != pad_token_id, positions, starts[seq_of_token])
+    return starts.scatter_reduce(0, seq_of_token, candidates, reduce="amax", include_self=True)
+
+
+class DecoderSequenceClassification(LlamaModel):
+    """`*ForSequenceClassification` head for any decoder family: `score` (a bias-free linear,
+    one row per label) on the last real token. Listed before the family's model class, whose
+    config and layers it then uses: `class Qwen2ForSequenceClassification(
+    DecoderSequenceClassification, Qwen2Model)`."""
+
+    task: ClassVar[Task] = Task.CLASSIFICATION
+
+    def __init__(self, config: LlamaConfig, reader: WeightReader, info: ClassifierInfo) -> None:
+        super().__init__(config, reader)
+        labels = info.num_labels
+        self.classifier = info
+        self.score = Linear(
+            reader.take("score.weight", (labels, config.hidden_size)),
+            reader.take_optional("score.bias", (labels,)),
+        )
+
+    def logits(self, hidden: torch.Tensor, batch: PackedBatch) -> torch.Tensor:
+        index = last_token_indices(batch.input_ids, batch.cu_seqlens, self.config.pad_token_id)
+        return self.score(hidden[index])
+
+    @classmethod
+    def load(cls, config: dict[str, Any], reader: WeightReader) -> TransformerModel:
+        info = ClassifierInfo.from_config(ConfigReader(config))
+        return cls(cls.config_cls.from_dict(config), reader, info)
+
+
+class LlamaForSequenceClassification(DecoderSequenceClassification):
+    pass
+
+
+class YesNoReranker(LlamaModel):
+    """A `*ForCausalLM` checkpoint read as a reranker (Qwen3-Reranker): the score is
+    logit("yes") - logit("no") of the LM head at each sequence's last token, so a sigmoid
+    of it is the model's P(yes) between the two. Only those two rows of the LM head (or of
+    the tied embeddings) are kept. Listed before the family's model class, like
+    `DecoderSequenceClassification`; selected with `task="rerank-yes-no"`, with pairs
+    formatted by `PAIR_TEMPLATE`."""
+
+    task: ClassVar[Task] = Task.CLASSIFICATION
+    PAIR_TEMPLATE: ClassVar[PairTemplate] = QWEN3_RERANKER
+    TOKENS: ClassVar[tuple[str, str]] = ("no", "yes")
+
+    def __init__(
+        self,
+        config: LlamaConfig,
+        reader: WeightReader,
+        token_ids: tuple[int, int],
+        template: PairTemplate,
+    ) -> None:
+        super().__init__(config, reader)
+        for tid in token_ids:
+            if not 0 <= tid < config.vocab_size:
+                raise CheckpointError(
+                    f"yes/no token id {tid} is outside the model's vocabulary ({config.vocab_size})"
+                )
+        shape = (config.vocab_size, config.hidden_size)
+        if config.tie_word_embeddings:
+            reader.take_optional("lm_head.weight", shape)  # a stored copy of the embeddings
+            head = self.embed_tokens.detach()
+        else:
+            head = reader.take("lm_head.weight", shape)
+        self.yes_no = nn.Parameter(head[list(token_ids)].clone(), requires_grad=False)
+        self.classifier = ClassifierInfo(1, {"0": "yes"}, None)
+        self.pair_template = template
+
+    def logits(self, hidden: torch.Tensor, batch: PackedBatch) -> torch.Tensor:
+        last = hidden[batch.cu_seqlens[1:].long() - 1]
+        # Two rows only: computed in float32 whatever the model dtype, the difference of two
+        # large logits is where half precision would lose the score.
+        scores = F.linear(last.float(), self.yes_no.float())
+        cap = self.config.final_logit_softcapping
+        if cap is not None:
+            scores = torch.tanh(scores / cap) * cap
+        return scores[:, 1:2] - scores[:, 0:1]
+
+    @classmethod
+    def from_checkpoint(
+        cls, config: dict[str, Any], reader: WeightReader, model_dir: Path
+    ) -> TransformerModel:
+        tokenizer = load_tokenizer(model_dir)
+        no, yes = (token_id(tokenizer, t, model_dir) for t in cls.TOKENS)
+        suffix = tokenizer.encode(cls.PAIR_TEMPLATE.suffix, add_special_tokens=False).ids
+        template = cls.PAIR_TEMPLATE.with_suffix_ids(tuple(suffix))
+        return cls(cls.config_cls.from_dict(config), reader, (no, yes), template)
+
+    @classmethod
+    def load(cls, config: dict[str, Any], reader: WeightReader) -> TransformerModel:
+        raise CheckpointError(
+            "yes/no rerankers need the checkpoint folder (tokenizer.json): use from_checkpoint"
+        )
+
+
+class LlamaYesNoReranker(YesNoReranker):
+    pass

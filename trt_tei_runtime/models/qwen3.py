@@ -1,0 +1,67 @@
+"""Qwen3: Qwen2's layout without the projection biases (unless `attention_bias`), with
+RMSNorms on each query and key head before RoPE (`q_norm`, `k_norm`)."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import torch
+
+from ..layers import RMSNorm
+from ..weights import WeightReader
+from .llama import (
+    DecoderAttention,
+    DecoderSequenceClassification,
+    LlamaConfig,
+    LlamaDecoderLayer,
+    LlamaModel,
+    YesNoReranker,
+    config_bool,
+)
+from .qwen2 import qwen_sliding_windows
+
+
+class Qwen3Config(LlamaConfig):
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> LlamaConfig:
+        bias = config_bool(data, "attention_bias", False)
+        return cls.parse(
+            data,
+            default_head_dim=128,  # transformers' Qwen3Config default
+            qkv_bias=bias,
+            o_bias=bias,
+            sliding_windows=qwen_sliding_windows(data),
+        )
+
+
+class Qwen3Attention(DecoderAttention):
+    def __init__(self, config: LlamaConfig, reader: WeightReader, prefix: str, layer: int) -> None:
+        super().__init__(config, reader, prefix, layer)
+        d = config.head_dim
+        self.q_norm = RMSNorm(reader.take(f"{prefix}.q_norm.weight", (d,)), config.rms_norm_eps)
+        self.k_norm = RMSNorm(reader.take(f"{prefix}.k_norm.weight", (d,)), config.rms_norm_eps)
+
+    def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        q, k, v = super().project(x)
+        return self.q_norm(q), self.k_norm(k), v
+
+
+class Qwen3DecoderLayer(LlamaDecoderLayer):
+    attention_cls: ClassVar[type[DecoderAttention]] = Qwen3Attention
+
+
+class Qwen3Model(LlamaModel):
+    config_cls: ClassVar[type[LlamaConfig]] = Qwen3Config
+    layer_cls: ClassVar[type[LlamaDecoderLayer]] = Qwen3DecoderLayer
+
+
+class Qwen3ForCausalLM(Qwen3Model):
+    unused: ClassVar[tuple[str, ...]] = (*Qwen3Model.unused, r"^lm_head\.")
+
+
+class Qwen3ForSequenceClassification(DecoderSequenceClassification, Qwen3Model):
+    pass
+
+
+class Qwen3YesNoReranker(YesNoReranker, Qwen3Model):
+    """Qwen/Qwen3-Reranker-*: `Qwen3ForCausalLM` checkpoints scored yes vs no."""

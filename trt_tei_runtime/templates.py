@@ -1,0 +1,90 @@
+"""Prompt templates that turn a (query, document) pair into the single prompt a decoder
+reranker was trained on, and the checkpoint facts they need (token ids from tokenizer.json).
+
+The template is split around the document's end: `prefix + body` is tokenized and
+truncated like any text, `suffix` (pre-tokenized, special tokens and all) is appended after
+truncation, so a long document never cuts off the tokens the score is read after.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from .errors import CheckpointError
+
+
+@dataclass(frozen=True)
+class PairTemplate:
+    prefix: str
+    body: str  # formatted with {instruction}, {query} and {document}
+    suffix: str
+    instruction: str
+    suffix_ids: tuple[int, ...] = ()
+
+    def head(self, query: str, document: str) -> str:
+        """The text before the suffix; `suffix_ids` follow it after truncation."""
+        return self.prefix + self.body.format(
+            instruction=self.instruction, query=query, document=document
+        )
+
+    def render(self, query: str, document: str) -> str:
+        """The whole prompt as one string (for reference and for routers that template)."""
+        return self.head(query, document) + self.suffix
+
+    def with_suffix_ids(self, ids: tuple[int, ...]) -> PairTemplate:
+        return replace(self, suffix_ids=tuple(ids))
+
+    def as_dict(self) -> dict[str, Any]:
+        """The template for a router that tokenizes itself: the text to tokenize is
+        `before_query + query + between + document + after_document`; truncate it to the
+        model's maximum input length minus `len(suffix_ids)`, then append `suffix_ids`."""
+        filled = self.prefix + self.body.format(
+            instruction=self.instruction, query="\0", document="\1"
+        )
+        before_query, rest = filled.split("\0")
+        between, after_document = rest.split("\1")
+        return {
+            "before_query": before_query,
+            "between": between,
+            "after_document": after_document,
+            "suffix": self.suffix,
+            "suffix_ids": list(self.suffix_ids),
+        }
+
+
+# The documented prompt of Qwen/Qwen3-Reranker-{0.6B,4B,8B} (model card, "Transformers
+# usage"): a chat turn asking for "yes" or "no", with an empty thinking block.
+QWEN3_RERANKER = PairTemplate(
+    prefix=(
+        "<|im_start|>system\nJudge whether the Document meets the requirements based on the "
+        'Query and the Instruct provided. Note that the answer can only be "yes" or "no".'
+        "<|im_end|>\n<|im_start|>user\n"
+    ),
+    body="<Instruct>: {instruction}\n<Query>: {query}\n<Document>: {document}",
+    suffix="<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n",
+    instruction="Given a web search query, retrieve relevant passages that answer the query",
+)
+
+
+def load_tokenizer(model_dir: Path):  # type: ignore[no-untyped-def]
+    from tokenizers import Tokenizer
+
+    path = model_dir / "tokenizer.json"
+    if not path.is_file():
+        raise CheckpointError(f"missing file tokenizer.json in {model_dir}")
+    try:
+        return Tokenizer.from_file(str(path))
+    except Exception as exc:
+        raise CheckpointError(f"cannot read {path}: {exc}") from exc
+
+
+def token_id(tokenizer, token: str, model_dir: Path) -> int:  # type: ignore[no-untyped-def]
+    """The id of one vocabulary token, as transformers' `convert_tokens_to_ids` finds it."""
+    value = tokenizer.token_to_id(token)
+    if value is None:
+        raise CheckpointError(
+            f"tokenizer.json in {model_dir} has no token {token!r}, which yes/no scoring needs"
+        )
+    return int(value)
