@@ -1,10 +1,11 @@
 """Building blocks shared by every architecture. Platform choices live here, not in models."""
 
-from .activation import get_activation
+from ..kernels import gated_activation
+from .activation import gated_activation_name, get_activation
 from .attention import AttentionMetadata, varlen_attention
 from .linear import Linear
 from .norm import GemmaRMSNorm, LayerNorm, RMSNorm
-from .rotary import RopeConfig, RotaryEmbedding, apply_rotary
+from .rotary import RopeAngles, RopeConfig, RotaryEmbedding, apply_rotary_qk
 
 __all__ = [
     "AttentionMetadata",
@@ -12,9 +13,12 @@ __all__ = [
     "LayerNorm",
     "Linear",
     "RMSNorm",
+    "RopeAngles",
     "RopeConfig",
     "RotaryEmbedding",
-    "apply_rotary",
+    "apply_rotary_qk",
+    "gated_activation",
+    "gated_activation_name",
     "get_activation",
     "varlen_attention",
 ]

@@ -30,3 +30,24 @@ def get_activation(name: str) -> Activation:
         raise CheckpointError(
             f"config.json: unsupported hidden_act {name!r}; supported: {sorted(_ACTIVATIONS)}"
         ) from None
+
+
+# Gated MLPs run act(gate) * up as one fused kernel; these are the activations it knows.
+_GATED = {
+    "silu": "silu",
+    "swish": "silu",
+    "gelu_pytorch_tanh": "gelu_tanh",
+    "gelu_new": "gelu_tanh",
+    "gelu_fast": "gelu_tanh",
+    "gelu": "gelu",
+}
+
+
+def gated_activation_name(name: str) -> str:
+    try:
+        return _GATED[name]
+    except KeyError:
+        raise CheckpointError(
+            f"config.json: unsupported activation {name!r} for a gated MLP; "
+            f"supported: {sorted(_GATED)}"
+        ) from None

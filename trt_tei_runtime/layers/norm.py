@@ -6,6 +6,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..kernels import add_layer_norm, add_rms_norm
+
 
 class LayerNorm(nn.Module):
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor, eps: float) -> None:
@@ -16,7 +18,7 @@ class LayerNorm(nn.Module):
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
         if residual is not None:
-            x = x + residual
+            return add_layer_norm(x, residual, self.weight, self.bias, self.eps)
         return F.layer_norm(x, (x.shape[-1],), self.weight, self.bias, self.eps)
 
 
@@ -25,22 +27,25 @@ class RMSNorm(nn.Module):
     the weight in the weight's dtype (`w * x.to(dtype)`), the rounding order of Llama,
     Mistral and Qwen checkpoints."""
 
+    gemma = False
+
     def __init__(self, weight: torch.Tensor, eps: float) -> None:
         super().__init__()
         self.weight = nn.Parameter(weight, requires_grad=False)
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * xf.to(x.dtype)
+        return add_rms_norm(x, None, self.weight, self.eps, self.gemma)[0]
+
+    def add_and_norm(
+        self, x: torch.Tensor, residual: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(norm(x + residual), x + residual) in one pass: the pre-norm residual stream."""
+        return add_rms_norm(x, residual, self.weight, self.eps, self.gemma)
 
 
 class GemmaRMSNorm(RMSNorm):
     """Gemma's RMSNorm: the checkpoint stores `w - 1`; `(1 + w) * x` is computed in float32
     and only then cast back to the input dtype."""
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (xf * (1.0 + self.weight.float())).to(x.dtype)
+    gemma = True

@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from ..errors import CheckpointError
+from ..kernels import rotary_qk
 
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
 _DEFAULT_THETA = 10_000.0
@@ -124,16 +125,27 @@ class RotaryEmbedding(nn.Module):
         self.inv_freq = inv_freq.to(self.inv_freq.device, torch.float32)
         return self
 
-    def forward(self, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        freqs = position_ids.to(torch.float32)[:, None] * self.inv_freq[None, :]
-        angles = torch.cat((freqs, freqs), dim=-1)
-        return angles.cos(), angles.sin()
+    def forward(self, position_ids: torch.Tensor) -> RopeAngles:
+        return RopeAngles(position_ids, self.inv_freq)
 
 
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotates `x` `[T, H, D]` by the angles of its token (`cos`/`sin` `[T, D]`, float32),
-    in the rotate-half layout Hugging Face checkpoints use."""
-    xf = x.to(torch.float32)
-    half = xf.shape[-1] // 2
-    rotated = torch.cat((-xf[..., half:], xf[..., :half]), dim=-1)
-    return (xf * cos[:, None, :] + rotated * sin[:, None, :]).to(x.dtype)
+@dataclass
+class RopeAngles:
+    """What every layer needs to rotate q and k: the fused kernel computes the angles
+    `positions * inv_freq` itself (float32), so no `[T, head_dim]` tables are stored."""
+
+    positions: torch.Tensor  # [T] int64
+    inv_freq: torch.Tensor  # [head_dim / 2] float32
+
+
+def apply_rotary_qk(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    rope: RopeAngles,
+    q_norm: torch.Tensor | None = None,
+    k_norm: torch.Tensor | None = None,
+    eps: float = 1e-6,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rotate-half RoPE on q `[T, Hq, D]` and k `[T, Hk, D]`, after optional per-head
+    RMSNorms (Qwen3), in one fused pass each."""
+    return rotary_qk(q, k, rope.positions, rope.inv_freq, q_norm, k_norm, eps)

@@ -11,7 +11,7 @@ from typing import Any, ClassVar
 import torch
 import torch.nn.functional as F
 
-from ..layers import AttentionMetadata, GemmaRMSNorm, RMSNorm
+from ..layers import AttentionMetadata, GemmaRMSNorm, RMSNorm, RopeAngles
 from ..weights import WeightReader
 from .base import ConfigReader
 from .llama import (
@@ -64,12 +64,17 @@ class Gemma2DecoderLayer(LlamaDecoderLayer):
         )
 
     def forward(
-        self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata
-    ) -> torch.Tensor:
-        attn = self.self_attn(self.input_layernorm(x), rope, meta)
-        x = x + self.post_attention_layernorm(attn)
-        mlp = self.mlp(self.pre_feedforward_layernorm(x))
-        return x + self.post_feedforward_layernorm(mlp)
+        self,
+        x: torch.Tensor,
+        residual: torch.Tensor | None,
+        rope: RopeAngles,
+        meta: AttentionMetadata,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Sandwich norms: each block's output is normalized before it joins the stream."""
+        h, residual = self.input_layernorm.add_and_norm(x, residual)
+        h = self.post_attention_layernorm(self.self_attn(h, rope, meta))
+        h, residual = self.pre_feedforward_layernorm.add_and_norm(h, residual)
+        return self.post_feedforward_layernorm(self.mlp(h)), residual
 
 
 class Gemma2Model(LlamaModel):

@@ -31,10 +31,12 @@ from ..layers import (
     AttentionMetadata,
     Linear,
     RMSNorm,
+    RopeAngles,
     RopeConfig,
     RotaryEmbedding,
-    apply_rotary,
-    get_activation,
+    apply_rotary_qk,
+    gated_activation,
+    gated_activation_name,
     varlen_attention,
 )
 from ..templates import QWEN3_RERANKER, PairTemplate, load_tokenizer, token_id
@@ -240,8 +242,12 @@ class DecoderAttention(nn.Module):
         self.scale = config.attention_scale if config.attention_scale else d**-0.5
         self.softcap = config.attn_logit_softcapping
 
+    def qk_norms(self) -> tuple[torch.Tensor | None, torch.Tensor | None, float]:
+        """Per-head RMSNorm weights applied to q and k before RoPE (Qwen3 has them)."""
+        return None, None, 0.0
+
     def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """q `[T, Hq, D]`, k and v `[T, Hkv, D]` before RoPE (Qwen3 adds its norms here)."""
+        """q `[T, Hq, D]`, k and v `[T, Hkv, D]` before RoPE."""
         tokens = x.shape[0]
         q, k, v = self.qkv(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         return (
@@ -250,12 +256,9 @@ class DecoderAttention(nn.Module):
             v.view(tokens, self.num_kv_heads, self.head_dim),
         )
 
-    def forward(
-        self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata
-    ) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, rope: RopeAngles, meta: AttentionMetadata) -> torch.Tensor:
         q, k, v = self.project(x)
-        q = apply_rotary(q, *rope)
-        k = apply_rotary(k, *rope)
+        q, k = apply_rotary_qk(q, k, rope, *self.qk_norms())
         out = varlen_attention(
             q,
             k,
@@ -280,11 +283,10 @@ class GatedMLP(nn.Module):
             reader, [f"{prefix}.gate_proj", f"{prefix}.up_proj"], [ffn, ffn], h, config.mlp_bias
         )
         self.down = Linear(*_linear(reader, f"{prefix}.down_proj", h, ffn, config.mlp_bias))
-        self.act = get_activation(config.hidden_act)
+        self.activation = gated_activation_name(config.hidden_act)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up(x).split([self.ffn, self.ffn], dim=-1)
-        return self.down(self.act(gate) * up)
+        return self.down(gated_activation(self.gate_up(x), self.activation))
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -304,10 +306,18 @@ class LlamaDecoderLayer(nn.Module):
         return self.norm_cls(weight, config.rms_norm_eps)
 
     def forward(
-        self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata
-    ) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), rope, meta)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        self,
+        x: torch.Tensor,
+        residual: torch.Tensor | None,
+        rope: RopeAngles,
+        meta: AttentionMetadata,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Pre-norm block on the residual stream: takes and returns (block output, stream);
+        each norm adds the previous output into the stream in the same fused pass."""
+        h, residual = self.input_layernorm.add_and_norm(x, residual)
+        h = self.self_attn(h, rope, meta)
+        h, residual = self.post_attention_layernorm.add_and_norm(h, residual)
+        return self.mlp(h), residual
 
 
 class LlamaModel(TransformerModel):
@@ -345,9 +355,10 @@ class LlamaModel(TransformerModel):
     def forward(self, batch: PackedBatch, meta: AttentionMetadata) -> torch.Tensor:
         x = self.embed(batch.input_ids)
         rope = self.rotary(batch.position_ids)
+        residual = None
         for layer in self.layers:
-            x = layer(x, rope, meta)
-        return self.norm(x)
+            x, residual = layer(x, residual, rope, meta)
+        return self.norm.add_and_norm(x, residual)[0]
 
     @classmethod
     def load(cls, config: dict[str, Any], reader: WeightReader) -> TransformerModel:

@@ -41,9 +41,8 @@ class Qwen3Attention(DecoderAttention):
         self.q_norm = RMSNorm(reader.take(f"{prefix}.q_norm.weight", (d,)), config.rms_norm_eps)
         self.k_norm = RMSNorm(reader.take(f"{prefix}.k_norm.weight", (d,)), config.rms_norm_eps)
 
-    def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        q, k, v = super().project(x)
-        return self.q_norm(q), self.k_norm(k), v
+    def qk_norms(self) -> tuple[torch.Tensor | None, torch.Tensor | None, float]:
+        return self.q_norm.weight, self.k_norm.weight, self.q_norm.eps
 
 
 class Qwen3DecoderLayer(LlamaDecoderLayer):

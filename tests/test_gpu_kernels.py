@@ -1,0 +1,97 @@
+"""Tier 5 (device): each Triton kernel against its torch reference on random data."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from trt_tei_runtime.kernels import reference
+
+triton_kernels = pytest.importorskip("trt_tei_runtime.kernels.triton_kernels")
+
+pytestmark = pytest.mark.gpu
+DTYPES = [torch.bfloat16, torch.float16]
+
+
+def _close(a: torch.Tensor, b: torch.Tensor) -> None:
+    # Same rounding points; float32 reductions may differ in order: one ulp of the dtype.
+    torch.testing.assert_close(a.float(), b.float(), rtol=1e-2, atol=1e-2)
+    assert not torch.isnan(a).any()
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("cols", [64, 384, 1000, 4096])
+@pytest.mark.parametrize("gemma", [False, True])
+def test_add_rms_norm(dtype, cols, gemma):  # type: ignore[no-untyped-def]
+    x = torch.randn(257, cols, device="cuda", dtype=dtype)
+    r = torch.randn_like(x)
+    w = torch.randn(cols, device="cuda", dtype=dtype)
+    for residual in (None, r):
+        out, summed = triton_kernels.add_rms_norm(x, residual, w, 1e-6, gemma)
+        ref_out, ref_sum = reference.add_rms_norm(x, residual, w, 1e-6, gemma)
+        torch.testing.assert_close(summed, ref_sum, rtol=0, atol=0)
+        _close(out, ref_out)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("cols", [384, 1024, 1000])
+def test_add_layer_norm(dtype, cols):  # type: ignore[no-untyped-def]
+    x, r = (torch.randn(300, cols, device="cuda", dtype=dtype) for _ in range(2))
+    w, b = (torch.randn(cols, device="cuda", dtype=dtype) for _ in range(2))
+    _close(
+        triton_kernels.add_layer_norm(x, r, w, b, 1e-12),
+        reference.add_layer_norm(x, r, w, b, 1e-12),
+    )
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("activation", ["silu", "gelu_tanh"])
+@pytest.mark.parametrize("ffn", [3072, 1000])
+def test_gated_activation(dtype, activation, ffn):  # type: ignore[no-untyped-def]
+    gate_up = torch.randn(129, 2 * ffn, device="cuda", dtype=dtype) * 3
+    _close(
+        triton_kernels.gated_activation(gate_up, activation),
+        reference.gated_activation(gate_up, activation),
+    )
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("head_dim", [64, 128, 80])
+@pytest.mark.parametrize("with_norm", [False, True])
+def test_rotary_on_strided_views(dtype, head_dim, with_norm):  # type: ignore[no-untyped-def]
+    tokens, hq, hk = 77, 8, 2
+    qkv = torch.randn(tokens, (hq + 2 * hk) * head_dim, device="cuda", dtype=dtype)
+    q, k, _ = qkv.split([hq * head_dim, hk * head_dim, hk * head_dim], dim=-1)
+    q, k = q.view(tokens, hq, head_dim), k.view(tokens, hk, head_dim)
+    positions = torch.randint(0, 30000, (tokens,), device="cuda")
+    inv_freq = 1.0 / (1e6 ** (torch.arange(0, head_dim, 2, device="cuda").float() / head_dim))
+    w = torch.randn(head_dim, device="cuda", dtype=dtype) if with_norm else None
+    for x in (q, k):
+        ours = triton_kernels.rotate(x, positions, inv_freq, w, 1e-6)
+        _close(ours, reference.rotate(x, positions, inv_freq, w, 1e-6))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_varlen_attention_native_gqa_matches_repeated_heads(dtype):  # type: ignore[no-untyped-def]
+    from torch.nn.attention.varlen import varlen_attn
+
+    lengths = [5, 130, 64, 1]
+    cu = torch.tensor(
+        [0, *torch.tensor(lengths).cumsum(0).tolist()], device="cuda", dtype=torch.int32
+    )
+    tokens = sum(lengths)
+    q = torch.randn(tokens, 16, 128, device="cuda", dtype=dtype)
+    k, v = (torch.randn(tokens, 4, 128, device="cuda", dtype=dtype) for _ in range(2))
+    for window in ((-1, -1), (-1, 0)):
+        native = varlen_attn(q, k, v, cu, cu, max(lengths), max(lengths), window_size=window)
+        repeated = varlen_attn(
+            q,
+            k.repeat_interleave(4, 1),
+            v.repeat_interleave(4, 1),
+            cu,
+            cu,
+            max(lengths),
+            max(lengths),
+            window_size=window,
+        )
+        torch.testing.assert_close(native, repeated, rtol=0, atol=0)

@@ -1,0 +1,67 @@
+"""Dispatch: Triton kernels for CUDA tensors, `reference` for everything else."""
+
+from __future__ import annotations
+
+import torch
+
+from . import reference
+
+try:
+    from . import triton_kernels
+except ImportError:  # pragma: no cover - Triton ships with CUDA torch; CPU-only installs lack it
+    triton_kernels = None  # type: ignore[assignment]
+
+
+def _use_triton(x: torch.Tensor) -> bool:
+    return triton_kernels is not None and x.is_cuda and x.dtype in (torch.float16, torch.bfloat16)
+
+
+def add_rms_norm(
+    x: torch.Tensor,
+    residual: torch.Tensor | None,
+    weight: torch.Tensor,
+    eps: float,
+    gemma: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(RMSNorm(x + residual), x + residual); `gemma` scales by `1 + w` in float32."""
+    if _use_triton(x):
+        return triton_kernels.add_rms_norm(x, residual, weight, eps, gemma)
+    return reference.add_rms_norm(x, residual, weight, eps, gemma)
+
+
+def add_layer_norm(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float
+) -> torch.Tensor:
+    """LayerNorm(x + residual) — BERT's post-norm residual."""
+    if _use_triton(x):
+        return triton_kernels.add_layer_norm(x, residual, weight, bias, eps)
+    return reference.add_layer_norm(x, residual, weight, bias, eps)
+
+
+def gated_activation(gate_up: torch.Tensor, activation: str) -> torch.Tensor:
+    """act(gate) * up for `gate_up = [gate | up]`; activation silu, gelu_tanh or gelu."""
+    if _use_triton(gate_up):
+        return triton_kernels.gated_activation(gate_up, activation)
+    return reference.gated_activation(gate_up, activation)
+
+
+def rotary_qk(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    positions: torch.Tensor,
+    inv_freq: torch.Tensor,
+    q_norm: torch.Tensor | None = None,
+    k_norm: torch.Tensor | None = None,
+    eps: float = 1e-6,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """RoPE on q `[T, Hq, D]` and k `[T, Hk, D]` (rotate-half), after optional per-head
+    RMSNorms; angles computed from the positions in float32."""
+    if _use_triton(q):
+        return (
+            triton_kernels.rotate(q, positions, inv_freq, q_norm, eps),
+            triton_kernels.rotate(k, positions, inv_freq, k_norm, eps),
+        )
+    return (
+        reference.rotate(q, positions, inv_freq, q_norm, eps),
+        reference.rotate(k, positions, inv_freq, k_norm, eps),
+    )

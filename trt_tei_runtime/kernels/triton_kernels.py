@@ -1,0 +1,229 @@
+"""Triton implementations of the fused kernels (CUDA, fp16/bf16). `reference.py` is the
+specification: the same rounding points, in the same order."""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from . import reference
+
+
+@triton.jit
+def _add_rms_norm_kernel(
+    x_ptr,
+    r_ptr,
+    w_ptr,
+    out_ptr,
+    sum_ptr,
+    stride_x,
+    stride_r,
+    stride_o,
+    stride_s,
+    n_cols,
+    eps,
+    HAS_RESIDUAL: tl.constexpr,
+    GEMMA: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < n_cols
+    x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0)
+    if HAS_RESIDUAL:
+        r = tl.load(r_ptr + row * stride_r + cols, mask=mask, other=0.0)
+        x = (x.to(tl.float32) + r.to(tl.float32)).to(x.dtype)  # the residual stream's rounding
+        tl.store(sum_ptr + row * stride_s + cols, x, mask=mask)
+    xf = x.to(tl.float32)
+    rstd = 1.0 / tl.sqrt(tl.sum(xf * xf, axis=0) / n_cols + eps)
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    if GEMMA:
+        y = xf * rstd * (1.0 + w)
+    else:
+        y = w * (xf * rstd).to(x.dtype).to(tl.float32)
+    tl.store(out_ptr + row * stride_o + cols, y.to(x.dtype), mask=mask)
+
+
+def add_rms_norm(x, residual, weight, eps, gemma):  # type: ignore[no-untyped-def]
+    if x.stride(-1) != 1 or x.dim() != 2:
+        return reference.add_rms_norm(x, residual, weight, eps, gemma)
+    rows, cols = x.shape
+    out = torch.empty_like(x)
+    summed = torch.empty_like(x) if residual is not None else x
+    res = residual if residual is not None else x
+    _add_rms_norm_kernel[(rows,)](
+        x,
+        res,
+        weight,
+        out,
+        summed,
+        x.stride(0),
+        res.stride(0),
+        out.stride(0),
+        summed.stride(0),
+        cols,
+        eps,
+        HAS_RESIDUAL=residual is not None,
+        GEMMA=gemma,
+        BLOCK=triton.next_power_of_2(cols),
+    )
+    return out, summed
+
+
+@triton.jit
+def _add_layer_norm_kernel(
+    x_ptr,
+    r_ptr,
+    w_ptr,
+    b_ptr,
+    out_ptr,
+    stride_x,
+    stride_r,
+    stride_o,
+    n_cols,
+    eps,
+    BLOCK: tl.constexpr,
+):
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < n_cols
+    x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0)
+    r = tl.load(r_ptr + row * stride_r + cols, mask=mask, other=0.0)
+    s = (x.to(tl.float32) + r.to(tl.float32)).to(x.dtype).to(tl.float32)
+    mean = tl.sum(s, axis=0) / n_cols
+    centered = tl.where(mask, s - mean, 0.0)
+    rstd = 1.0 / tl.sqrt(tl.sum(centered * centered, axis=0) / n_cols + eps)
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    b = tl.load(b_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + row * stride_o + cols, (centered * rstd * w + b).to(x.dtype), mask=mask)
+
+
+def add_layer_norm(x, residual, weight, bias, eps):  # type: ignore[no-untyped-def]
+    if x.dim() != 2 or x.stride(-1) != 1 or residual.stride(-1) != 1:
+        return reference.add_layer_norm(x, residual, weight, bias, eps)
+    rows, cols = x.shape
+    out = torch.empty_like(x)
+    _add_layer_norm_kernel[(rows,)](
+        x,
+        residual,
+        weight,
+        bias,
+        out,
+        x.stride(0),
+        residual.stride(0),
+        out.stride(0),
+        cols,
+        eps,
+        BLOCK=triton.next_power_of_2(cols),
+    )
+    return out
+
+
+@triton.jit
+def _gated_activation_kernel(
+    gu_ptr, out_ptr, stride_gu, stride_o, n_cols, GELU_TANH: tl.constexpr, BLOCK: tl.constexpr
+):
+    row = tl.program_id(0)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = cols < n_cols
+    g = tl.load(gu_ptr + row * stride_gu + cols, mask=mask, other=0.0)
+    u = tl.load(gu_ptr + row * stride_gu + n_cols + cols, mask=mask, other=0.0)
+    gf = g.to(tl.float32)
+    if GELU_TANH:
+        inner = 0.7978845608028654 * (gf + 0.044715 * gf * gf * gf)
+        act = 0.5 * gf * (1.0 + (2.0 * tl.sigmoid(2.0 * inner) - 1.0))
+    else:
+        act = gf * tl.sigmoid(gf)
+    act = act.to(g.dtype).to(tl.float32)  # the activation's own output rounding
+    tl.store(out_ptr + row * stride_o + cols, (act * u.to(tl.float32)).to(g.dtype), mask=mask)
+
+
+def gated_activation(gate_up, activation):  # type: ignore[no-untyped-def]
+    if activation not in ("silu", "gelu_tanh") or gate_up.dim() != 2 or gate_up.stride(-1) != 1:
+        return reference.gated_activation(gate_up, activation)
+    rows, width = gate_up.shape
+    n_cols = width // 2
+    out = torch.empty((rows, n_cols), dtype=gate_up.dtype, device=gate_up.device)
+    block = 1024
+    _gated_activation_kernel[(rows, triton.cdiv(n_cols, block))](
+        gate_up,
+        out,
+        gate_up.stride(0),
+        out.stride(0),
+        n_cols,
+        GELU_TANH=activation == "gelu_tanh",
+        BLOCK=block,
+    )
+    return out
+
+
+@triton.jit
+def _rotate_kernel(
+    x_ptr,
+    pos_ptr,
+    inv_ptr,
+    w_ptr,
+    out_ptr,
+    stride_xt,
+    stride_xh,
+    stride_ot,
+    stride_oh,
+    half,
+    eps,
+    HAS_NORM: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    t = tl.program_id(0)
+    h = tl.program_id(1)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < half
+    base = x_ptr + t * stride_xt + h * stride_xh
+    x1 = tl.load(base + cols, mask=mask, other=0.0)
+    x2 = tl.load(base + half + cols, mask=mask, other=0.0)
+    f1 = x1.to(tl.float32)
+    f2 = x2.to(tl.float32)
+    if HAS_NORM:
+        rstd = 1.0 / tl.sqrt((tl.sum(f1 * f1, axis=0) + tl.sum(f2 * f2, axis=0)) / (2 * half) + eps)
+        w1 = tl.load(w_ptr + cols, mask=mask, other=0.0)
+        w2 = tl.load(w_ptr + half + cols, mask=mask, other=0.0)
+        f1 = (
+            (w1.to(tl.float32) * (f1 * rstd).to(x1.dtype).to(tl.float32))
+            .to(x1.dtype)
+            .to(tl.float32)
+        )
+        f2 = (
+            (w2.to(tl.float32) * (f2 * rstd).to(x1.dtype).to(tl.float32))
+            .to(x1.dtype)
+            .to(tl.float32)
+        )
+    angle = tl.load(pos_ptr + t).to(tl.float32) * tl.load(inv_ptr + cols, mask=mask, other=0.0)
+    c = tl.cos(angle)
+    s = tl.sin(angle)
+    out = out_ptr + t * stride_ot + h * stride_oh
+    tl.store(out + cols, (f1 * c - f2 * s).to(x1.dtype), mask=mask)
+    tl.store(out + half + cols, (f2 * c + f1 * s).to(x1.dtype), mask=mask)
+
+
+def rotate(x, positions, inv_freq, norm_weight, eps):  # type: ignore[no-untyped-def]
+    if x.dim() != 3 or x.stride(-1) != 1:
+        return reference.rotate(x, positions, inv_freq, norm_weight, eps)
+    tokens, heads, dim = x.shape
+    out = torch.empty((tokens, heads, dim), dtype=x.dtype, device=x.device)
+    half = dim // 2
+    _rotate_kernel[(tokens, heads)](
+        x,
+        positions,
+        inv_freq,
+        norm_weight if norm_weight is not None else inv_freq,
+        out,
+        x.stride(0),
+        x.stride(1),
+        out.stride(0),
+        out.stride(1),
+        half,
+        eps,
+        HAS_NORM=norm_weight is not None,
+        BLOCK=triton.next_power_of_2(half),
+    )
+    return out
