@@ -24,6 +24,7 @@ from shapes import BF16_LIMIT_TOKENS_PER_S, write_random_checkpoint
 
 from trt_tei_runtime.batch import PackedBatch
 from trt_tei_runtime.inference import load_inference_model
+from trt_tei_runtime.layers.fp8 import quantize_linears
 
 
 def backfill_lengths(shape: str) -> list[int]:
@@ -100,21 +101,29 @@ def query_latencies(fn: Callable[[], object], reps: int) -> tuple[float, float]:
     return statistics.median(times) * 1e3, times[int(0.99 * (len(times) - 1))] * 1e3
 
 
-def bench_shape(shape: str, dtype: str, reps: int, max_batch_tokens: int) -> list[dict]:
+def bench_shape(shape: str, dtype: str, reps: int, max_batch_tokens: int, fp8: bool) -> list[dict]:
     import transformers
 
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         folder = write_random_checkpoint(shape, Path(tmp) / shape)
-        for label, graphs in (("graphs", True), ("eager", False)):
+        variants = [("graphs", True, False), ("eager", False, False)]
+        if fp8:
+            variants.append(("fp8-graphs", True, True))
+        reference_out = None
+        for label, graphs, quantize in variants:
             model = load_inference_model(
                 folder,
                 device="cuda",
                 dtype=dtype,
                 pooling="mean",
-                cuda_graphs=graphs,
+                cuda_graphs=False,
                 max_num_tokens=max_batch_tokens,
             )
+            if quantize:
+                quantize_linears(model.network)
+            if graphs:
+                model.enable_cuda_graphs(max_batch_tokens, 256)
             vocab = model.network.vocab_size
             docs = random_ids(backfill_lengths(shape), vocab)
             tokens = sum(len(d) for d in docs)
@@ -122,9 +131,12 @@ def bench_shape(shape: str, dtype: str, reps: int, max_batch_tokens: int) -> lis
                 random_ids([24], vocab, seed=2), position_offset=model.info.position_offset
             )
             fill = ours_backfill(model, docs, max_batch_tokens)
-            fill()
+            outputs = torch.cat(fill())
             ours_s = statistics.median(timed(fill) for _ in range(3))
             q50, q99 = query_latencies(lambda m=model, q=query: m.embed(q), reps)
+            if reference_out is None:
+                reference_out = outputs
+            cosine = torch.nn.functional.cosine_similarity(outputs, reference_out, dim=-1)
             rows.append(
                 dict(
                     shape=shape,
@@ -132,9 +144,10 @@ def bench_shape(shape: str, dtype: str, reps: int, max_batch_tokens: int) -> lis
                     tokens_per_s=tokens / ours_s,
                     p50_ms=q50,
                     p99_ms=q99,
+                    min_cos_vs_bf16=float(cosine.min()),
                 )
             )
-            del model, fill
+            del model, fill, outputs
             torch.cuda.empty_cache()
 
         hf = (
@@ -184,6 +197,7 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=100, help="query repetitions")
     parser.add_argument("--max-batch-tokens", type=int, default=16384)
     parser.add_argument("--json", type=Path, help="also write the rows here")
+    parser.add_argument("--fp8", action="store_true", help="also run FP8 linears (Hopper)")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("bench_engine needs a CUDA GPU")
@@ -201,19 +215,20 @@ def main() -> None:
     rows = [
         r
         for s in args.shapes.split(",")
-        for r in bench_shape(s.strip(), args.dtype, args.reps, args.max_batch_tokens)
+        for r in bench_shape(s.strip(), args.dtype, args.reps, args.max_batch_tokens, args.fp8)
     ]
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2))
     print(
         f"{'shape':<11} {'impl':<22} {'backfill tok/s':>15} {'x HF':>6} {'of limit':>9} "
-        f"{'query p50 ms':>13} {'p99 ms':>8}"
+        f"{'query p50 ms':>13} {'p99 ms':>8} {'min cos vs bf16':>16}"
     )
     for r in rows:
         frac = f"{r['frac_h200_bf16_limit']:.0%}" if r["frac_h200_bf16_limit"] else "-"
         print(
             f"{r['shape']:<11} {r['impl']:<22} {r['tokens_per_s']:>15,.0f} "
-            f"{r['x_baseline']:>6.2f} {frac:>9} {r['p50_ms']:>13.2f} {r['p99_ms']:>8.2f}"
+            f"{r['x_baseline']:>6.2f} {frac:>9} {r['p50_ms']:>13.2f} {r['p99_ms']:>8.2f} "
+            f"{r.get('min_cos_vs_bf16', float('nan')):>16.5f}"
         )
 
 

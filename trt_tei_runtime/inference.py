@@ -22,7 +22,7 @@ from .checkpoint import (
     resolve_model_dir,
 )
 from .dense import DenseLayer
-from .engine.graphs import CudaGraphRunner
+from .engine.graphs import MAX_GRAPH_TOKENS, CudaGraphRunner
 from .engine.load import load_engine_network, read_engine_manifest
 from .errors import CheckpointError, InputError
 from .layers import AttentionMetadata
@@ -128,15 +128,26 @@ class InferenceModel:
         (CPU, or fp32, whose attention path has data-dependent shapes)."""
         if not self._use_flash:
             return False
+        self._warm_up(max_num_tokens)
         self.graphs = CudaGraphRunner(
             self.network,
             self.device,
-            max_num_tokens=max_num_tokens,
+            max_num_tokens=min(max_num_tokens, MAX_GRAPH_TOKENS),
             max_batch_size=max_batch_size,
-            max_seqlen=self.info.max_input_length,
+            max_seqlen=min(self.info.max_input_length, max_num_tokens),
         )
         self.graphs.capture()
         return True
+
+    def _warm_up(self, max_num_tokens: int) -> None:
+        """One eager pass over the largest batch: the caching allocator then holds every
+        block a batch of up to `max_num_tokens` needs, so no request calls cudaMalloc."""
+        length = min(self.info.max_input_length, max_num_tokens)
+        sequences = [[1] * length] * max(1, max_num_tokens // length)
+        self.hidden_states(
+            PackedBatch.from_sequences(sequences, position_offset=self.info.position_offset)
+        )
+        torch.cuda.synchronize(self.device)
 
     @torch.inference_mode()
     def hidden_states(self, batch: PackedBatch) -> torch.Tensor:

@@ -20,9 +20,16 @@ from ..layers import AttentionMetadata
 
 log = logging.getLogger(__name__)
 
+# Graphs pay off where launches dominate: small batches. Above this many tokens a batch
+# runs eagerly — measured on an H200 (benchmarks/RESULTS.md): with graphs up to 16k tokens,
+# qwen3-0.6b backfill fell from 352k to 272k tok/s, because one graph's attention must be
+# launched for the bucket's worst-case sequence length, not the batch's.
+MAX_GRAPH_TOKENS = 2048
+
 
 def bucket_ladder(max_num_tokens: int, fine_until: int = 2048, step: int = 2048) -> list[int]:
-    """Powers of two from 16 to `fine_until`, then every `step` tokens, then the maximum."""
+    """Powers of two from 16 to `fine_until`, then every `step` tokens, then the maximum
+    (the step only matters for callers that raise the graph limit)."""
     ladder = []
     size = 16
     while size < min(fine_until, max_num_tokens):
