@@ -5,6 +5,18 @@ dtype after the residual add, after normalizing, after the activation), so fusin
 how many times memory is touched, not the numbers beyond float32 reassociation.
 """
 
-from .fused import add_layer_norm, add_rms_norm, gated_activation, rotary_qk
+from .fused import (
+    add_layer_norm,
+    add_rms_norm,
+    gated_activation,
+    quantize_fp8_rowwise,
+    rotary_qk,
+)
 
-__all__ = ["add_layer_norm", "add_rms_norm", "gated_activation", "rotary_qk"]
+__all__ = [
+    "add_layer_norm",
+    "add_rms_norm",
+    "gated_activation",
+    "quantize_fp8_rowwise",
+    "rotary_qk",
+]

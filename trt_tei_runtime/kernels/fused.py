@@ -65,3 +65,10 @@ def rotary_qk(
         reference.rotate(q, positions, inv_freq, q_norm, eps),
         reference.rotate(k, positions, inv_freq, k_norm, eps),
     )
+
+
+def quantize_fp8_rowwise(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-row (per-token) E4M3 quantization in one pass: (values, float32 scale `[M, 1]`)."""
+    if _use_triton(x):
+        return triton_kernels.quantize_fp8_rowwise(x)
+    return reference.quantize_fp8_rowwise(x)

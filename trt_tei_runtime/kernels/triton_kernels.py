@@ -227,3 +227,36 @@ def rotate(x, positions, inv_freq, norm_weight, eps):  # type: ignore[no-untyped
         BLOCK=triton.next_power_of_2(half),
     )
     return out
+
+
+@triton.jit
+def _quantize_fp8_rowwise_kernel(
+    x_ptr, q_ptr, scale_ptr, stride_x, stride_q, n_cols, fp8_max, BLOCK: tl.constexpr
+):
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < n_cols
+    x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
+    scale = tl.maximum(tl.max(tl.abs(x), axis=0), 1e-12) / fp8_max
+    q = tl.clamp(x / scale, -fp8_max, fp8_max)
+    tl.store(q_ptr + row * stride_q + cols, q.to(q_ptr.dtype.element_ty), mask=mask)
+    tl.store(scale_ptr + row, scale)
+
+
+def quantize_fp8_rowwise(x):  # type: ignore[no-untyped-def]
+    if x.dim() != 2 or x.stride(-1) != 1:
+        return reference.quantize_fp8_rowwise(x)
+    rows, cols = x.shape
+    q = torch.empty((rows, cols), dtype=torch.float8_e4m3fn, device=x.device)
+    scale = torch.empty((rows, 1), dtype=torch.float32, device=x.device)
+    _quantize_fp8_rowwise_kernel[(rows,)](
+        x,
+        q,
+        scale,
+        x.stride(0),
+        q.stride(0),
+        cols,
+        reference.FP8_MAX,
+        BLOCK=triton.next_power_of_2(cols),
+    )
+    return q, scale

@@ -11,17 +11,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..kernels import quantize_fp8_rowwise
 from .linear import Linear
 
 FP8 = torch.float8_e4m3fn
-FP8_MAX = float(torch.finfo(FP8).max)  # 448
-_EPS = 1e-12
-
-
-def quantize_rowwise(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """`x [M, K]` → (FP8 values, float32 scale `[M, 1]`) with x ≈ values * scale."""
-    scale = x.abs().amax(dim=-1, keepdim=True).float().clamp(min=_EPS) / FP8_MAX
-    return (x.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8), scale
 
 
 def scaled_mm_supported(device: torch.device) -> bool:
@@ -46,7 +39,8 @@ class Fp8Linear(nn.Module):
                 torch.empty((1, n), dtype=torch.float32, device="meta"),
                 linear.bias,
             )
-        values, scale = quantize_rowwise(linear.weight.data)
+        # Weights once, at build time: the same per-row rule gives per-output-channel scales.
+        values, scale = quantize_fp8_rowwise(linear.weight.data)
         return cls(values, scale.reshape(1, -1), linear.bias)
 
     @property
@@ -56,7 +50,7 @@ class Fp8Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         x2 = x.reshape(-1, shape[-1])
-        xq, x_scale = quantize_rowwise(x2)
+        xq, x_scale = quantize_fp8_rowwise(x2)
         if scaled_mm_supported(x.device) and x.dtype == torch.bfloat16:
             out = torch._scaled_mm(
                 xq,
