@@ -59,6 +59,7 @@ test_gpu: setup
 lint: python_deps
 	$(VENV)/bin/ruff check trt_tei_runtime tests benchmarks
 	$(VENV)/bin/ruff format --check trt_tei_runtime tests benchmarks
+	$(VENV)/bin/mypy trt_tei_runtime
 	cargo fmt --manifest-path rust_router/Cargo.toml -- --check
 	cargo clippy --manifest-path rust_router/Cargo.toml --release --quiet -- -D warnings
 

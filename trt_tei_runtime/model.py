@@ -207,7 +207,7 @@ def _as_items(texts_or_pairs: TextOrPair | Sequence[TextOrPair]) -> list[TextOrP
         and len(texts_or_pairs) == 2
         and all(isinstance(x, str) for x in texts_or_pairs)
     ):
-        return [texts_or_pairs]
+        return [(texts_or_pairs[0], texts_or_pairs[1])]  # type: ignore[list-item]
     return list(texts_or_pairs)
 
 

@@ -60,10 +60,9 @@ class CudaGraphRunner:
         self.max_batch_size = max_batch_size
         self.max_seqlen = max_seqlen
         self.buckets = buckets or bucket_ladder(max_num_tokens)
-        long = dict(dtype=torch.int64, device=device)
-        self.input_ids = torch.zeros(max_num_tokens, **long)
-        self.token_type_ids = torch.zeros(max_num_tokens, **long)
-        self.position_ids = torch.zeros(max_num_tokens, **long)
+        self.input_ids = torch.zeros(max_num_tokens, dtype=torch.int64, device=device)
+        self.token_type_ids = torch.zeros_like(self.input_ids)
+        self.position_ids = torch.zeros_like(self.input_ids)
         # n real sequences + 1 junk sequence + empty slots; a fixed length for every replay.
         self.cu_seqlens = torch.zeros(max_batch_size + 2, dtype=torch.int32, device=device)
         self._cu_host = torch.zeros(max_batch_size + 2, dtype=torch.int32).pin_memory()

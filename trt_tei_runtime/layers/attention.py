@@ -23,7 +23,7 @@ from . import triton_attention
 try:  # torch >= 2.10
     from torch.nn.attention.varlen import varlen_attn as _varlen_attn
 except ImportError:  # pragma: no cover - older torch falls back to padded SDPA
-    _varlen_attn = None
+    _varlen_attn = None  # type: ignore[assignment]
 
 _FLASH_DTYPES = (torch.float16, torch.bfloat16)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import builtins
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
@@ -47,7 +48,7 @@ class ConfigReader:
             raise self._bad(key, "a string", value)
         return value
 
-    def _bad(self, key: str, kind: str, value: Any) -> CheckpointError:
+    def _bad(self, key: builtins.str, kind: builtins.str, value: Any) -> CheckpointError:
         if key not in self.data:
             return CheckpointError(f"{self.source}: missing field {key!r}")
         return CheckpointError(f"{self.source}: field {key!r} must be {kind}, got {value!r}")
