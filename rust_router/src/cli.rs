@@ -1,0 +1,202 @@
+//! Command line flags: TEI's names and environment variables, plus the backend choice.
+
+use clap::{Parser, ValueEnum};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum BackendKind {
+    /// The `trt_tei_runtime` Python runtime (or any class with its contract), in-process.
+    Python,
+}
+
+#[derive(Parser, Debug, Clone)]
+#[command(
+    name = "text-embeddings-router",
+    version,
+    about = "TEI- and OpenAI-compatible embedding, reranking and classification server"
+)]
+pub struct Args {
+    /// Hub model id or local folder of the model to serve.
+    #[arg(long, env = "MODEL_ID")]
+    pub model_id: String,
+
+    /// Hub revision (branch, tag or commit) of the model.
+    #[arg(long, env = "REVISION")]
+    pub revision: Option<String>,
+
+    /// Threads that tokenize requests [default: number of CPU cores].
+    #[arg(long, env = "TOKENIZATION_WORKERS")]
+    pub tokenization_workers: Option<usize>,
+
+    /// Weights dtype (float32, float16, bfloat16, ...) [default: the runtime's choice].
+    #[arg(long, env = "DTYPE")]
+    pub dtype: Option<String>,
+
+    /// Pooling override for embedding models: cls, mean or last-token.
+    #[arg(long, env = "POOLING")]
+    pub pooling: Option<String>,
+
+    /// Requests in flight at once; more are refused with 429.
+    #[arg(long, env = "MAX_CONCURRENT_REQUESTS", default_value_t = 512)]
+    pub max_concurrent_requests: usize,
+
+    /// Most tokens in one forward pass (packed, no padding).
+    #[arg(long, env = "MAX_BATCH_TOKENS", default_value_t = 16384)]
+    pub max_batch_tokens: usize,
+
+    /// Most sequences in one forward pass [default: no limit beyond the token budget].
+    #[arg(long, env = "MAX_BATCH_REQUESTS")]
+    pub max_batch_requests: Option<usize>,
+
+    /// Most inputs in one client request; more are refused with 422.
+    #[arg(long, env = "MAX_CLIENT_BATCH_SIZE", default_value_t = 32)]
+    pub max_client_batch_size: usize,
+
+    /// Truncate inputs longer than the model's limit instead of refusing them (422), unless a
+    /// request says `truncate: false`.
+    #[arg(long, env = "AUTO_TRUNCATE")]
+    pub auto_truncate: bool,
+
+    /// Name of a prompt from config_sentence_transformers.json to prepend to every embedding
+    /// input that names none.
+    #[arg(long, env = "DEFAULT_PROMPT_NAME", conflicts_with = "default_prompt")]
+    pub default_prompt_name: Option<String>,
+
+    /// Text to prepend to every embedding input that names no prompt.
+    #[arg(long, env = "DEFAULT_PROMPT")]
+    pub default_prompt: Option<String>,
+
+    /// Hugging Face Hub token, for private or gated models.
+    #[arg(long, env = "HF_TOKEN", alias = "hf-api-token", hide_env_values = true)]
+    pub hf_token: Option<String>,
+
+    /// Address to listen on.
+    #[arg(long, env = "HOSTNAME", default_value = "0.0.0.0")]
+    pub hostname: String,
+
+    /// Port to listen on.
+    #[arg(short, long, env = "PORT", default_value_t = 3000)]
+    pub port: u16,
+
+    /// Hugging Face Hub cache folder.
+    #[arg(long, env = "HUGGINGFACE_HUB_CACHE")]
+    pub huggingface_hub_cache: Option<String>,
+
+    /// Largest accepted request body in bytes; larger ones get 413.
+    #[arg(long, env = "PAYLOAD_LIMIT", default_value_t = 2_000_000)]
+    pub payload_limit: usize,
+
+    /// Require `Authorization: Bearer <key>` on every route except /health, /ping, /metrics
+    /// and the docs.
+    #[arg(long, env = "API_KEY", hide_env_values = true)]
+    pub api_key: Option<String>,
+
+    /// Log as JSON lines instead of text.
+    #[arg(long, env = "JSON_OUTPUT")]
+    pub json_output: bool,
+
+    /// Leave span fields out of JSON logs.
+    #[arg(long, env = "DISABLE_SPANS")]
+    pub disable_spans: bool,
+
+    /// Origins allowed by CORS, comma separated [default: any].
+    #[arg(long, env = "CORS_ALLOW_ORIGIN", value_delimiter = ',')]
+    pub cors_allow_origin: Option<Vec<String>>,
+
+    /// Model name reported by /info and the OpenAI route [default: --model-id].
+    #[arg(long, env = "SERVED_MODEL_NAME")]
+    pub served_model_name: Option<String>,
+
+    /// Inference backend.
+    #[arg(long, value_enum, default_value = "python")]
+    pub backend: BackendKind,
+
+    /// Python class implementing the backend contract, as `module:Class`.
+    #[arg(
+        long,
+        env = "PYTHON_BACKEND_CLASS",
+        default_value = "trt_tei_runtime.backend:Backend"
+    )]
+    pub python_backend_class: String,
+
+    /// Device for the runtime (e.g. cuda, cuda:1, cpu) [default: the GPU if any, else CPU].
+    #[arg(long, env = "DEVICE")]
+    pub device: Option<String>,
+}
+
+impl Args {
+    /// Checks that need no model; model-dependent checks happen once the model is loaded.
+    pub fn validate(&self) -> Result<(), String> {
+        let positive = [
+            ("--max-concurrent-requests", self.max_concurrent_requests),
+            ("--max-batch-tokens", self.max_batch_tokens),
+            ("--max-client-batch-size", self.max_client_batch_size),
+            ("--payload-limit", self.payload_limit),
+            (
+                "--tokenization-workers",
+                self.tokenization_workers.unwrap_or(1),
+            ),
+            ("--max-batch-requests", self.max_batch_requests.unwrap_or(1)),
+        ];
+        for (flag, value) in positive {
+            if value == 0 {
+                return Err(format!("`{flag}` must be at least 1"));
+            }
+        }
+        if !self.python_backend_class.contains(':') {
+            return Err(format!(
+                "`--python-backend-class` must look like `module:Class`, got `{}`",
+                self.python_backend_class
+            ));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(extra: &[&str]) -> Result<Args, clap::Error> {
+        let mut argv = vec!["text-embeddings-router", "--model-id", "m"];
+        argv.extend_from_slice(extra);
+        Args::try_parse_from(argv)
+    }
+
+    #[test]
+    fn defaults_match_tei() {
+        let a = parse(&[]).unwrap();
+        assert_eq!(a.max_concurrent_requests, 512);
+        assert_eq!(a.max_batch_tokens, 16384);
+        assert_eq!(a.max_client_batch_size, 32);
+        assert_eq!(a.payload_limit, 2_000_000);
+        assert_eq!(a.backend, BackendKind::Python);
+        assert!(a.validate().is_ok());
+    }
+
+    #[test]
+    fn flags_parse_and_validate() {
+        let a = parse(&[
+            "--cors-allow-origin",
+            "http://a,http://b",
+            "--auto-truncate",
+            "--port",
+            "8080",
+            "--backend",
+            "python",
+        ])
+        .unwrap();
+        assert_eq!(a.cors_allow_origin.unwrap(), vec!["http://a", "http://b"]);
+        assert!(a.auto_truncate);
+        assert_eq!(a.port, 8080);
+        assert!(parse(&["--max-batch-tokens", "0"])
+            .unwrap()
+            .validate()
+            .is_err());
+        assert!(parse(&["--python-backend-class", "nocolon"])
+            .unwrap()
+            .validate()
+            .is_err());
+        assert!(parse(&["--default-prompt", "a", "--default-prompt-name", "b"]).is_err());
+        assert!(parse(&["--backend", "candle"]).is_err());
+    }
+}

@@ -1,0 +1,161 @@
+//! Classification routes: `/predict` and `/rerank`.
+
+use super::error::{ApiError, ErrorResponse, TeiJson};
+use super::types::{
+    PredictInput, PredictRequest, PredictResponse, Prediction, Rank, RerankRequest, RerankResponse,
+    Sequence,
+};
+use super::{AppState, ResponseMeta};
+use crate::tokenization::{EncodeOptions, EncodingInput};
+use axum::extract::State;
+use axum::response::Response;
+use axum::Json;
+use futures_util::future::try_join_all;
+use std::cmp::Ordering;
+use std::time::Instant;
+
+fn descending(a: f32, b: f32) -> Ordering {
+    b.partial_cmp(&a).unwrap_or(Ordering::Equal)
+}
+
+/// Classify texts or text pairs. Returns a 424 status code if the model is not a classifier.
+#[utoipa::path(
+    post, path = "/predict", tag = "Text Embeddings Inference",
+    request_body = PredictRequest,
+    responses(
+        (status = 200, description = "Predictions, best first", body = PredictResponse),
+        (status = 400, description = "Empty input", body = ErrorResponse),
+        (status = 422, description = "Invalid input", body = ErrorResponse),
+        (status = 424, description = "Inference failed or wrong model type", body = ErrorResponse),
+        (status = 429, description = "Model is overloaded", body = ErrorResponse),
+    )
+)]
+pub async fn predict(State(state): State<AppState>, req: TeiJson<PredictRequest>) -> Response {
+    let result = async {
+        let req = req.0;
+        let start = Instant::now();
+        state.infer.require_classifier("/predict")?;
+        let (batched, sequences) = match req.inputs {
+            PredictInput::Single(s) => (false, vec![s]),
+            PredictInput::Batch(b) => (true, b),
+        };
+        state.check_batch(sequences.len(), "inputs")?;
+        let empty = |s: &Sequence| match s {
+            Sequence::Single(a) => a.is_empty(),
+            Sequence::Pair(a, b) => a.is_empty() || b.is_empty(),
+        };
+        if sequences.iter().any(empty) {
+            return Err(ApiError::empty("inputs"));
+        }
+        let method = if batched { "batch" } else { "single" };
+        state.metrics.inc("te_request_count", &[("method", method)]);
+        let _permit = state.infer.try_acquire_permit()?;
+        let opts = EncodeOptions {
+            truncate: req.truncate.unwrap_or(state.config.auto_truncate),
+            direction: req.truncation_direction,
+            ..Default::default()
+        };
+        let inputs: Vec<EncodingInput> = sequences.into_iter().map(Into::into).collect();
+        let chars = inputs.iter().map(EncodingInput::count_chars).sum();
+        let results = try_join_all(
+            inputs
+                .into_iter()
+                .map(|i| state.infer.predict(i, opts.clone(), req.raw_scores)),
+        )
+        .await?;
+        let info = state.infer.info();
+        let (predictions, metas): (Vec<Vec<Prediction>>, Vec<_>) = results
+            .into_iter()
+            .map(|(scores, meta)| {
+                let mut p: Vec<Prediction> = scores
+                    .into_iter()
+                    .enumerate()
+                    .map(|(i, score)| Prediction {
+                        score,
+                        label: info.label(i),
+                    })
+                    .collect();
+                p.sort_by(|a, b| descending(a.score, b.score));
+                (p, meta)
+            })
+            .unzip();
+        let meta = ResponseMeta::new(start, chars, &metas);
+        let body = if batched {
+            PredictResponse::Batch(predictions)
+        } else {
+            PredictResponse::Single(predictions.into_iter().next().unwrap_or_default())
+        };
+        Ok((meta.finish(&state, method), Json(body)))
+    }
+    .await;
+    state.finish(result)
+}
+
+/// Rank `texts` by relevance to `query`. Returns a 424 status code if the model is not a
+/// reranker (a sequence classifier with one label).
+#[utoipa::path(
+    post, path = "/rerank", tag = "Text Embeddings Inference",
+    request_body = RerankRequest,
+    responses(
+        (status = 200, description = "Ranks, best first", body = RerankResponse),
+        (status = 400, description = "Empty input", body = ErrorResponse),
+        (status = 422, description = "Invalid input", body = ErrorResponse),
+        (status = 424, description = "Inference failed or wrong model type", body = ErrorResponse),
+        (status = 429, description = "Model is overloaded", body = ErrorResponse),
+    )
+)]
+pub async fn rerank(State(state): State<AppState>, req: TeiJson<RerankRequest>) -> Response {
+    let result = async {
+        let req = req.0;
+        let start = Instant::now();
+        state.infer.require_reranker("/rerank")?;
+        if req.query.is_empty() {
+            return Err(ApiError::empty("query"));
+        }
+        state.check_batch(req.texts.len(), "texts")?;
+        if req.texts.iter().any(String::is_empty) {
+            return Err(ApiError::empty("texts"));
+        }
+        state
+            .metrics
+            .inc("te_request_count", &[("method", "batch")]);
+        let _permit = state.infer.try_acquire_permit()?;
+        let opts = EncodeOptions {
+            truncate: req.truncate.unwrap_or(state.config.auto_truncate),
+            direction: req.truncation_direction,
+            ..Default::default()
+        };
+        let query_chars = req.query.chars().count();
+        let chars = req
+            .texts
+            .iter()
+            .map(|t| query_chars + t.chars().count())
+            .sum();
+        let results = try_join_all(req.texts.iter().map(|text| {
+            let pair = EncodingInput::Pair(req.query.clone(), text.clone());
+            state.infer.predict(pair, opts.clone(), req.raw_scores)
+        }))
+        .await?;
+        let mut metas = Vec::with_capacity(results.len());
+        let mut ranks: Vec<Rank> = results
+            .into_iter()
+            .enumerate()
+            .map(|(index, (scores, meta))| {
+                metas.push(meta);
+                Rank {
+                    index,
+                    text: req.return_text.then(|| req.texts[index].clone()),
+                    score: scores[0],
+                }
+            })
+            .collect();
+        ranks.sort_by(|a, b| descending(a.score, b.score));
+        if let Some(n) = req.top_n {
+            ranks.truncate(n);
+        }
+        let meta = ResponseMeta::new(start, chars, &metas);
+        Ok((meta.finish(&state, "batch"), Json(RerankResponse(ranks))))
+    }
+    .await;
+    state.finish(result)
+}

@@ -1,0 +1,212 @@
+//! Embedding routes: `/embed`, `/embed_all`, `/embed_sparse`, `/similarity`.
+
+use super::error::{ApiError, ErrorResponse, TeiJson};
+use super::types::{
+    EmbedAllRequest, EmbedAllResponse, EmbedRequest, EmbedResponse, InputType, SimilarityRequest,
+    SimilarityResponse,
+};
+use super::{AppState, ResponseMeta};
+use crate::infer::{InferError, InferMetadata};
+use crate::tokenization::{EncodeOptions, EncodingInput};
+use axum::extract::State;
+use axum::response::Response;
+use axum::Json;
+use futures_util::future::try_join_all;
+use std::time::Instant;
+
+/// Validates a list of inputs, counts the request, and takes its concurrency permit.
+pub(crate) fn admit(
+    state: &AppState,
+    inputs: &[InputType],
+    batched: bool,
+    field: &str,
+) -> Result<(tokio::sync::OwnedSemaphorePermit, usize), ApiError> {
+    state.check_batch(inputs.len(), field)?;
+    if inputs.iter().any(InputType::is_empty) {
+        return Err(ApiError::empty(field));
+    }
+    let method = if batched { "batch" } else { "single" };
+    state.metrics.inc("te_request_count", &[("method", method)]);
+    let permit = state.infer.try_acquire_permit()?;
+    let chars = inputs
+        .iter()
+        .map(|i| EncodingInput::from(i.clone()).count_chars())
+        .sum();
+    Ok((permit, chars))
+}
+
+/// Pooled embeddings for every input, in input order.
+pub(crate) async fn embed_inputs(
+    state: &AppState,
+    inputs: Vec<InputType>,
+    opts: EncodeOptions,
+    normalize: bool,
+    dimensions: Option<usize>,
+) -> Result<(Vec<Vec<f32>>, Vec<InferMetadata>), InferError> {
+    // One future per sequence: the queue may put them in different batches, and
+    // `try_join_all` reassembles them in order (dropping the rest on the first error, which
+    // makes the queue skip them).
+    let results = try_join_all(inputs.into_iter().map(|input| {
+        state
+            .infer
+            .embed_pooled(input.into(), opts.clone(), normalize, dimensions)
+    }))
+    .await?;
+    Ok(results.into_iter().unzip())
+}
+
+pub(crate) fn encode_options(
+    state: &AppState,
+    truncate: Option<bool>,
+    direction: crate::tokenization::TruncationDirection,
+    prompt_name: Option<String>,
+) -> EncodeOptions {
+    EncodeOptions {
+        truncate: truncate.unwrap_or(state.config.auto_truncate),
+        direction,
+        prompt_name,
+        apply_prompts: true,
+    }
+}
+
+/// Get embeddings. Returns a 424 status code if the model is not an embedding model.
+#[utoipa::path(
+    post, path = "/embed", tag = "Text Embeddings Inference",
+    request_body = EmbedRequest,
+    responses(
+        (status = 200, description = "Embeddings", body = EmbedResponse),
+        (status = 400, description = "Empty input", body = ErrorResponse),
+        (status = 422, description = "Invalid input", body = ErrorResponse),
+        (status = 424, description = "Inference failed or wrong model type", body = ErrorResponse),
+        (status = 429, description = "Model is overloaded", body = ErrorResponse),
+    )
+)]
+pub async fn embed(State(state): State<AppState>, req: TeiJson<EmbedRequest>) -> Response {
+    let result = async {
+        let req = req.0;
+        let start = Instant::now();
+        state.infer.require_embedding("/embed")?;
+        let (batched, inputs) = req.inputs.into_vec();
+        let (_permit, chars) = admit(&state, &inputs, batched, "inputs")?;
+        state.check_dimensions(req.dimensions)?;
+        let opts = encode_options(
+            &state,
+            req.truncate,
+            req.truncation_direction,
+            req.prompt_name,
+        );
+        let (embeddings, metas) =
+            embed_inputs(&state, inputs, opts, req.normalize, req.dimensions).await?;
+        let meta = ResponseMeta::new(start, chars, &metas);
+        let method = if batched { "batch" } else { "single" };
+        Ok((meta.finish(&state, method), Json(EmbedResponse(embeddings))))
+    }
+    .await;
+    state.finish(result)
+}
+
+/// Get all per-token embeddings (last hidden states, not pooled, not normalized).
+#[utoipa::path(
+    post, path = "/embed_all", tag = "Text Embeddings Inference",
+    request_body = EmbedAllRequest,
+    responses(
+        (status = 200, description = "Embeddings", body = EmbedAllResponse),
+        (status = 400, description = "Empty input", body = ErrorResponse),
+        (status = 422, description = "Invalid input", body = ErrorResponse),
+        (status = 424, description = "Inference failed or wrong model type", body = ErrorResponse),
+        (status = 429, description = "Model is overloaded", body = ErrorResponse),
+    )
+)]
+pub async fn embed_all(State(state): State<AppState>, req: TeiJson<EmbedAllRequest>) -> Response {
+    let result = async {
+        let req = req.0;
+        let start = Instant::now();
+        state.infer.require_embedding("/embed_all")?;
+        let (batched, inputs) = req.inputs.into_vec();
+        let (_permit, chars) = admit(&state, &inputs, batched, "inputs")?;
+        let opts = encode_options(
+            &state,
+            req.truncate,
+            req.truncation_direction,
+            req.prompt_name,
+        );
+        let results = try_join_all(
+            inputs
+                .into_iter()
+                .map(|i| state.infer.embed_all(i.into(), opts.clone())),
+        )
+        .await?;
+        let (embeddings, metas): (Vec<_>, Vec<_>) = results.into_iter().unzip();
+        let meta = ResponseMeta::new(start, chars, &metas);
+        let method = if batched { "batch" } else { "single" };
+        Ok::<_, ApiError>((
+            meta.finish(&state, method),
+            Json(EmbedAllResponse(embeddings)),
+        ))
+    }
+    .await;
+    state.finish(result)
+}
+
+/// Sparse (SPLADE) embeddings. The runtime serves no SPLADE models, so this always answers 424.
+#[utoipa::path(
+    post, path = "/embed_sparse", tag = "Text Embeddings Inference",
+    responses((status = 424, description = "Not a SPLADE model", body = ErrorResponse))
+)]
+pub async fn embed_sparse(State(state): State<AppState>) -> Response {
+    let routes = crate::infer::served_routes(state.infer.info().model_type);
+    state.finish::<Response>(Err(InferError::ModelType(format!(
+        "`/embed_sparse` is not available: the model is not a SPLADE model and serves {routes}"
+    ))
+    .into()))
+}
+
+/// Cosine similarity of `source_sentence` with each of `sentences`.
+#[utoipa::path(
+    post, path = "/similarity", tag = "Text Embeddings Inference",
+    request_body = SimilarityRequest,
+    responses(
+        (status = 200, description = "Similarities", body = SimilarityResponse),
+        (status = 400, description = "Empty input", body = ErrorResponse),
+        (status = 422, description = "Invalid input", body = ErrorResponse),
+        (status = 424, description = "Inference failed or wrong model type", body = ErrorResponse),
+        (status = 429, description = "Model is overloaded", body = ErrorResponse),
+    )
+)]
+pub async fn similarity(
+    State(state): State<AppState>,
+    req: TeiJson<SimilarityRequest>,
+) -> Response {
+    let result = async {
+        let req = req.0;
+        let start = Instant::now();
+        state.infer.require_embedding("/similarity")?;
+        if req.inputs.sentences.is_empty() {
+            return Err(ApiError::empty("sentences"));
+        }
+        let mut inputs = vec![InputType::String(req.inputs.source_sentence)];
+        inputs.extend(req.inputs.sentences.into_iter().map(InputType::String));
+        let (_permit, chars) = admit(&state, &inputs, true, "inputs")?;
+        let params = req.parameters.unwrap_or_default();
+        let opts = encode_options(
+            &state,
+            params.truncate,
+            params.truncation_direction,
+            params.prompt_name,
+        );
+        let (embeddings, metas) = embed_inputs(&state, inputs, opts, true, None).await?;
+        // Normalized vectors: cosine similarity is the dot product.
+        let source = &embeddings[0];
+        let scores = embeddings[1..]
+            .iter()
+            .map(|e| e.iter().zip(source).map(|(a, b)| a * b).sum())
+            .collect();
+        let meta = ResponseMeta::new(start, chars, &metas);
+        Ok((
+            meta.finish(&state, "batch"),
+            Json(SimilarityResponse(scores)),
+        ))
+    }
+    .await;
+    state.finish(result)
+}

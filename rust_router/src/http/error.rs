@@ -1,0 +1,241 @@
+//! HTTP errors: one table from error kind to status code, two body shapes (TEI and OpenAI).
+
+use crate::backend::BackendError;
+use crate::infer::InferError;
+use crate::tokenization::TokenizationError;
+use axum::body::Bytes;
+use axum::extract::{FromRequest, Request};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorType {
+    Unhealthy,
+    Backend,
+    Overloaded,
+    Validation,
+    Tokenizer,
+    Empty,
+    PayloadTooLarge,
+    Unauthorized,
+    NotFound,
+    /// The route does not fit the loaded model.
+    ModelType,
+}
+
+impl ErrorType {
+    /// The single status table. OpenAI clients expect 500 for server-side failures and 400 for
+    /// a request the model cannot serve; TEI clients expect 424 for both.
+    pub fn status(self, openai: bool) -> StatusCode {
+        match self {
+            Self::Unhealthy => StatusCode::SERVICE_UNAVAILABLE,
+            Self::Backend if openai => StatusCode::INTERNAL_SERVER_ERROR,
+            Self::Backend => StatusCode::FAILED_DEPENDENCY,
+            Self::ModelType if openai => StatusCode::BAD_REQUEST,
+            Self::ModelType => StatusCode::FAILED_DEPENDENCY,
+            Self::Overloaded => StatusCode::TOO_MANY_REQUESTS,
+            Self::Validation | Self::Tokenizer => StatusCode::UNPROCESSABLE_ENTITY,
+            Self::Empty => StatusCode::BAD_REQUEST,
+            Self::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            Self::Unauthorized => StatusCode::UNAUTHORIZED,
+            Self::NotFound => StatusCode::NOT_FOUND,
+        }
+    }
+
+    /// Label for the `te_request_failure{err=...}` metric.
+    pub fn metric_label(self) -> &'static str {
+        match self {
+            Self::Unhealthy => "unhealthy",
+            Self::Backend => "inference",
+            Self::Overloaded => "overloaded",
+            Self::Validation => "validation",
+            Self::Tokenizer => "tokenization",
+            Self::Empty => "empty",
+            Self::PayloadTooLarge => "payload_too_large",
+            Self::Unauthorized => "unauthorized",
+            Self::NotFound => "not_found",
+            Self::ModelType => "model_type",
+        }
+    }
+}
+
+/// TEI's error body.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct ErrorResponse {
+    pub error: String,
+    pub error_type: ErrorType,
+}
+
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct OpenAIErrorDetail {
+    pub message: String,
+    #[serde(rename = "type")]
+    pub error_type: ErrorType,
+    pub code: u16,
+}
+
+/// OpenAI's error body: the `openai` SDK reads `error.message`.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct OpenAIErrorResponse {
+    pub error: OpenAIErrorDetail,
+}
+
+#[derive(Debug, Clone)]
+pub struct ApiError {
+    pub kind: ErrorType,
+    pub message: String,
+    pub openai: bool,
+}
+
+impl ApiError {
+    pub fn new(kind: ErrorType, message: impl Into<String>) -> Self {
+        Self {
+            kind,
+            message: message.into(),
+            openai: false,
+        }
+    }
+
+    pub fn openai(mut self, openai: bool) -> Self {
+        self.openai = openai;
+        self
+    }
+
+    pub fn empty(field: &str) -> Self {
+        Self::new(ErrorType::Empty, format!("`{field}` cannot be empty"))
+    }
+
+    pub fn validation(message: impl Into<String>) -> Self {
+        Self::new(ErrorType::Validation, message)
+    }
+
+    pub fn status(&self) -> StatusCode {
+        self.kind.status(self.openai)
+    }
+}
+
+impl From<InferError> for ApiError {
+    fn from(err: InferError) -> Self {
+        let kind = match &err {
+            InferError::Tokenization(TokenizationError::Tokenizer(_)) => ErrorType::Tokenizer,
+            InferError::Tokenization(TokenizationError::Stopped) => ErrorType::Unhealthy,
+            InferError::Tokenization(_) | InferError::Validation(_) => ErrorType::Validation,
+            InferError::Overloaded(_) => ErrorType::Overloaded,
+            InferError::ModelType(_) => ErrorType::ModelType,
+            InferError::Backend(BackendError::Stopped | BackendError::Unhealthy(_)) => {
+                ErrorType::Unhealthy
+            }
+            InferError::Backend(_) => ErrorType::Backend,
+        };
+        Self::new(kind, err.to_string())
+    }
+}
+
+impl From<TokenizationError> for ApiError {
+    fn from(err: TokenizationError) -> Self {
+        InferError::from(err).into()
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let status = self.status();
+        if self.openai {
+            let body = OpenAIErrorResponse {
+                error: OpenAIErrorDetail {
+                    message: self.message,
+                    error_type: self.kind,
+                    code: status.as_u16(),
+                },
+            };
+            (status, Json(body)).into_response()
+        } else {
+            let body = ErrorResponse {
+                error: self.message,
+                error_type: self.kind,
+            };
+            (status, Json(body)).into_response()
+        }
+    }
+}
+
+/// A JSON body extractor whose failures come back in the route's error shape.
+///
+/// It does not insist on `Content-Type: application/json` (TEI's own examples are often sent
+/// with curl's default form type); any body that parses as the expected JSON is accepted.
+pub struct Body<T, const OPENAI: bool>(pub T);
+
+pub type TeiJson<T> = Body<T, false>;
+pub type OpenAIJson<T> = Body<T, true>;
+
+impl<S, T, const OPENAI: bool> FromRequest<S> for Body<T, OPENAI>
+where
+    S: Send + Sync,
+    T: DeserializeOwned,
+{
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
+        let bytes = Bytes::from_request(req, state).await.map_err(|rejection| {
+            if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+                ApiError::new(
+                    ErrorType::PayloadTooLarge,
+                    "Payload too large: the request body is over the server's limit \
+                     (--payload-limit)",
+                )
+            } else {
+                ApiError::validation(format!("cannot read the request body: {rejection}"))
+            }
+            .openai(OPENAI)
+        })?;
+        serde_json::from_slice(&bytes).map(Body).map_err(|err| {
+            ApiError::validation(format!("Failed to parse the JSON body: {err}")).openai(OPENAI)
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn status_table() {
+        let cases = [
+            (ErrorType::Empty, false, 400),
+            (ErrorType::Validation, false, 422),
+            (ErrorType::Tokenizer, false, 422),
+            (ErrorType::PayloadTooLarge, false, 413),
+            (ErrorType::Unauthorized, false, 401),
+            (ErrorType::Overloaded, false, 429),
+            (ErrorType::Unhealthy, false, 503),
+            (ErrorType::Backend, false, 424),
+            (ErrorType::Backend, true, 500),
+            (ErrorType::ModelType, false, 424),
+            (ErrorType::ModelType, true, 400),
+            (ErrorType::NotFound, true, 404),
+        ];
+        for (kind, openai, status) in cases {
+            assert_eq!(
+                kind.status(openai).as_u16(),
+                status,
+                "{kind:?} openai={openai}"
+            );
+        }
+    }
+
+    #[test]
+    fn infer_errors_map_to_kinds() {
+        let e: ApiError = InferError::Overloaded(4).into();
+        assert_eq!(e.kind, ErrorType::Overloaded);
+        let e: ApiError = TokenizationError::TooLong { max: 4, given: 9 }.into();
+        assert_eq!(e.kind, ErrorType::Validation);
+        let e: ApiError = InferError::Backend(BackendError::Inference("x".into())).into();
+        assert_eq!(e.kind, ErrorType::Backend);
+        let e: ApiError = InferError::Backend(BackendError::Stopped).into();
+        assert_eq!(e.kind, ErrorType::Unhealthy);
+    }
+}

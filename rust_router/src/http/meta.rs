@@ -1,0 +1,163 @@
+//! Routes around inference: tokenize, decode, info, health, metrics and the API docs.
+
+use super::error::{ApiError, ErrorResponse, ErrorType, OpenAIErrorResponse, TeiJson};
+use super::types::*;
+use super::{classify, embed, openai, AppState};
+use crate::tokenization::TruncationDirection;
+use axum::extract::State;
+use axum::http::{header, StatusCode};
+use axum::response::{Html, IntoResponse, Response};
+use axum::Json;
+use futures_util::future::try_join_all;
+use utoipa::OpenApi;
+
+/// Tokenize inputs; offsets are character positions in the (prompted) input.
+#[utoipa::path(
+    post, path = "/tokenize", tag = "Text Embeddings Inference",
+    request_body = TokenizeRequest,
+    responses(
+        (status = 200, description = "Tokenized ids", body = TokenizeResponse),
+        (status = 400, description = "Empty input", body = ErrorResponse),
+        (status = 422, description = "Invalid input", body = ErrorResponse),
+    )
+)]
+pub async fn tokenize(State(state): State<AppState>, req: TeiJson<TokenizeRequest>) -> Response {
+    let result = async {
+        let req = req.0;
+        let inputs = match req.inputs {
+            TokenizeInput::Single(s) => vec![s],
+            TokenizeInput::Batch(b) => b,
+        };
+        state.check_batch(inputs.len(), "inputs")?;
+        let tokenization = state.infer.tokenization();
+        let tokens = try_join_all(inputs.into_iter().map(|input| {
+            tokenization.tokenize(input, req.add_special_tokens, req.prompt_name.clone())
+        }))
+        .await?;
+        let body = tokens
+            .into_iter()
+            .map(|seq| {
+                seq.into_iter()
+                    .map(|t| SimpleToken {
+                        id: t.id,
+                        text: t.text,
+                        special: t.special,
+                        start: t.start,
+                        stop: t.stop,
+                    })
+                    .collect()
+            })
+            .collect();
+        Ok::<_, ApiError>(Json(TokenizeResponse(body)))
+    }
+    .await;
+    state.finish(result)
+}
+
+/// Decode token ids back to text.
+#[utoipa::path(
+    post, path = "/decode", tag = "Text Embeddings Inference",
+    request_body = DecodeRequest,
+    responses(
+        (status = 200, description = "Decoded texts", body = DecodeResponse),
+        (status = 400, description = "Empty input", body = ErrorResponse),
+        (status = 422, description = "Invalid input", body = ErrorResponse),
+    )
+)]
+pub async fn decode(State(state): State<AppState>, req: TeiJson<DecodeRequest>) -> Response {
+    let result = async {
+        let req = req.0;
+        let ids = match req.ids {
+            InputIds::Single(ids) => vec![ids],
+            InputIds::Batch(b) => b,
+        };
+        state.check_batch(ids.len(), "ids")?;
+        if ids.iter().any(Vec::is_empty) {
+            return Err(ApiError::empty("ids"));
+        }
+        let tokenization = state.infer.tokenization();
+        let texts = try_join_all(
+            ids.into_iter()
+                .map(|ids| tokenization.decode(ids, req.skip_special_tokens)),
+        )
+        .await?;
+        Ok(Json(DecodeResponse(texts)))
+    }
+    .await;
+    state.finish(result)
+}
+
+/// Text Embeddings Inference endpoint info.
+#[utoipa::path(
+    get, path = "/info", tag = "Text Embeddings Inference",
+    responses((status = 200, description = "Served model info", body = Info))
+)]
+pub async fn info(State(state): State<AppState>) -> Json<Info> {
+    Json(state.info.as_ref().clone())
+}
+
+/// Health check: runs the model's own health method on the backend thread.
+#[utoipa::path(
+    get, path = "/health", tag = "Text Embeddings Inference",
+    responses(
+        (status = 200, description = "Everything is working fine"),
+        (status = 503, description = "The model cannot run", body = ErrorResponse),
+    )
+)]
+pub async fn health(State(state): State<AppState>) -> Response {
+    match state.infer.health().await {
+        Ok(()) => StatusCode::OK.into_response(),
+        Err(err) => {
+            tracing::error!("health check failed: {err}");
+            ApiError::new(ErrorType::Unhealthy, format!("unhealthy: {err}")).into_response()
+        }
+    }
+}
+
+/// Prometheus metrics.
+#[utoipa::path(
+    get, path = "/metrics", tag = "Text Embeddings Inference",
+    responses((status = 200, description = "Prometheus metrics", body = String))
+)]
+pub async fn metrics(State(state): State<AppState>) -> Response {
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        state.metrics.render(),
+    )
+        .into_response()
+}
+
+#[derive(OpenApi)]
+#[openapi(
+    paths(
+        info, health, metrics, tokenize, decode,
+        embed::embed, embed::embed_all, embed::embed_sparse, embed::similarity,
+        classify::predict, classify::rerank, openai::embeddings,
+    ),
+    components(schemas(
+        InputDoc, PredictInputDoc, TruncationDirection, EmbedRequest, EmbedResponse,
+        EmbedAllRequest, EmbedAllResponse, PredictRequest, Prediction, PredictResponse,
+        RerankRequest, Rank, RerankResponse, SimilarityInput, SimilarityParameters,
+        SimilarityRequest, SimilarityResponse, TokenizeInput, TokenizeRequest, SimpleToken,
+        TokenizeResponse, InputIds, DecodeRequest, DecodeResponse, EncodingFormat,
+        OpenAICompatRequest, Embedding, OpenAICompatEmbedding, OpenAICompatUsage,
+        OpenAICompatResponse, Info, ModelTypeInfo, EmbeddingModel, ClassifierModel,
+        ErrorResponse, ErrorType, OpenAIErrorResponse,
+    )),
+    tags((name = "Text Embeddings Inference", description = "TEI-compatible API")),
+    info(
+        title = "trt-tei-runtime router",
+        description = "Text Embeddings Inference and OpenAI compatible embedding server",
+        license(name = "Apache 2.0", identifier = "Apache-2.0")
+    )
+)]
+pub struct ApiDoc;
+
+pub async fn openapi() -> Json<utoipa::openapi::OpenApi> {
+    Json(ApiDoc::openapi())
+}
+
+/// Swagger UI, loaded by the browser from a CDN; the spec itself is served locally.
+pub async fn docs() -> Html<&'static str> {
+    Html(include_str!("docs.html"))
+}

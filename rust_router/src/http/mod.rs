@@ -1,0 +1,265 @@
+//! The HTTP surface: `app()` builds the whole router from an [`AppState`], so handlers are
+//! tested with `oneshot` and no socket; `server.rs` only binds and serves it.
+
+mod classify;
+mod embed;
+pub mod error;
+mod meta;
+mod openai;
+pub mod types;
+
+#[cfg(test)]
+mod test_util;
+#[cfg(test)]
+mod tests;
+#[cfg(test)]
+mod tests_errors;
+
+use crate::backend::ModelType;
+use crate::infer::{Infer, InferMetadata};
+use crate::metrics::Metrics;
+use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::http::{header, HeaderMap, HeaderValue, Method};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use error::{ApiError, ErrorType};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tower_http::cors::{AllowOrigin, CorsLayer};
+use types::Info;
+
+/// Server settings the handlers need (the rest of the CLI stays in `server.rs`).
+#[derive(Debug, Clone)]
+pub struct ServeConfig {
+    pub max_client_batch_size: usize,
+    pub auto_truncate: bool,
+    pub served_model_name: String,
+    pub api_key: Option<String>,
+    pub payload_limit: usize,
+    pub cors_allow_origin: Option<Vec<String>>,
+    /// Value of the `x-compute-type` header (the backend's device).
+    pub compute_type: String,
+}
+
+#[derive(Clone)]
+pub struct AppState {
+    pub infer: Infer,
+    pub info: Arc<Info>,
+    pub metrics: Arc<Metrics>,
+    pub config: Arc<ServeConfig>,
+}
+
+impl AppState {
+    /// Rejects an empty request (400) and one over `--max-client-batch-size` (422).
+    pub(crate) fn check_batch(&self, len: usize, field: &str) -> Result<(), ApiError> {
+        if len == 0 {
+            return Err(ApiError::empty(field));
+        }
+        let max = self.config.max_client_batch_size;
+        if len > max {
+            return Err(ApiError::validation(format!(
+                "Input validation error: batch size {len} > maximum allowed batch size {max} \
+                 (--max-client-batch-size)"
+            )));
+        }
+        Ok(())
+    }
+
+    pub(crate) fn check_dimensions(&self, dimensions: Option<usize>) -> Result<(), ApiError> {
+        let hidden = self.infer.info().hidden_size;
+        match dimensions {
+            Some(d) if d == 0 || d > hidden => Err(ApiError::validation(format!(
+                "Input validation error: `dimensions` must be between 1 and {hidden} (the \
+                 model's embedding size), got {d}"
+            ))),
+            _ => Ok(()),
+        }
+    }
+
+    /// Turns a handler result into a response, counting failures by kind.
+    pub(crate) fn finish<T: IntoResponse>(&self, result: Result<T, ApiError>) -> Response {
+        match result {
+            Ok(r) => r.into_response(),
+            Err(e) => {
+                self.metrics
+                    .inc("te_request_failure", &[("err", e.kind.metric_label())]);
+                if e.status().is_server_error() || e.kind == ErrorType::Backend {
+                    tracing::error!(status = e.status().as_u16(), "{}", e.message);
+                } else {
+                    tracing::info!(status = e.status().as_u16(), "{}", e.message);
+                }
+                e.into_response()
+            }
+        }
+    }
+}
+
+/// Timings of one HTTP request, reported in headers, logs and metrics.
+#[derive(Debug, Clone)]
+pub(crate) struct ResponseMeta {
+    pub compute_chars: usize,
+    pub compute_tokens: usize,
+    pub start: Instant,
+    pub tokenization: Duration,
+    pub queue: Duration,
+    pub inference: Duration,
+}
+
+impl ResponseMeta {
+    /// Token counts add up; per-sequence times are averaged over the request's inputs, as TEI
+    /// reports them.
+    pub fn new(start: Instant, compute_chars: usize, metas: &[InferMetadata]) -> Self {
+        let n = metas.len().max(1) as u32;
+        let sum = |f: fn(&InferMetadata) -> Duration| metas.iter().map(f).sum::<Duration>() / n;
+        Self {
+            compute_chars,
+            compute_tokens: metas.iter().map(|m| m.prompt_tokens).sum(),
+            start,
+            tokenization: sum(|m| m.tokenization),
+            queue: sum(|m| m.queue),
+            inference: sum(|m| m.inference),
+        }
+    }
+
+    pub fn finish(&self, state: &AppState, method: &str) -> HeaderMap {
+        let total = self.start.elapsed();
+        let m = &state.metrics;
+        m.inc("te_request_success", &[("method", method)]);
+        m.observe("te_request_duration", &[], total.as_secs_f64());
+        m.observe(
+            "te_request_tokenization_duration",
+            &[],
+            self.tokenization.as_secs_f64(),
+        );
+        m.observe("te_request_queue_duration", &[], self.queue.as_secs_f64());
+        m.observe(
+            "te_request_inference_duration",
+            &[],
+            self.inference.as_secs_f64(),
+        );
+        tracing::debug!(
+            total_time = ?total,
+            tokenization_time = ?self.tokenization,
+            queue_time = ?self.queue,
+            inference_time = ?self.inference,
+            compute_tokens = self.compute_tokens,
+            "success"
+        );
+        let ms = |d: Duration| HeaderValue::from(d.as_millis() as u64);
+        let mut h = HeaderMap::new();
+        if let Ok(v) = HeaderValue::from_str(&state.config.compute_type) {
+            h.insert("x-compute-type", v);
+        }
+        h.insert("x-compute-time", ms(total));
+        h.insert(
+            "x-compute-characters",
+            HeaderValue::from(self.compute_chars),
+        );
+        h.insert("x-compute-tokens", HeaderValue::from(self.compute_tokens));
+        h.insert("x-total-time", ms(total));
+        h.insert("x-tokenization-time", ms(self.tokenization));
+        h.insert("x-queue-time", ms(self.queue));
+        h.insert("x-inference-time", ms(self.inference));
+        h
+    }
+}
+
+/// `Authorization: Bearer <key>` on every route but health, metrics and docs.
+async fn auth(State(state): State<AppState>, req: Request, next: Next) -> Response {
+    let Some(key) = state.config.api_key.as_deref() else {
+        return next.run(req).await;
+    };
+    let given = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "));
+    // Compare without an early exit so response time does not leak the key's prefix.
+    let ok = given.is_some_and(|g| {
+        g.len() == key.len()
+            && g.bytes()
+                .zip(key.bytes())
+                .fold(0u8, |a, (x, y)| a | (x ^ y))
+                == 0
+    });
+    if ok {
+        return next.run(req).await;
+    }
+    let message = match given {
+        None => "Unauthorized: missing `Authorization: Bearer <api key>` header",
+        Some(_) => "Unauthorized: invalid API key",
+    };
+    let openai = is_openai_path(req.uri().path());
+    state.finish::<Response>(Err(
+        ApiError::new(ErrorType::Unauthorized, message).openai(openai)
+    ))
+}
+
+fn is_openai_path(path: &str) -> bool {
+    path.starts_with("/v1/") || path == "/embeddings"
+}
+
+async fn not_found(req: Request) -> Response {
+    let path = req.uri().path().to_string();
+    ApiError::new(
+        ErrorType::NotFound,
+        format!("Not found: no route for {} {path}", req.method()),
+    )
+    .openai(is_openai_path(&path))
+    .into_response()
+}
+
+fn cors_layer(origins: Option<&[String]>) -> CorsLayer {
+    let allow_origin = match origins {
+        Some(list) if !list.iter().any(|o| o == "*") => {
+            AllowOrigin::list(list.iter().filter_map(|o| o.parse::<HeaderValue>().ok()))
+        }
+        // TEI's default: any origin (auth, if wanted, is the API key's job).
+        _ => AllowOrigin::any(),
+    };
+    CorsLayer::new()
+        .allow_methods([Method::GET, Method::POST])
+        .allow_headers([header::CONTENT_TYPE, header::AUTHORIZATION])
+        .allow_origin(allow_origin)
+}
+
+/// The whole HTTP application.
+pub fn app(state: AppState) -> Router {
+    let root = match state.infer.info().model_type {
+        ModelType::Embedding => post(embed::embed),
+        ModelType::Classifier => post(classify::predict),
+        ModelType::Reranker => post(classify::rerank),
+    };
+    let protected = Router::new()
+        .route("/", root.get(meta::health))
+        .route("/info", get(meta::info))
+        .route("/embed", post(embed::embed))
+        .route("/embed_all", post(embed::embed_all))
+        .route("/embed_sparse", post(embed::embed_sparse))
+        .route("/similarity", post(embed::similarity))
+        .route("/predict", post(classify::predict))
+        .route("/rerank", post(classify::rerank))
+        .route("/tokenize", post(meta::tokenize))
+        .route("/decode", post(meta::decode))
+        .route("/v1/embeddings", post(openai::embeddings))
+        .route("/embeddings", post(openai::embeddings))
+        .route_layer(middleware::from_fn_with_state(state.clone(), auth));
+    // Probes and scrapers must work without the key.
+    let public = Router::new()
+        .route("/health", get(meta::health))
+        .route("/ping", get(meta::health))
+        .route("/metrics", get(meta::metrics))
+        .route("/docs", get(meta::docs))
+        .route("/api-doc/openapi.json", get(meta::openapi))
+        .route("/openapi.json", get(meta::openapi));
+    let payload_limit = state.config.payload_limit;
+    let cors = cors_layer(state.config.cors_allow_origin.as_deref());
+    protected
+        .merge(public)
+        .fallback(not_found)
+        .with_state(state)
+        .layer(DefaultBodyLimit::max(payload_limit))
+        .layer(cors)
+}

@@ -1,0 +1,83 @@
+//! OpenAI-compatible `POST /v1/embeddings`.
+
+use super::embed::{admit, embed_inputs, encode_options};
+use super::error::{ApiError, OpenAIErrorResponse, OpenAIJson};
+use super::types::{
+    Embedding, EncodingFormat, OpenAICompatEmbedding, OpenAICompatRequest, OpenAICompatResponse,
+    OpenAICompatUsage,
+};
+use super::{AppState, ResponseMeta};
+use crate::tokenization::TruncationDirection;
+use axum::extract::State;
+use axum::response::Response;
+use axum::Json;
+use base64::Engine;
+use std::time::Instant;
+
+/// Little-endian float32 bytes, base64: what the `openai` SDK decodes with numpy.
+pub fn to_base64(v: &[f32]) -> String {
+    let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+    base64::engine::general_purpose::STANDARD.encode(bytes)
+}
+
+/// OpenAI compatible embeddings: normalized, optionally shortened with `dimensions`.
+#[utoipa::path(
+    post, path = "/v1/embeddings", tag = "Text Embeddings Inference",
+    request_body = OpenAICompatRequest,
+    responses(
+        (status = 200, description = "Embeddings", body = OpenAICompatResponse),
+        (status = 400, description = "Empty input or wrong model type", body = OpenAIErrorResponse),
+        (status = 422, description = "Invalid input", body = OpenAIErrorResponse),
+        (status = 429, description = "Model is overloaded", body = OpenAIErrorResponse),
+        (status = 500, description = "Inference failed", body = OpenAIErrorResponse),
+    )
+)]
+pub async fn embeddings(
+    State(state): State<AppState>,
+    req: OpenAIJson<OpenAICompatRequest>,
+) -> Response {
+    let result = async {
+        let req = req.0;
+        let start = Instant::now();
+        state.infer.require_embedding("/v1/embeddings")?;
+        let (batched, inputs) = req.input.into_vec();
+        let (_permit, chars) = admit(&state, &inputs, batched, "input")?;
+        state.check_dimensions(req.dimensions)?;
+        let opts = encode_options(&state, None, TruncationDirection::Right, None);
+        let (embeddings, metas) = embed_inputs(&state, inputs, opts, true, req.dimensions).await?;
+        let meta = ResponseMeta::new(start, chars, &metas);
+        let data = embeddings
+            .into_iter()
+            .enumerate()
+            .map(|(index, e)| OpenAICompatEmbedding {
+                object: "embedding",
+                embedding: match req.encoding_format {
+                    EncodingFormat::Float => Embedding::Float(e),
+                    EncodingFormat::Base64 => Embedding::Base64(to_base64(&e)),
+                },
+                index,
+            })
+            .collect();
+        let body = OpenAICompatResponse {
+            object: "list",
+            data,
+            model: state.config.served_model_name.clone(),
+            usage: OpenAICompatUsage {
+                prompt_tokens: meta.compute_tokens,
+                total_tokens: meta.compute_tokens,
+            },
+        };
+        let method = if batched { "batch" } else { "single" };
+        Ok::<_, ApiError>((meta.finish(&state, method), Json(body)))
+    }
+    .await;
+    state.finish(result.map_err(|e| e.openai(true)))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn base64_is_little_endian_f32() {
+        assert_eq!(super::to_base64(&[1.0]), "AACAPw==");
+    }
+}

@@ -1,0 +1,170 @@
+//! A full app over the fake backend and a word-level tokenizer, driven with `oneshot`.
+
+use super::{app, AppState, ServeConfig};
+use crate::backend::fake::{FakeBackend, SeenBatch};
+use crate::backend::{BackendHandle, ModelInfo};
+use crate::cli::Args;
+use crate::infer::Infer;
+use crate::metrics::Metrics;
+use crate::server::build_info;
+use crate::tokenization::tests::test_tokenizer;
+use crate::tokenization::{Tokenization, TokenizerConfig};
+use axum::body::Body;
+use axum::http::{HeaderMap, Request, StatusCode};
+use axum::Router;
+use clap::Parser;
+use http_body_util::BodyExt;
+use serde_json::Value;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tower::ServiceExt;
+
+pub struct Options {
+    pub info: ModelInfo,
+    pub max_batch_tokens: usize,
+    pub max_batch_requests: Option<usize>,
+    pub max_concurrent_requests: usize,
+    pub max_client_batch_size: usize,
+    pub auto_truncate: bool,
+    pub api_key: Option<String>,
+    pub payload_limit: usize,
+    pub delay: Duration,
+    pub healthy: bool,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Self {
+            info: FakeBackend::info(),
+            max_batch_tokens: 64,
+            max_batch_requests: None,
+            max_concurrent_requests: 16,
+            max_client_batch_size: 8,
+            auto_truncate: false,
+            api_key: None,
+            payload_limit: 10_000,
+            delay: Duration::ZERO,
+            healthy: true,
+        }
+    }
+}
+
+pub struct TestApp {
+    pub router: Router,
+    pub seen: Arc<Mutex<Vec<SeenBatch>>>,
+}
+
+/// Must run inside a tokio runtime (the batching task is spawned).
+pub fn test_app(opts: Options) -> TestApp {
+    let mut fake = FakeBackend::new(opts.info.clone());
+    fake.delay = opts.delay;
+    fake.healthy = opts.healthy;
+    let seen = fake.seen.clone();
+    let (backend, info, _thread) = BackendHandle::spawn(fake.into_factory()).unwrap();
+    let config = TokenizerConfig {
+        max_input_length: info.max_input_length,
+        position_offset: info.position_offset,
+        prompts: info.prompts.clone().unwrap_or_default(),
+        ..Default::default()
+    };
+    let tokenization = Tokenization::new(test_tokenizer(), 2, config);
+    let metrics = Arc::new(Metrics::new(info.max_input_length));
+    let args = Args::try_parse_from(["router", "--model-id", "fake/model"]).unwrap();
+    let body = build_info(&args, &info, 2);
+    let (infer, _task) = Infer::new(
+        tokenization,
+        backend,
+        Arc::new(info),
+        opts.max_batch_tokens,
+        opts.max_batch_requests,
+        opts.max_concurrent_requests,
+        metrics.clone(),
+    );
+    let state = AppState {
+        infer,
+        info: Arc::new(body),
+        metrics,
+        config: Arc::new(ServeConfig {
+            max_client_batch_size: opts.max_client_batch_size,
+            auto_truncate: opts.auto_truncate,
+            served_model_name: "fake/model".into(),
+            api_key: opts.api_key,
+            payload_limit: opts.payload_limit,
+            cors_allow_origin: None,
+            compute_type: "cpu".into(),
+        }),
+    };
+    TestApp {
+        router: app(state),
+        seen,
+    }
+}
+
+pub struct Reply {
+    pub status: StatusCode,
+    pub headers: HeaderMap,
+    pub json: Value,
+    pub text: String,
+}
+
+impl TestApp {
+    pub async fn send(&self, req: Request<Body>) -> Reply {
+        let resp = self.router.clone().oneshot(req).await.unwrap();
+        let status = resp.status();
+        let headers = resp.headers().clone();
+        let bytes = resp.into_body().collect().await.unwrap().to_bytes();
+        let text = String::from_utf8_lossy(&bytes).to_string();
+        let json = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+        Reply {
+            status,
+            headers,
+            json,
+            text,
+        }
+    }
+
+    pub async fn post(&self, uri: &str, body: Value) -> Reply {
+        self.post_raw(uri, body.to_string(), &[]).await
+    }
+
+    pub async fn post_raw(&self, uri: &str, body: String, headers: &[(&str, &str)]) -> Reply {
+        let mut req = Request::post(uri).header("content-type", "application/json");
+        for (k, v) in headers {
+            req = req.header(*k, *v);
+        }
+        self.send(req.body(Body::from(body)).unwrap()).await
+    }
+
+    pub async fn get(&self, uri: &str) -> Reply {
+        self.send(Request::get(uri).body(Body::empty()).unwrap())
+            .await
+    }
+}
+
+/// The fake backend's normalized embedding of a token sequence (positions from 0).
+pub fn expected_embedding(ids: &[u32], dims: Option<usize>, normalize: bool) -> Vec<f32> {
+    let positions: Vec<u32> = (0..ids.len() as u32).collect();
+    let mut v = crate::backend::fake::pooled(ids, &positions);
+    if let Some(d) = dims {
+        v.truncate(d);
+    }
+    if normalize {
+        crate::infer::l2_normalize(&mut v);
+    }
+    v
+}
+
+pub fn as_vec(v: &Value) -> Vec<f32> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_f64().unwrap() as f32)
+        .collect()
+}
+
+pub fn assert_close(a: &[f32], b: &[f32]) {
+    assert_eq!(a.len(), b.len(), "{a:?} vs {b:?}");
+    for (x, y) in a.iter().zip(b) {
+        assert!((x - y).abs() < 1e-5, "{a:?} vs {b:?}");
+    }
+}

@@ -1,0 +1,518 @@
+//! Wire types: TEI's request and response bodies, field for field, plus OpenAI embeddings.
+
+use crate::tokenization::{EncodingInput, TruncationDirection};
+use serde::{de, Deserialize, Deserializer, Serialize};
+use serde_json::Value;
+use std::collections::BTreeMap;
+use utoipa::ToSchema;
+
+/// One input: text, or token ids the client already produced.
+#[derive(Debug, Clone, PartialEq)]
+pub enum InputType {
+    String(String),
+    Ids(Vec<u32>),
+}
+
+impl From<InputType> for EncodingInput {
+    fn from(value: InputType) -> Self {
+        match value {
+            InputType::String(s) => Self::Single(s),
+            InputType::Ids(ids) => Self::Ids(ids),
+        }
+    }
+}
+
+impl InputType {
+    pub fn is_empty(&self) -> bool {
+        match self {
+            Self::String(s) => s.is_empty(),
+            Self::Ids(ids) => ids.is_empty(),
+        }
+    }
+}
+
+/// `inputs` of `/embed` and `input` of `/v1/embeddings`.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Input {
+    Single(InputType),
+    Batch(Vec<InputType>),
+}
+
+impl Input {
+    pub fn into_vec(self) -> (bool, Vec<InputType>) {
+        match self {
+            Self::Single(i) => (false, vec![i]),
+            Self::Batch(b) => (true, b),
+        }
+    }
+}
+
+const INPUT_SHAPES: &str =
+    "a string, a list of strings, a list of token ids or a list of lists of token ids";
+
+fn ids_from(v: &[Value]) -> Option<Vec<u32>> {
+    v.iter()
+        .map(|x| x.as_u64().and_then(|n| u32::try_from(n).ok()))
+        .collect()
+}
+
+impl TryFrom<Value> for Input {
+    type Error = String;
+
+    fn try_from(value: Value) -> Result<Self, String> {
+        let item = |v: Value| match v {
+            Value::String(s) => Ok(InputType::String(s)),
+            Value::Array(a) => ids_from(&a)
+                .map(InputType::Ids)
+                .ok_or_else(|| format!("expected {INPUT_SHAPES}")),
+            other => Err(format!("expected {INPUT_SHAPES}, got {other}")),
+        };
+        match value {
+            Value::String(s) => Ok(Self::Single(InputType::String(s))),
+            // `[]` is an empty batch; `[1, 2]` is one tokenized input.
+            Value::Array(a) if a.is_empty() => Ok(Self::Batch(vec![])),
+            Value::Array(a) if a[0].is_number() => ids_from(&a)
+                .map(|ids| Self::Single(InputType::Ids(ids)))
+                .ok_or_else(|| format!("expected {INPUT_SHAPES}: token ids are u32 integers")),
+            Value::Array(a) => a
+                .into_iter()
+                .map(item)
+                .collect::<Result<_, _>>()
+                .map(Self::Batch),
+            other => Err(format!("expected {INPUT_SHAPES}, got {other}")),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for Input {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        Input::try_from(Value::deserialize(d)?).map_err(de::Error::custom)
+    }
+}
+
+/// Documentation-only mirror of [`Input`]'s accepted shapes.
+#[allow(dead_code)]
+#[derive(ToSchema)]
+#[serde(untagged)]
+pub enum InputDoc {
+    String(String),
+    Ids(Vec<u32>),
+    Strings(Vec<String>),
+    BatchIds(Vec<Vec<u32>>),
+}
+
+/// A classification input: one text or a (text, text_pair).
+#[derive(Debug, Clone, PartialEq)]
+pub enum Sequence {
+    Single(String),
+    Pair(String, String),
+}
+
+impl From<Sequence> for EncodingInput {
+    fn from(value: Sequence) -> Self {
+        match value {
+            Sequence::Single(s) => Self::Single(s),
+            Sequence::Pair(a, b) => Self::Pair(a, b),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum PredictInput {
+    Single(Sequence),
+    Batch(Vec<Sequence>),
+}
+
+const PREDICT_SHAPES: &str =
+    "a string, a pair of strings [string, string] or a batch [[string], [string, string], ...]";
+
+impl TryFrom<Value> for PredictInput {
+    type Error = String;
+
+    fn try_from(value: Value) -> Result<Self, String> {
+        let strings = |a: Vec<Value>| -> Option<Vec<String>> {
+            a.into_iter()
+                .map(|v| match v {
+                    Value::String(s) => Some(s),
+                    _ => None,
+                })
+                .collect()
+        };
+        let sequence = |mut v: Vec<String>| match v.len() {
+            1 => Ok(Sequence::Single(v.remove(0))),
+            2 => {
+                let b = v.remove(1);
+                Ok(Sequence::Pair(v.remove(0), b))
+            }
+            n => Err(format!(
+                "expected {PREDICT_SHAPES}: a sequence has 1 or 2 texts, got {n}"
+            )),
+        };
+        match value {
+            Value::String(s) => Ok(Self::Single(Sequence::Single(s))),
+            Value::Array(a) if a.is_empty() => Ok(Self::Batch(vec![])),
+            Value::Array(a) if a[0].is_string() => strings(a)
+                .ok_or_else(|| format!("expected {PREDICT_SHAPES}"))
+                .and_then(sequence)
+                .map(Self::Single),
+            Value::Array(a) => a
+                .into_iter()
+                .map(|v| match v {
+                    Value::Array(inner) => strings(inner)
+                        .ok_or_else(|| format!("expected {PREDICT_SHAPES}"))
+                        .and_then(sequence),
+                    _ => Err(format!("expected {PREDICT_SHAPES}")),
+                })
+                .collect::<Result<_, _>>()
+                .map(Self::Batch),
+            other => Err(format!("expected {PREDICT_SHAPES}, got {other}")),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for PredictInput {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        PredictInput::try_from(Value::deserialize(d)?).map_err(de::Error::custom)
+    }
+}
+
+/// Documentation-only mirror of [`PredictInput`].
+#[allow(dead_code)]
+#[derive(ToSchema)]
+#[serde(untagged)]
+pub enum PredictInputDoc {
+    Single(String),
+    Pair(Vec<String>),
+    Batch(Vec<Vec<String>>),
+}
+
+#[derive(Debug, Deserialize, ToSchema)]
+pub struct EmbedRequest {
+    #[schema(value_type = InputDoc, example = "What is Deep Learning?")]
+    pub inputs: Input,
+    /// Truncate inputs longer than the model's limit instead of failing; defaults to
+    /// `--auto-truncate`.
+    #[serde(default)]
+    pub truncate: Option<bool>,
+    #[serde(default)]
+    pub truncation_direction: TruncationDirection,
+    /// A key of the model's `prompts` (config_sentence_transformers.json) to prepend.
+    #[serde(default)]
+    pub prompt_name: Option<String>,
+    #[serde(default = "default_true")]
+    #[schema(default = true)]
+    pub normalize: bool,
+    /// Keep the first `dimensions` values (Matryoshka), before normalization.
+    #[serde(default)]
+    pub dimensions: Option<usize>,
+}
+
+fn default_true() -> bool {
+    true
+}
+
+#[derive(Debug, Deserialize, ToSchema)]
+pub struct EmbedAllRequest {
+    #[schema(value_type = InputDoc, example = "What is Deep Learning?")]
+    pub inputs: Input,
+    #[serde(default)]
+    pub truncate: Option<bool>,
+    #[serde(default)]
+    pub truncation_direction: TruncationDirection,
+    #[serde(default)]
+    pub prompt_name: Option<String>,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+#[schema(example = json!([[0.0, 1.0, 2.0]]))]
+pub struct EmbedResponse(pub Vec<Vec<f32>>);
+
+#[derive(Debug, Serialize, ToSchema)]
+#[schema(example = json!([[[0.0, 1.0, 2.0]]]))]
+pub struct EmbedAllResponse(pub Vec<Vec<Vec<f32>>>);
+
+#[derive(Debug, Deserialize, ToSchema)]
+pub struct PredictRequest {
+    #[schema(value_type = PredictInputDoc, example = "I like you.")]
+    pub inputs: PredictInput,
+    #[serde(default)]
+    pub truncate: Option<bool>,
+    #[serde(default)]
+    pub truncation_direction: TruncationDirection,
+    /// Return logits instead of sigmoid / softmax scores.
+    #[serde(default)]
+    pub raw_scores: bool,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Prediction {
+    pub score: f32,
+    pub label: String,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(untagged)]
+pub enum PredictResponse {
+    Single(Vec<Prediction>),
+    Batch(Vec<Vec<Prediction>>),
+}
+
+#[derive(Debug, Deserialize, ToSchema)]
+pub struct RerankRequest {
+    #[schema(example = "What is Deep Learning?")]
+    pub query: String,
+    #[schema(example = json!(["Deep Learning is ..."]))]
+    pub texts: Vec<String>,
+    #[serde(default)]
+    pub truncate: Option<bool>,
+    #[serde(default)]
+    pub truncation_direction: TruncationDirection,
+    #[serde(default)]
+    pub raw_scores: bool,
+    #[serde(default)]
+    pub return_text: bool,
+    /// Return only the `top_n` best texts.
+    #[serde(default)]
+    pub top_n: Option<usize>,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Rank {
+    pub index: usize,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub text: Option<String>,
+    pub score: f32,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct RerankResponse(pub Vec<Rank>);
+
+#[derive(Debug, Deserialize, ToSchema)]
+pub struct SimilarityInput {
+    /// The sentence the others are compared with.
+    #[schema(example = "What is Deep Learning?")]
+    pub source_sentence: String,
+    #[schema(example = json!(["What is Machine Learning?"]))]
+    pub sentences: Vec<String>,
+}
+
+#[derive(Debug, Default, Deserialize, ToSchema)]
+pub struct SimilarityParameters {
+    #[serde(default)]
+    pub truncate: Option<bool>,
+    #[serde(default)]
+    pub truncation_direction: TruncationDirection,
+    #[serde(default)]
+    pub prompt_name: Option<String>,
+}
+
+#[derive(Debug, Deserialize, ToSchema)]
+pub struct SimilarityRequest {
+    pub inputs: SimilarityInput,
+    #[serde(default)]
+    pub parameters: Option<SimilarityParameters>,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+#[schema(example = json!([0.0, 1.0, 0.5]))]
+pub struct SimilarityResponse(pub Vec<f32>);
+
+/// `inputs` of `/tokenize`: one string or a list of strings.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(untagged)]
+pub enum TokenizeInput {
+    Single(String),
+    Batch(Vec<String>),
+}
+
+#[derive(Debug, Deserialize, ToSchema)]
+pub struct TokenizeRequest {
+    pub inputs: TokenizeInput,
+    #[serde(default = "default_true")]
+    #[schema(default = true)]
+    pub add_special_tokens: bool,
+    #[serde(default)]
+    pub prompt_name: Option<String>,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct SimpleToken {
+    pub id: u32,
+    pub text: String,
+    pub special: bool,
+    pub start: Option<usize>,
+    pub stop: Option<usize>,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct TokenizeResponse(pub Vec<Vec<SimpleToken>>);
+
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(untagged)]
+pub enum InputIds {
+    Single(Vec<u32>),
+    Batch(Vec<Vec<u32>>),
+}
+
+#[derive(Debug, Deserialize, ToSchema)]
+pub struct DecodeRequest {
+    pub ids: InputIds,
+    #[serde(default = "default_true")]
+    #[schema(default = true)]
+    pub skip_special_tokens: bool,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+#[schema(example = json!(["test"]))]
+pub struct DecodeResponse(pub Vec<String>);
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum EncodingFormat {
+    #[default]
+    Float,
+    /// Little-endian float32 bytes, base64-encoded.
+    Base64,
+}
+
+#[derive(Debug, Deserialize, ToSchema)]
+pub struct OpenAICompatRequest {
+    #[schema(value_type = InputDoc, example = "What is Deep Learning?")]
+    pub input: Input,
+    /// Accepted for compatibility; the served model answers whatever is asked.
+    #[serde(default)]
+    pub model: Option<String>,
+    #[serde(default)]
+    pub encoding_format: EncodingFormat,
+    #[serde(default)]
+    pub dimensions: Option<usize>,
+    #[serde(default)]
+    pub user: Option<String>,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(untagged)]
+pub enum Embedding {
+    Float(Vec<f32>),
+    Base64(String),
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct OpenAICompatEmbedding {
+    pub object: &'static str,
+    pub embedding: Embedding,
+    pub index: usize,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct OpenAICompatUsage {
+    pub prompt_tokens: usize,
+    pub total_tokens: usize,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct OpenAICompatResponse {
+    pub object: &'static str,
+    pub data: Vec<OpenAICompatEmbedding>,
+    pub model: String,
+    pub usage: OpenAICompatUsage,
+}
+
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct EmbeddingModel {
+    #[schema(example = "mean")]
+    pub pooling: String,
+}
+
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct ClassifierModel {
+    pub id2label: BTreeMap<String, String>,
+    pub label2id: BTreeMap<String, usize>,
+}
+
+#[derive(Debug, Clone, Serialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum ModelTypeInfo {
+    Classifier(ClassifierModel),
+    Embedding(EmbeddingModel),
+    Reranker(ClassifierModel),
+}
+
+/// `/info`: TEI's fields, plus the prompts the model defines.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct Info {
+    pub model_id: String,
+    pub model_sha: Option<String>,
+    pub model_dtype: String,
+    pub model_type: ModelTypeInfo,
+    pub served_model_name: String,
+    pub max_concurrent_requests: usize,
+    pub max_input_length: usize,
+    pub max_batch_tokens: usize,
+    pub max_batch_requests: Option<usize>,
+    pub max_client_batch_size: usize,
+    pub auto_truncate: bool,
+    pub tokenization_workers: usize,
+    pub hidden_size: usize,
+    pub prompts: BTreeMap<String, String>,
+    pub version: &'static str,
+    pub sha: Option<&'static str>,
+    pub docker_label: Option<&'static str>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn input(v: Value) -> Result<Input, String> {
+        Input::try_from(v)
+    }
+
+    #[test]
+    fn input_shapes() {
+        use InputType::*;
+        assert_eq!(input(json!("a")), Ok(Input::Single(String("a".into()))));
+        assert_eq!(input(json!([1, 2])), Ok(Input::Single(Ids(vec![1, 2]))));
+        assert_eq!(
+            input(json!(["a", [3]])),
+            Ok(Input::Batch(vec![String("a".into()), Ids(vec![3])]))
+        );
+        assert_eq!(input(json!([])), Ok(Input::Batch(vec![])));
+        assert!(input(json!(7)).is_err());
+        assert!(input(json!([-1])).is_err());
+        assert!(input(json!([["a"]])).is_err());
+        assert!(input(json!({"text": "a"}))
+            .unwrap_err()
+            .contains("list of strings"));
+    }
+
+    #[test]
+    fn predict_shapes() {
+        use Sequence::*;
+        let p = |v| PredictInput::try_from(v);
+        assert_eq!(p(json!("a")), Ok(PredictInput::Single(Single("a".into()))));
+        assert_eq!(
+            p(json!(["a", "b"])),
+            Ok(PredictInput::Single(Pair("a".into(), "b".into())))
+        );
+        assert_eq!(
+            p(json!([["a"], ["b", "c"]])),
+            Ok(PredictInput::Batch(vec![
+                Single("a".into()),
+                Pair("b".into(), "c".into())
+            ]))
+        );
+        assert!(p(json!(["a", "b", "c"])).is_err());
+        assert!(p(json!([["a", "b", "c"]])).is_err());
+        assert!(p(json!([1])).is_err());
+    }
+
+    #[test]
+    fn truncation_direction_accepts_both_cases() {
+        for s in ["\"Left\"", "\"left\""] {
+            let d: TruncationDirection = serde_json::from_str(s).unwrap();
+            assert_eq!(d, TruncationDirection::Left);
+        }
+    }
+}

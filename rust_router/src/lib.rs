@@ -1,0 +1,16 @@
+//! `trt_tei_router`: the Rust half of trt-tei-runtime.
+//!
+//! An axum server with TEI's and OpenAI's embedding API that tokenizes on worker threads, packs
+//! requests into token-budget batches and runs them on the Python runtime through PyO3, with
+//! one OS thread owning the interpreter. Built by maturin as `trt_tei_runtime._router` (with
+//! the `pyo3` feature); `cargo test` builds and tests everything else without Python.
+
+pub mod backend;
+pub mod cli;
+pub mod http;
+pub mod infer;
+pub mod logging;
+pub mod metrics;
+pub mod queue;
+pub mod server;
+pub mod tokenization;

@@ -1,0 +1,216 @@
+//! Tokenization against a small word-level tokenizer built in code.
+
+use super::*;
+use tokenizers::models::wordlevel::WordLevel;
+use tokenizers::pre_tokenizers::whitespace::Whitespace;
+use tokenizers::processors::template::TemplateProcessing;
+use tokenizers::AddedToken;
+
+/// A word-level tokenizer with BERT-like special tokens: `[CLS] a b [SEP]`, pairs with
+/// type ids 0/1, and the built-in truncation + padding a real tokenizer.json may carry.
+pub fn test_tokenizer() -> Tokenizer {
+    let words = [
+        "[PAD]", "[UNK]", "[CLS]", "[SEP]", "hello", "world", "what", "is", "deep", "learning",
+        "query", ":", "a", "b", "c", "d", "e", "f", "g", "h", "poison",
+    ];
+    let vocab = words
+        .iter()
+        .enumerate()
+        .map(|(i, w)| (w.to_string(), i as u32))
+        .collect();
+    let model = WordLevel::builder()
+        .vocab(vocab)
+        .unk_token("[UNK]".into())
+        .build()
+        .unwrap();
+    let mut tokenizer = Tokenizer::new(model);
+    tokenizer.with_pre_tokenizer(Some(Whitespace {}));
+    let specials: Vec<AddedToken> = ["[PAD]", "[UNK]", "[CLS]", "[SEP]"]
+        .iter()
+        .map(|t| AddedToken::from(*t, true))
+        .collect();
+    tokenizer.add_special_tokens(specials).unwrap();
+    tokenizer.with_post_processor(Some(
+        TemplateProcessing::builder()
+            .try_single("[CLS] $A [SEP]")
+            .unwrap()
+            .try_pair("[CLS] $A [SEP] $B:1 [SEP]:1")
+            .unwrap()
+            .special_tokens(vec![("[CLS]", 2), ("[SEP]", 3)])
+            .build()
+            .unwrap(),
+    ));
+    tokenizer
+        .with_truncation(Some(TruncationParams {
+            max_length: 4,
+            ..Default::default()
+        }))
+        .unwrap();
+    tokenizer.with_padding(Some(Default::default()));
+    // Round-trip through JSON like a real model folder, and strip as the server does.
+    let dir = std::env::temp_dir().join(format!("tok-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join(format!("tokenizer-{:?}.json", std::thread::current().id()));
+    tokenizer.save(&path, false).unwrap();
+    load_tokenizer(&path).unwrap()
+}
+
+pub fn test_tokenization(max_input_length: usize, position_offset: u32) -> Tokenization {
+    let config = TokenizerConfig {
+        max_input_length,
+        position_offset,
+        prompts: [("query".to_string(), "query : ".to_string())].into(),
+        ..Default::default()
+    };
+    Tokenization::new(test_tokenizer(), 2, config)
+}
+
+fn single(s: &str) -> EncodingInput {
+    EncodingInput::Single(s.into())
+}
+
+#[tokio::test]
+async fn builtin_truncation_and_padding_are_ignored() {
+    let t = test_tokenization(16, 0);
+    let e = t
+        .encode(single("hello world what is deep"), Default::default())
+        .await
+        .unwrap();
+    // 5 words + 2 specials, beyond the file's own max_length of 4.
+    assert_eq!(e.input_ids, vec![2, 4, 5, 6, 7, 8, 3]);
+    assert_eq!(e.position_ids, (0..7).collect::<Vec<_>>());
+    assert_eq!(e.token_type_ids, vec![0; 7]);
+}
+
+#[tokio::test]
+async fn over_length_fails_or_truncates_by_direction() {
+    let t = test_tokenization(4, 0);
+    let err = t
+        .encode(single("a b c d"), Default::default())
+        .await
+        .unwrap_err();
+    assert_eq!(err, TokenizationError::TooLong { max: 4, given: 6 });
+    assert!(err.to_string().contains("at most 4 tokens"));
+    assert!(err.to_string().contains("Given: 6"));
+
+    let right = EncodeOptions {
+        truncate: true,
+        ..Default::default()
+    };
+    let e = t.encode(single("a b c d"), right.clone()).await.unwrap();
+    assert_eq!(e.input_ids, vec![2, 12, 13, 3]);
+    let left = EncodeOptions {
+        direction: TruncationDirection::Left,
+        ..right
+    };
+    let e = t.encode(single("a b c d"), left).await.unwrap();
+    assert_eq!(e.input_ids, vec![2, 14, 15, 3]);
+}
+
+#[tokio::test]
+async fn pairs_get_type_ids_and_roberta_positions() {
+    let t = test_tokenization(16, 2);
+    let e = t
+        .encode(
+            EncodingInput::Pair("hello".into(), "world".into()),
+            Default::default(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(e.input_ids, vec![2, 4, 3, 5, 3]);
+    assert_eq!(e.token_type_ids, vec![0, 0, 0, 1, 1]);
+    assert_eq!(e.position_ids, vec![2, 3, 4, 5, 6]);
+}
+
+#[tokio::test]
+async fn prompts_are_prepended_and_unknown_ones_rejected() {
+    let t = test_tokenization(16, 0);
+    let opts = |name: &str| EncodeOptions {
+        prompt_name: Some(name.into()),
+        apply_prompts: true,
+        ..Default::default()
+    };
+    let e = t.encode(single("hello"), opts("query")).await.unwrap();
+    assert_eq!(e.input_ids, vec![2, 10, 11, 4, 3]);
+    let err = t
+        .encode(single("hello"), opts("passage"))
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("[\"query\"]"), "{err}");
+
+    let config = TokenizerConfig {
+        max_input_length: 16,
+        default_prompt: Some("query : ".into()),
+        ..Default::default()
+    };
+    let with_default = Tokenization::new(test_tokenizer(), 1, config);
+    let dflt = EncodeOptions {
+        apply_prompts: true,
+        ..Default::default()
+    };
+    let e = with_default.encode(single("hello"), dflt).await.unwrap();
+    assert_eq!(e.input_ids, vec![2, 10, 11, 4, 3]);
+}
+
+#[tokio::test]
+async fn pair_template_keeps_the_suffix_when_truncating() {
+    let config = TokenizerConfig {
+        max_input_length: 7,
+        pair_template: Some(PairTemplate {
+            before_query: "query : ".into(),
+            between: " is ".into(),
+            after_document: " h".into(),
+            suffix_ids: vec![3],
+        }),
+        ..Default::default()
+    };
+    let t = Tokenization::new(test_tokenizer(), 1, config);
+    let pair = |d: &str| EncodingInput::Pair("a".into(), d.into());
+    // "query : a is b h" + [SEP]: no [CLS], one sequence, type ids all 0.
+    let e = t.encode(pair("b"), Default::default()).await.unwrap();
+    assert_eq!(e.input_ids, vec![10, 11, 12, 7, 13, 19, 3]);
+    assert_eq!(e.token_type_ids, vec![0; 7]);
+    let err = t.encode(pair("b c"), Default::default()).await.unwrap_err();
+    assert_eq!(err, TokenizationError::TooLong { max: 7, given: 8 });
+    let opts = EncodeOptions {
+        truncate: true,
+        ..Default::default()
+    };
+    let e = t.encode(pair("b c"), opts).await.unwrap();
+    assert_eq!(e.input_ids, vec![10, 11, 12, 7, 13, 14, 3]);
+}
+
+#[tokio::test]
+async fn token_ids_are_checked_and_truncated() {
+    let t = test_tokenization(3, 0);
+    let ids = |v: &[u32]| EncodingInput::Ids(v.to_vec());
+    let e = t.encode(ids(&[2, 4, 3]), Default::default()).await.unwrap();
+    assert_eq!(e.input_ids, vec![2, 4, 3]);
+    let err = t
+        .encode(ids(&[2, 400]), Default::default())
+        .await
+        .unwrap_err();
+    assert!(matches!(
+        err,
+        TokenizationError::IdOutOfRange { id: 400, .. }
+    ));
+    let left = EncodeOptions {
+        truncate: true,
+        direction: TruncationDirection::Left,
+        ..Default::default()
+    };
+    let e = t.encode(ids(&[2, 4, 5, 6, 3]), left).await.unwrap();
+    assert_eq!(e.input_ids, vec![5, 6, 3]);
+}
+
+#[tokio::test]
+async fn tokenize_reports_char_offsets_and_decode_inverts() {
+    let t = test_tokenization(16, 0);
+    let tokens = t.tokenize("hello world".into(), true, None).await.unwrap();
+    let texts: Vec<&str> = tokens.iter().map(|t| t.text.as_str()).collect();
+    assert_eq!(texts, vec!["[CLS]", "hello", "world", "[SEP]"]);
+    assert_eq!((tokens[2].start, tokens[2].stop), (Some(6), Some(11)));
+    assert!(tokens[0].special && tokens[0].start.is_none());
+    let text = t.decode(vec![2, 4, 5, 3], true).await.unwrap();
+    assert_eq!(text, "hello world");
+}

@@ -1,0 +1,169 @@
+"""Helpers for the router's integration tests: a server process on loopback, tiny
+classifier checkpoints, and small numeric helpers."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+HERE = Path(__file__).parent
+STARTUP_TIMEOUT_S = 90
+STOP_TIMEOUT_S = 30
+
+
+def router_command() -> list[str]:
+    """The installed console script, as users run it (built by `make router_dev`)."""
+    script = Path(sys.executable).parent / "text-embeddings-router"
+    if script.exists():
+        return [str(script)]
+    found = shutil.which("text-embeddings-router")
+    if found:
+        return [found]
+    return [sys.executable, "-m", "trt_tei_runtime.cli"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Server:
+    """One router process on a free loopback port; its output goes to a log file."""
+
+    def __init__(self, model: Path | str, log_dir: Path, *args: str, env: dict | None = None):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = log_dir / f"router-{self.port}.log"
+        cmd = [
+            *router_command(),
+            "--model-id",
+            str(model),
+            "--hostname",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            *args,
+        ]
+        if "--tokenization-workers" not in args:
+            cmd += ["--tokenization-workers", "2"]
+        full_env = dict(os.environ)
+        full_env.update(
+            HF_HUB_OFFLINE="1",
+            TOKENIZERS_PARALLELISM="false",
+            # Test backends (tests/http/backends.py) are imported by module path.
+            PYTHONPATH=os.pathsep.join([str(HERE), full_env.get("PYTHONPATH", "")]),
+        )
+        for key in ("PORT", "HOSTNAME", "API_KEY", "MODEL_ID", "AUTO_TRUNCATE"):
+            full_env.pop(key, None)
+        full_env.update(env or {})
+        self.log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=full_env)
+        self._wait_ready()
+
+    def _wait_ready(self) -> None:
+        deadline = time.monotonic() + STARTUP_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"router exited with {self.proc.returncode}:\n{self.logs()}")
+            try:
+                if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        self.stop(signal.SIGKILL)
+        raise RuntimeError(f"router not ready after {STARTUP_TIMEOUT_S}s:\n{self.logs()}")
+
+    def logs(self) -> str:
+        self.log.flush()
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self, sig: int = signal.SIGTERM) -> int:
+        """Signals the process and returns its exit status."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout=STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.log.close()
+        return int(self.proc.returncode)
+
+    def post(self, path: str, body: object, **kw: object) -> httpx.Response:
+        return httpx.post(f"{self.url}{path}", json=body, timeout=60, **kw)
+
+    def get(self, path: str, **kw: object) -> httpx.Response:
+        return httpx.get(f"{self.url}{path}", timeout=60, **kw)
+
+
+def openai_sdk():  # type: ignore[no-untyped-def]
+    """The `openai` package, or skip: the GPU machine has none and no index to get it from."""
+    return pytest.importorskip("openai")
+
+
+def cosine(a: object, b: object) -> float:
+    import numpy as np
+
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
+
+
+# --- tiny classifier checkpoints ---------------------------------------------------------
+
+WORDS = (
+    "what is deep learning machine a the of and to paris france capital city cat dog "
+    "query document relevant answer yes no fast slow model text good bad poison"
+).split()
+
+
+def make_classifier(folder: Path, num_labels: int, seed: int = 0) -> Path:
+    """A random BertForSequenceClassification with a small WordPiece tokenizer.json."""
+    import torch
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
+    from transformers import BertConfig, BertForSequenceClassification
+
+    specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    vocab = {t: i for i, t in enumerate(specials + WORDS)}
+    for c in "abcdefghijklmnopqrstuvwxyz":
+        vocab.setdefault(c, len(vocab))
+        vocab.setdefault("##" + c, len(vocab))
+    tok = Tokenizer(models.WordPiece(vocab=vocab, unk_token="[UNK]"))
+    tok.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]",
+        pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+        special_tokens=[("[CLS]", vocab["[CLS]"]), ("[SEP]", vocab["[SEP]"])],
+    )
+    torch.manual_seed(seed)
+    config = BertConfig(
+        vocab_size=len(vocab),
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        max_position_embeddings=64,
+        num_labels=num_labels,
+        id2label={i: f"label_{i}" for i in range(num_labels)},
+        label2id={f"label_{i}": i for i in range(num_labels)},
+    )
+    model = BertForSequenceClassification(config).eval()
+    folder.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(folder, safe_serialization=True)
+    tok.save(str(folder / "tokenizer.json"))
+    (folder / "tokenizer_config.json").write_text(
+        json.dumps({"tokenizer_class": "BertTokenizerFast", "model_max_length": 64})
+    )
+    return folder

@@ -1,0 +1,221 @@
+"""all-MiniLM-L6-v2 served by the router, driven by real clients, against sentence-transformers."""
+
+from __future__ import annotations
+
+import base64
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+from router_harness import cosine, openai_sdk
+
+pytestmark = pytest.mark.integration
+
+TEXTS = [
+    "What is Deep Learning?",
+    "Paris is the capital of France.",
+    "The quick brown fox jumps over the lazy dog.",
+    "Embeddings map text to vectors",
+    "a",
+]
+MIN_COSINE = 0.99999
+
+
+@pytest.fixture(scope="module")
+def server(start_server, minilm_dir):
+    return start_server(minilm_dir, "--max-client-batch-size", "64")
+
+
+@pytest.fixture(scope="module")
+def st_model(minilm_dir):
+    from sentence_transformers import SentenceTransformer
+
+    # float32 even where the checkpoint is stored in half precision (the GPU machine's copy).
+    return SentenceTransformer(str(minilm_dir), device="cpu").float()
+
+
+@pytest.fixture(scope="module")
+def st_unnormalized(st_model):
+    """The same model without its Normalize module: raw mean-pooled embeddings."""
+    from sentence_transformers import SentenceTransformer
+
+    return SentenceTransformer(modules=[st_model[0], st_model[1]], device="cpu")
+
+
+@pytest.fixture(scope="module")
+def reference(st_model):
+    return st_model.encode(TEXTS, convert_to_numpy=True)
+
+
+def assert_same(got, expected) -> None:
+    got, expected = np.asarray(got), np.asarray(expected)
+    assert got.shape == expected.shape, (got.shape, expected.shape)
+    for g, e in zip(got, expected):
+        assert cosine(g, e) >= MIN_COSINE
+
+
+def openai_client(server):
+    return openai_sdk().OpenAI(
+        base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=60
+    )
+
+
+def test_openai_float(server, reference):
+    resp = openai_client(server).embeddings.create(model="minilm", input=TEXTS)
+    assert [d.index for d in resp.data] == list(range(len(TEXTS)))
+    got = np.array([d.embedding for d in resp.data])
+    assert_same(got, reference)
+    np.testing.assert_allclose(np.linalg.norm(got, axis=1), 1.0, atol=1e-5)
+    assert resp.usage.prompt_tokens == resp.usage.total_tokens > len(TEXTS) * 2
+    assert resp.model == server.get("/info").json()["served_model_name"]
+
+
+def test_openai_base64_single(server, reference):
+    resp = openai_client(server).embeddings.create(
+        model="minilm", input=TEXTS[0], encoding_format="base64"
+    )
+    emb = resp.data[0].embedding
+    if isinstance(emb, str):  # older SDKs hand base64 through undecoded
+        emb = np.frombuffer(base64.b64decode(emb), dtype="<f4")
+    assert_same([emb], reference[:1])
+
+
+def test_openai_dimensions(server, st_unnormalized):
+    resp = openai_client(server).embeddings.create(model="minilm", input=TEXTS, dimensions=128)
+    got = np.array([d.embedding for d in resp.data])
+    assert got.shape == (len(TEXTS), 128)
+    # Matryoshka: the first 128 raw dimensions, then normalized.
+    raw = st_unnormalized.encode(TEXTS, convert_to_numpy=True)[:, :128]
+    expected = raw / np.linalg.norm(raw, axis=1, keepdims=True)
+    assert_same(got, expected)
+    np.testing.assert_allclose(np.linalg.norm(got, axis=1), 1.0, atol=1e-5)
+
+
+def test_inference_client_feature_extraction(server, reference, monkeypatch):
+    import huggingface_hub.constants
+    from huggingface_hub import InferenceClient
+
+    # Offline mode blocks every request the hub client makes, loopback included; this client
+    # only ever talks to the local server.
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    client = InferenceClient(base_url=server.url, timeout=60)
+    got = client.feature_extraction(TEXTS[1])
+    assert_same(np.asarray(got).reshape(1, -1), reference[1:2])
+    got = client.feature_extraction(TEXTS)
+    assert_same(got, reference)
+
+
+def test_embed_normalized_and_raw(server, reference, st_unnormalized):
+    r = server.post("/embed", {"inputs": TEXTS})
+    assert r.status_code == 200, r.text
+    assert_same(r.json(), reference)
+    r = server.post("/embed", {"inputs": TEXTS, "normalize": False})
+    got = np.array(r.json())
+    raw = st_unnormalized.encode(TEXTS, convert_to_numpy=True)
+    assert_same(got, raw)
+    np.testing.assert_allclose(np.linalg.norm(got, axis=1), np.linalg.norm(raw, axis=1), rtol=1e-4)
+
+
+def test_embed_all_matches_token_embeddings(server, st_model):
+    r = server.post("/embed_all", {"inputs": TEXTS[:2]})
+    assert r.status_code == 200, r.text
+    expected = st_model.encode(TEXTS[:2], output_value="token_embeddings")
+    for got, exp in zip(r.json(), expected):
+        exp = exp.cpu().numpy()
+        assert len(got) == len(exp)
+        for g, e in zip(got, exp):
+            assert cosine(g, e) >= MIN_COSINE
+
+
+def test_truncation_uses_the_models_limit(server, st_model):
+    # 300 words: over the tokenizer file's own 128 limit and the model's 256 limit.
+    long = " ".join(["word"] * 300)
+    r = server.post("/embed", {"inputs": long})
+    assert r.status_code == 422
+    assert "256" in r.json()["error"] and "302" in r.json()["error"]
+    r = server.post("/embed", {"inputs": long, "truncate": True})
+    assert r.status_code == 200, r.text
+    assert_same(r.json(), st_model.encode([long]))  # ST truncates at max_seq_length=256
+    # 200 words fit the model (256) though not the file's built-in truncation (128).
+    medium = " ".join(["word"] * 200)
+    r = server.post("/embed", {"inputs": medium})
+    assert r.status_code == 200, r.text
+    assert r.headers["x-compute-tokens"] == "202"
+    assert_same(r.json(), st_model.encode([medium]))
+
+
+def test_similarity(server, st_model):
+    body = {"inputs": {"source_sentence": TEXTS[0], "sentences": TEXTS[1:]}}
+    r = server.post("/similarity", body)
+    assert r.status_code == 200, r.text
+    emb = st_model.encode(TEXTS, convert_to_numpy=True)
+    expected = [cosine(emb[0], e) for e in emb[1:]]
+    np.testing.assert_allclose(r.json(), expected, atol=1e-5)
+
+
+def test_tokenize_and_decode(server, minilm_dir):
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(minilm_dir / "tokenizer.json"))
+    tok.no_truncation()
+    tok.no_padding()
+    r = server.post("/tokenize", {"inputs": TEXTS[0]})
+    assert r.status_code == 200, r.text
+    tokens = r.json()[0]
+    assert [t["id"] for t in tokens] == tok.encode(TEXTS[0]).ids
+    assert tokens[0] == {"id": 101, "text": "[CLS]", "special": True, "start": None, "stop": None}
+    assert tokens[1]["text"] == "What" and tokens[1]["start"] == 0 and tokens[1]["stop"] == 4
+    r = server.post("/decode", {"ids": [t["id"] for t in tokens]})
+    assert r.json() == [tok.decode(tok.encode(TEXTS[0]).ids)]
+
+
+def test_headers_info_metrics_docs(server):
+    r = server.post("/embed", {"inputs": TEXTS[:2]})
+    for h in (
+        "x-compute-time",
+        "x-compute-tokens",
+        "x-tokenization-time",
+        "x-queue-time",
+        "x-inference-time",
+        "x-total-time",
+        "x-compute-characters",
+        "x-compute-type",
+    ):
+        assert h in r.headers
+    info = server.get("/info").json()
+    assert info["model_type"] == {"embedding": {"pooling": "mean"}}
+    assert info["max_input_length"] == 256
+    assert info["max_client_batch_size"] == 64
+    metrics = server.get("/metrics").text
+    for name in (
+        "te_request_count",
+        "te_request_duration_bucket",
+        "te_batch_next_size_bucket",
+        "te_request_input_length_bucket",
+        "te_batch_inference_duration_bucket",
+        "te_queue_size",
+    ):
+        assert name in metrics
+    spec = server.get("/api-doc/openapi.json").json()
+    assert "/embed" in spec["paths"] and "/v1/embeddings" in spec["paths"]
+    assert "swagger" in server.get("/docs").text.lower()
+    assert server.get("/health").status_code == 200
+
+
+def test_root_dispatches_to_embed(server, reference):
+    r = server.post("/", {"inputs": TEXTS[0]})
+    assert r.status_code == 200, r.text
+    assert_same(r.json(), reference[:1])
+
+
+def test_concurrent_requests_batch_to_the_same_results(server, reference):
+    """Many clients at once: the queue packs them together, results stay per-request."""
+
+    def one(i: int):
+        r = server.post("/embed", {"inputs": TEXTS[i % len(TEXTS)]})
+        assert r.status_code == 200, r.text
+        return i, r.json()[0]
+
+    with ThreadPoolExecutor(16) as pool:
+        for i, emb in pool.map(one, range(48)):
+            assert cosine(emb, reference[i % len(TEXTS)]) >= MIN_COSINE
