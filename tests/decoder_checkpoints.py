@@ -7,13 +7,13 @@ the wrong place, a norm with the wrong offset or a missing bias cannot hide.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 import torch
+from tiny_checkpoints import write_sentence_transformers_files
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
 VOCAB_SIZE = 384
@@ -144,38 +144,14 @@ def make_decoder_checkpoint(
     folder.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(folder, safe_serialization=True)
     (folder / "tokenizer.json").write_text(bpe_tokenizer_json())
-    if prompts is not None or pooling is not None:
-        _write_sentence_transformers(folder, prompts, default_prompt_name, pooling, config)
+    write_sentence_transformers_files(
+        folder,
+        hidden=config.hidden_size,
+        pooling=pooling,
+        prompts=prompts,
+        default_prompt_name=default_prompt_name,
+    )
     return folder
-
-
-def _write_sentence_transformers(folder, prompts, default_prompt_name, pooling, config):  # type: ignore[no-untyped-def]
-    modules = [
-        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"}
-    ]
-    if pooling is not None:
-        (folder / "1_Pooling").mkdir(exist_ok=True)
-        flags = {
-            "pooling_mode_cls_token": pooling == "cls",
-            "pooling_mode_mean_tokens": pooling == "mean",
-            "pooling_mode_lasttoken": pooling == "lasttoken",
-        }
-        (folder / "1_Pooling" / "config.json").write_text(
-            json.dumps({"word_embedding_dimension": config.hidden_size, **flags})
-        )
-        modules.append(
-            {
-                "idx": 1,
-                "name": "1",
-                "path": "1_Pooling",
-                "type": "sentence_transformers.models.Pooling",
-            }
-        )
-    (folder / "modules.json").write_text(json.dumps(modules))
-    if prompts is not None:
-        (folder / "config_sentence_transformers.json").write_text(
-            json.dumps({"prompts": prompts, "default_prompt_name": default_prompt_name})
-        )
 
 
 def hf_model(folder: Path, *, dtype: torch.dtype = torch.float32, device: str = "cpu"):  # type: ignore[no-untyped-def]

@@ -123,7 +123,7 @@ def make_checkpoint(
     folder.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(folder, safe_serialization=True)
     tok.save(str(folder / "tokenizer.json"))
-    _write_sentence_transformers_files(
+    write_sentence_transformers_files(
         folder,
         hidden=config.hidden_size,
         pooling=pooling,
@@ -137,18 +137,19 @@ def make_checkpoint(
     return folder
 
 
-def _write_sentence_transformers_files(
+def write_sentence_transformers_files(
     folder: Path,
     *,
     hidden: int,
-    pooling: str | None,
-    max_seq_length: int | None,
-    normalize: bool,
-    dense_out: int | None,
-    prompts: dict[str, str] | None,
-    default_prompt_name: str | None,
-    seed: int,
+    pooling: str | None = None,
+    max_seq_length: int | None = None,
+    normalize: bool = False,
+    dense_out: int | None = None,
+    prompts: dict[str, str] | None = None,
+    default_prompt_name: str | None = None,
+    seed: int = 0,
 ) -> None:
+    """modules.json and the files of each module sentence-transformers would write."""
     if pooling is None and max_seq_length is None and not normalize and prompts is None:
         return
     modules = [

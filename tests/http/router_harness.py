@@ -3,7 +3,6 @@ classifier checkpoints, and small numeric helpers."""
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import signal
@@ -118,52 +117,3 @@ def cosine(a: object, b: object) -> float:
 
     a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
     return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
-
-
-# --- tiny classifier checkpoints ---------------------------------------------------------
-
-WORDS = (
-    "what is deep learning machine a the of and to paris france capital city cat dog "
-    "query document relevant answer yes no fast slow model text good bad poison"
-).split()
-
-
-def make_classifier(folder: Path, num_labels: int, seed: int = 0) -> Path:
-    """A random BertForSequenceClassification with a small WordPiece tokenizer.json."""
-    import torch
-    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
-    from transformers import BertConfig, BertForSequenceClassification
-
-    specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
-    vocab = {t: i for i, t in enumerate(specials + WORDS)}
-    for c in "abcdefghijklmnopqrstuvwxyz":
-        vocab.setdefault(c, len(vocab))
-        vocab.setdefault("##" + c, len(vocab))
-    tok = Tokenizer(models.WordPiece(vocab=vocab, unk_token="[UNK]"))
-    tok.normalizer = normalizers.BertNormalizer(lowercase=True)
-    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    tok.post_processor = processors.TemplateProcessing(
-        single="[CLS] $A [SEP]",
-        pair="[CLS] $A [SEP] $B:1 [SEP]:1",
-        special_tokens=[("[CLS]", vocab["[CLS]"]), ("[SEP]", vocab["[SEP]"])],
-    )
-    torch.manual_seed(seed)
-    config = BertConfig(
-        vocab_size=len(vocab),
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        intermediate_size=64,
-        max_position_embeddings=64,
-        num_labels=num_labels,
-        id2label={i: f"label_{i}" for i in range(num_labels)},
-        label2id={f"label_{i}": i for i in range(num_labels)},
-    )
-    model = BertForSequenceClassification(config).eval()
-    folder.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(folder, safe_serialization=True)
-    tok.save(str(folder / "tokenizer.json"))
-    (folder / "tokenizer_config.json").write_text(
-        json.dumps({"tokenizer_class": "BertTokenizerFast", "model_max_length": 64})
-    )
-    return folder

@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from router_harness import make_classifier, openai_sdk
+from router_harness import openai_sdk
+from tiny_checkpoints import make_checkpoint
 
 pytestmark = pytest.mark.integration
 
@@ -17,8 +18,21 @@ DOCS = ["deep learning is a machine model", "paris is the capital of france", "c
 def checkpoints(tmp_path_factory):
     root = tmp_path_factory.mktemp("classifiers")
     return {
-        "classifier": make_classifier(root / "classifier", num_labels=3, seed=1),
-        "reranker": make_classifier(root / "reranker", num_labels=1, seed=2),
+        # 64 positions: the bad-input tests go past the model's limit.
+        "classifier": make_checkpoint(
+            root / "classifier",
+            "BertForSequenceClassification",
+            num_labels=3,
+            seed=1,
+            max_position_embeddings=64,
+        ),
+        "reranker": make_checkpoint(
+            root / "reranker",
+            "BertForSequenceClassification",
+            num_labels=1,
+            seed=2,
+            max_position_embeddings=64,
+        ),
     }
 
 
@@ -38,6 +52,10 @@ def hf_logits(folder, texts, pairs=None) -> np.ndarray:
     from transformers import BertForSequenceClassification
 
     tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    # The file carries its own truncation (8) and padding (16), as real ones do; the router
+    # ignores both, so the reference does too.
+    tok.no_truncation()
+    tok.no_padding()
     model = BertForSequenceClassification.from_pretrained(folder).eval()
     out = []
     for i, text in enumerate(texts):
