@@ -35,6 +35,11 @@ pub struct Args {
     #[arg(long, env = "POOLING")]
     pub pooling: Option<String>,
 
+    /// Load the checkpoint for another task than its architecture's, e.g. `rerank-yes-no`
+    /// for a Qwen3-Reranker `*ForCausalLM` (scored as logit("yes") - logit("no")).
+    #[arg(long, env = "TASK")]
+    pub task: Option<String>,
+
     /// Requests in flight at once; more are refused with 429.
     #[arg(long, env = "MAX_CONCURRENT_REQUESTS", default_value_t = 512)]
     pub max_concurrent_requests: usize,

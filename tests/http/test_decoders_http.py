@@ -96,3 +96,37 @@ def test_qwen2_reranker_over_rerank(start_server, qwen2_dirs):  # type: ignore[n
     assert [x["index"] for x in ranks] == list(np.argsort(-logits))
     for x in ranks:
         assert abs(x["score"] - logits[x["index"]]) <= 1e-4
+
+
+def test_qwen3_yes_no_reranker_over_rerank(start_server, tmp_path):  # type: ignore[no-untyped-def]
+    """`--task rerank-yes-no`: a Qwen3ForCausalLM scored as logit(yes) - logit(no) on the
+    Qwen3-Reranker prompt, tokenized as its model card does."""
+    from trt_tei_runtime.templates import QWEN3_RERANKER
+
+    folder = make_decoder_checkpoint(tmp_path / "qwen3-reranker", "Qwen3ForCausalLM", seed=6)
+    server = start_server(folder, "--task", "rerank-yes-no")
+    tok, t = tokenizer(), QWEN3_RERANKER
+
+    def card_ids(doc: str) -> list[int]:
+        body = t.body.format(instruction=t.instruction, query=QUERY, document=doc)
+        return [
+            *tok.encode(t.prefix, add_special_tokens=False).ids,
+            *tok.encode(body, add_special_tokens=False).ids,
+            *tok.encode(t.suffix, add_special_tokens=False).ids,
+        ]
+
+    yes_no = (tok.token_to_id("no"), tok.token_to_id("yes"))
+    expected = torch.cat(hf_decoder_outputs(folder, [card_ids(d) for d in DOCS], yes_no=yes_no))
+    r = server.post("/rerank", {"query": QUERY, "texts": DOCS, "raw_scores": True})
+    assert r.status_code == 200, r.text
+    for x in r.json():
+        assert abs(x["score"] - float(expected[x["index"]])) <= 1e-4
+    probs = {
+        x["index"]: x["score"]
+        for x in server.post("/rerank", {"query": QUERY, "texts": DOCS}).json()
+    }
+    np.testing.assert_allclose(
+        [probs[i] for i in range(len(DOCS))], torch.sigmoid(expected), atol=1e-5
+    )
+    r = start_server(folder).post("/rerank", {"query": QUERY, "texts": DOCS})
+    assert r.status_code == 424  # without --task it is an embedding model

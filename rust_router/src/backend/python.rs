@@ -19,6 +19,8 @@ pub struct PythonBackendOptions {
     pub dtype: Option<String>,
     pub pooling: Option<String>,
     pub device: Option<String>,
+    /// Only passed when set: backends without a `task` argument still load.
+    pub task: Option<String>,
     /// The router's batch limits, passed to constructors that accept them (the runtime sizes
     /// its buffers and CUDA graphs with them).
     pub max_batch_tokens: usize,
@@ -44,6 +46,7 @@ impl PythonBackendOptions {
             dtype: args.dtype.clone(),
             pooling: args.pooling.clone(),
             device: args.device.clone(),
+            task: args.task.clone(),
             max_batch_tokens: args.max_batch_tokens,
             max_batch_requests: args.max_batch_requests,
             env,
@@ -94,6 +97,9 @@ fn load(opts: &PythonBackendOptions) -> Result<(Box<dyn Backend>, ModelInfo), Ba
             kwargs.set_item("dtype", &opts.dtype)?;
             kwargs.set_item("pooling", &opts.pooling)?;
             kwargs.set_item("device", &opts.device)?;
+            if let Some(task) = &opts.task {
+                kwargs.set_item("task", task)?;
+            }
             // Optional keywords go only to constructors that declare them, so a minimal
             // backend with just the contract's five arguments still loads.
             let params = py
