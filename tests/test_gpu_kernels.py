@@ -117,3 +117,18 @@ def test_quantize_fp8_rowwise(dtype, cols):  # type: ignore[no-untyped-def]
     assert ((q.float() - ref_q.float()).abs() <= step)[differ].all()
     dequantized = q.float() * scale
     assert ((dequantized - x.float()).abs() <= x.float().abs().amax(1, keepdim=True) / 16).all()
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_linear_gelu_epilogue_matches_exact_gelu(dtype):  # type: ignore[no-untyped-def]
+    from trt_tei_runtime.layers import Linear, linear_activation
+
+    x = torch.randn(24, 1024, device="cuda", dtype=dtype)
+    linear = Linear(
+        torch.randn(4096, 1024, device="cuda", dtype=dtype) * 0.03,
+        torch.randn(4096, device="cuda", dtype=dtype) * 0.1,
+    )
+    fused = linear_activation(linear, x, "gelu", torch.nn.functional.gelu)
+    exact = torch.nn.functional.gelu(linear(x).float())
+    # tanh-form GELU in the epilogue against erf GELU: within half-precision rounding.
+    torch.testing.assert_close(fused.float(), exact, rtol=2e-2, atol=2e-2)

@@ -28,8 +28,11 @@ def pool(hidden: torch.Tensor, cu_seqlens: torch.Tensor, mode: str) -> torch.Ten
         return hidden[ends - 1].float()
     if mode == "mean":
         lengths = ends - starts
+        # output_size: no device-to-host sync to learn the length (it is the token count).
         seq_of_token = torch.repeat_interleave(
-            torch.arange(lengths.numel(), device=hidden.device), lengths
+            torch.arange(lengths.numel(), device=hidden.device),
+            lengths,
+            output_size=hidden.shape[0],
         )
         sums = torch.zeros(
             (lengths.numel(), hidden.shape[1]), dtype=torch.float32, device=hidden.device

@@ -12,7 +12,14 @@ from torch import nn
 
 from ..batch import PackedBatch
 from ..errors import CheckpointError
-from ..layers import AttentionMetadata, LayerNorm, Linear, get_activation, varlen_attention
+from ..layers import (
+    AttentionMetadata,
+    LayerNorm,
+    Linear,
+    get_activation,
+    linear_activation,
+    varlen_attention,
+)
 from ..weights import WeightReader
 from .base import ClassifierInfo, ConfigReader, Task, TransformerModel
 
@@ -124,6 +131,7 @@ class BertLayer(nn.Module):
             reader.take(f"{p}.output.LayerNorm.bias", (h,)),
             config.layer_norm_eps,
         )
+        self.act_name = config.hidden_act
         self.act = get_activation(config.hidden_act)
         self.scale = 1.0 / math.sqrt(self.head_dim)
 
@@ -132,7 +140,8 @@ class BertLayer(nn.Module):
         qkv = self.qkv(x).view(tokens, 3, self.num_heads, self.head_dim)
         attn = varlen_attention(qkv[:, 0], qkv[:, 1], qkv[:, 2], meta, scale=self.scale)
         x = self.attn_norm(self.attn_out(attn.reshape(tokens, -1)), residual=x)
-        return self.ffn_norm(self.down(self.act(self.up(x))), residual=x)
+        hidden = linear_activation(self.up, x, self.act_name, self.act)
+        return self.ffn_norm(self.down(hidden), residual=x)
 
 
 class BertModel(TransformerModel):
