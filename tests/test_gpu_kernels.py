@@ -132,3 +132,16 @@ def test_linear_gelu_epilogue_matches_exact_gelu(dtype):  # type: ignore[no-unty
     exact = torch.nn.functional.gelu(linear(x).float())
     # tanh-form GELU in the epilogue against erf GELU: within half-precision rounding.
     torch.testing.assert_close(fused.float(), exact, rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("hidden_size", [384, 1024, 1000])
+def test_segment_mean(dtype, hidden_size):  # type: ignore[no-untyped-def]
+    lengths = [1, 24, 513, 7, 100]
+    cu = torch.tensor(
+        [0, *torch.tensor(lengths).cumsum(0).tolist()], device="cuda", dtype=torch.int32
+    )
+    hidden = torch.randn(sum(lengths), hidden_size, device="cuda", dtype=dtype)
+    ours = triton_kernels.segment_mean(hidden, cu)
+    assert ours.dtype == torch.float32 and ours.shape == (len(lengths), hidden_size)
+    torch.testing.assert_close(ours, reference.segment_mean(hidden, cu), rtol=1e-5, atol=1e-5)

@@ -152,6 +152,10 @@ class InferenceModel:
     @torch.inference_mode()
     def hidden_states(self, batch: PackedBatch) -> torch.Tensor:
         """Per-token last hidden states `[T, H]` in the model dtype, on the device."""
+        return self._forward(batch)[0]
+
+    def _forward(self, batch: PackedBatch) -> tuple[torch.Tensor, PackedBatch]:
+        """Hidden states and the batch as it lies on the device (one copy either way)."""
         self._check_tokens(batch)
         if self.graphs is not None and self.graphs.can_run(batch):
             return self.graphs.run(batch)
@@ -159,7 +163,7 @@ class InferenceModel:
         meta = AttentionMetadata.build(
             batch.cu_seqlens, batch.max_seqlen, use_flash=self._use_flash
         )
-        return self.network(batch, meta)
+        return self.network(batch, meta), batch
 
     @torch.inference_mode()
     def embed(self, batch: PackedBatch) -> torch.Tensor:
@@ -168,8 +172,8 @@ class InferenceModel:
             raise InputError(
                 f"{self.info.architecture} is a {self.info.model_type}: use predict, not embed"
             )
-        hidden = self.hidden_states(batch)
-        pooled = pool(hidden, batch.cu_seqlens.to(self.device), self.info.pooling)
+        hidden, on_device = self._forward(batch)
+        pooled = pool(hidden, on_device.cu_seqlens, self.info.pooling)
         for layer in self.dense:
             pooled = layer(pooled)
         return pooled
@@ -186,8 +190,8 @@ class InferenceModel:
             raise InputError(
                 f"{self.info.architecture} is an embedding model: use embed, not predict"
             )
-        hidden = self.hidden_states(batch)
-        return self.network.logits(hidden, batch.to(self.device)).float()
+        hidden, on_device = self._forward(batch)
+        return self.network.logits(hidden, on_device).float()
 
     def _check_tokens(self, batch: PackedBatch) -> None:
         # An out-of-range index on the GPU poisons the whole CUDA context: check on the host.

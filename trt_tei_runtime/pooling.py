@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from .errors import InputError
+from .kernels import segment_mean
 
 POOLING_MODES = ("cls", "mean", "last-token")
 _ALIASES = {"lasttoken": "last-token", "last_token": "last-token", "last": "last-token"}
@@ -20,25 +21,12 @@ def canonical_pooling(mode: str) -> str:
 
 def pool(hidden: torch.Tensor, cu_seqlens: torch.Tensor, mode: str) -> torch.Tensor:
     """hidden `[T, H]` → `[n, H]` in float32 (means accumulate in float32)."""
-    starts = cu_seqlens[:-1].long()
-    ends = cu_seqlens[1:].long()
     if mode == "cls":
-        return hidden[starts].float()
+        return hidden[cu_seqlens[:-1].long()].float()
     if mode == "last-token":
-        return hidden[ends - 1].float()
+        return hidden[cu_seqlens[1:].long() - 1].float()
     if mode == "mean":
-        lengths = ends - starts
-        # output_size: no device-to-host sync to learn the length (it is the token count).
-        seq_of_token = torch.repeat_interleave(
-            torch.arange(lengths.numel(), device=hidden.device),
-            lengths,
-            output_size=hidden.shape[0],
-        )
-        sums = torch.zeros(
-            (lengths.numel(), hidden.shape[1]), dtype=torch.float32, device=hidden.device
-        )
-        sums.index_add_(0, seq_of_token, hidden.float())
-        return sums / lengths[:, None].float()
+        return segment_mean(hidden, cu_seqlens)
     raise InputError(f"unknown pooling {mode!r}; supported: {', '.join(POOLING_MODES)}")
 
 

@@ -60,9 +60,13 @@ class CudaGraphRunner:
         self.max_batch_size = max_batch_size
         self.max_seqlen = max_seqlen
         self.buckets = buckets or bucket_ladder(max_num_tokens)
-        self.input_ids = torch.zeros(max_num_tokens, dtype=torch.int64, device=device)
-        self.token_type_ids = torch.zeros_like(self.input_ids)
-        self.position_ids = torch.zeros_like(self.input_ids)
+        # Token ids, type ids and positions as rows of one buffer: a batch arrives in one
+        # host-to-device copy from a pinned staging buffer of the same shape.
+        self._token_inputs = torch.zeros((3, max_num_tokens), dtype=torch.int64, device=device)
+        self._token_staging = torch.zeros((3, max_num_tokens), dtype=torch.int64).pin_memory()
+        self.input_ids, self.token_type_ids, self.position_ids = self._token_inputs.unbind(0)
+        # Set once the copies out of the staging buffers ran: only then may they be reused.
+        self._staging_free = torch.cuda.Event()
         # n real sequences + 1 junk sequence + empty slots; a fixed length for every replay.
         self.cu_seqlens = torch.zeros(max_batch_size + 2, dtype=torch.int32, device=device)
         self._cu_host = torch.zeros(max_batch_size + 2, dtype=torch.int32).pin_memory()
@@ -107,18 +111,28 @@ class CudaGraphRunner:
             time.perf_counter() - started,
         )
 
-    def run(self, batch: PackedBatch) -> torch.Tensor:
-        """Hidden states `[T, H]` of a host-side batch; valid until the next `run`."""
+    def run(self, batch: PackedBatch) -> tuple[torch.Tensor, PackedBatch]:
+        """Hidden states `[T, H]` of a host-side batch and the batch's device-side views
+        (for pooling and heads); both valid until the next `run`."""
         tokens, n = batch.num_tokens, batch.num_seqs
         bucket = next(b for b in sorted(self.graphs) if b >= tokens)
-        self.input_ids[:tokens].copy_(batch.input_ids, non_blocking=True)
-        self.token_type_ids[:tokens].copy_(batch.token_type_ids, non_blocking=True)
-        self.position_ids[:tokens].copy_(batch.position_ids, non_blocking=True)
+        self._staging_free.synchronize()
+        staging = self._token_staging
+        staging[0, :tokens] = batch.input_ids
+        staging[1, :tokens] = batch.token_type_ids
+        staging[2, :tokens] = batch.position_ids
         cu = self._cu_host
         cu.fill_(bucket)
         cu[: n + 1] = batch.cu_seqlens
+        self._token_inputs[:, :tokens].copy_(staging[:, :tokens], non_blocking=True)
         self.cu_seqlens.copy_(cu, non_blocking=True)
+        self._staging_free.record()
         self.graphs[bucket].replay()
-        # The host buffer may be rewritten by the next call only after this copy ran.
-        torch.cuda.current_stream(self.device).synchronize()
-        return self.outputs[bucket][:tokens]
+        on_device = PackedBatch(
+            input_ids=self.input_ids[:tokens],
+            token_type_ids=self.token_type_ids[:tokens],
+            position_ids=self.position_ids[:tokens],
+            cu_seqlens=self.cu_seqlens[: n + 1],
+            max_seqlen=batch.max_seqlen,
+        )
+        return self.outputs[bucket][:tokens], on_device

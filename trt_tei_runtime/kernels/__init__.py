@@ -11,6 +11,7 @@ from .fused import (
     gated_activation,
     quantize_fp8_rowwise,
     rotary_qk,
+    segment_mean,
 )
 
 __all__ = [
@@ -19,4 +20,5 @@ __all__ = [
     "gated_activation",
     "quantize_fp8_rowwise",
     "rotary_qk",
+    "segment_mean",
 ]

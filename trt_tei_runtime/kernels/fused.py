@@ -72,3 +72,10 @@ def quantize_fp8_rowwise(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     if _use_triton(x):
         return triton_kernels.quantize_fp8_rowwise(x)
     return reference.quantize_fp8_rowwise(x)
+
+
+def segment_mean(hidden: torch.Tensor, cu_seqlens: torch.Tensor) -> torch.Tensor:
+    """Mean pooling over packed sequences in one pass, float32 `[n, H]`."""
+    if _use_triton(hidden):
+        return triton_kernels.segment_mean(hidden, cu_seqlens)
+    return reference.segment_mean(hidden, cu_seqlens)

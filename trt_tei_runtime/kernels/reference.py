@@ -66,3 +66,18 @@ def quantize_fp8_rowwise(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """`x [M, K]` → (E4M3 values, float32 scale `[M, 1]`) with x ≈ values * scale."""
     scale = x.abs().amax(dim=-1, keepdim=True).float().clamp(min=1e-12) / FP8_MAX
     return (x.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8), scale
+
+
+def segment_mean(hidden: torch.Tensor, cu_seqlens: torch.Tensor) -> torch.Tensor:
+    """Mean of each sequence's rows of `hidden [T, H]`, accumulated in float32 → `[n, H]`."""
+    starts, ends = cu_seqlens[:-1].long(), cu_seqlens[1:].long()
+    lengths = ends - starts
+    # output_size: no device-to-host sync to learn the length (it is the token count).
+    seq_of_token = torch.repeat_interleave(
+        torch.arange(lengths.numel(), device=hidden.device), lengths, output_size=hidden.shape[0]
+    )
+    sums = torch.zeros(
+        (lengths.numel(), hidden.shape[1]), dtype=torch.float32, device=hidden.device
+    )
+    sums.index_add_(0, seq_of_token, hidden.float())
+    return sums / lengths[:, None].float()

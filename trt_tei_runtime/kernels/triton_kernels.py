@@ -260,3 +260,48 @@ def quantize_fp8_rowwise(x):  # type: ignore[no-untyped-def]
         BLOCK=triton.next_power_of_2(cols),
     )
     return q, scale
+
+
+@triton.jit
+def _segment_mean_kernel(
+    h_ptr,
+    cu_ptr,
+    out_ptr,
+    stride_h,
+    stride_o,
+    n_cols,
+    BLOCK_T: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+):
+    seq = tl.program_id(0)
+    cols = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    col_mask = cols < n_cols
+    start = tl.load(cu_ptr + seq)
+    end = tl.load(cu_ptr + seq + 1)
+    acc = tl.zeros((BLOCK_H,), dtype=tl.float32)
+    for first in range(start, end, BLOCK_T):
+        rows = first + tl.arange(0, BLOCK_T)
+        mask = (rows < end)[:, None] & col_mask[None, :]
+        tile = tl.load(h_ptr + rows[:, None] * stride_h + cols[None, :], mask=mask, other=0.0)
+        acc += tl.sum(tile.to(tl.float32), axis=0)
+    count = tl.maximum(end - start, 1).to(tl.float32)
+    tl.store(out_ptr + seq * stride_o + cols, acc / count, mask=col_mask)
+
+
+def segment_mean(hidden, cu_seqlens):  # type: ignore[no-untyped-def]
+    if hidden.dim() != 2 or hidden.stride(-1) != 1:
+        return reference.segment_mean(hidden, cu_seqlens)
+    n, cols = cu_seqlens.numel() - 1, hidden.shape[1]
+    out = torch.empty((n, cols), dtype=torch.float32, device=hidden.device)
+    block_h = 128
+    _segment_mean_kernel[(n, triton.cdiv(cols, block_h))](
+        hidden,
+        cu_seqlens,
+        out,
+        hidden.stride(0),
+        out.stride(0),
+        cols,
+        BLOCK_T=32,
+        BLOCK_H=block_h,
+    )
+    return out
