@@ -55,3 +55,18 @@ def test_qk_norm_rotary_qwen3_q(benchmark, impl):  # type: ignore[no-untyped-def
     inv_freq = 1.0 / (1e6 ** (torch.arange(0, 128, 2, device="cuda").float() / 128))
     w = torch.randn(128, device="cuda", dtype=torch.bfloat16)
     benchmark(_sync(lambda: IMPLS[impl].rotate(q, positions, inv_freq, w, 1e-6)))
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("cols", [4096, 12288])
+def test_quantize_fp8_rowwise(benchmark, impl, cols):  # type: ignore[no-untyped-def]
+    x = torch.randn(TOKENS, cols, device="cuda", dtype=torch.bfloat16)
+    benchmark(_sync(lambda: IMPLS[impl].quantize_fp8_rowwise(x)))
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_segment_mean_1024(benchmark, impl):  # type: ignore[no-untyped-def]
+    lengths = torch.full((64,), TOKENS // 64)
+    cu = torch.cat([torch.zeros(1), lengths.cumsum(0)]).to(device="cuda", dtype=torch.int32)
+    hidden = torch.randn(TOKENS, 1024, device="cuda", dtype=torch.bfloat16)
+    benchmark(_sync(lambda: IMPLS[impl].segment_mean(hidden, cu)))
