@@ -7,11 +7,16 @@ use crate::backend::{
 };
 use crate::metrics::Metrics;
 use crate::queue::{Entry, InferResult, Metadata, NextBatch, Queue};
-use crate::tokenization::{EncodeOptions, EncodingInput, Tokenization, TokenizationError};
+use crate::tokenization::{
+    EncodeOptions, EncodingInput, Tokenization, TokenizationError, INLINE_MAX_BYTES,
+};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::{oneshot, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinHandle;
+
+/// Requests in flight up to which small ones are tokenized inline (see [`Infer::inline_ok`]).
+pub const INLINE_MAX_IN_FLIGHT: usize = 1;
 
 #[derive(Debug, thiserror::Error)]
 pub enum InferError {
@@ -130,6 +135,16 @@ impl Infer {
             .clone()
             .try_acquire_owned()
             .map_err(|_| InferError::Overloaded(self.max_concurrent_requests))
+    }
+
+    /// Whether a request whose inputs total `total_bytes` should be tokenized inline on the
+    /// calling tokio worker rather than on the pool: only small requests, and only while the
+    /// server is nearly idle (at most [`INLINE_MAX_IN_FLIGHT`] requests in flight, this one
+    /// included), where the pool's two thread hand-offs are most of the tokenization time.
+    /// Under load the pool keeps tokenization off the workers that serve HTTP.
+    pub fn inline_ok(&self, total_bytes: usize) -> bool {
+        let in_flight = self.max_concurrent_requests - self.permits.available_permits();
+        total_bytes <= INLINE_MAX_BYTES && in_flight <= INLINE_MAX_IN_FLIGHT
     }
 
     pub async fn health(&self) -> Result<(), BackendError> {
@@ -252,9 +267,11 @@ impl Infer {
     }
 }
 
-/// Feeds the backend thread: reserve its one free slot, then pack the next batch. Packing only
-/// after a slot is free means exactly one batch waits while another runs (prefetch), and that
-/// batch is as full as the queue allows at that moment.
+/// Feeds the backend thread: wait for work, reserve the backend's one free slot, then pack the
+/// next batch. Packing only after a slot is free means exactly one batch waits while another
+/// runs (prefetch), and that batch is as full as the queue allows at that moment. Waiting for
+/// work *before* the slot means an idle backend frees its slot with nobody waiting on it, so
+/// the backend thread wakes no tokio worker in front of its forward pass.
 async fn batching_task(
     queue: Queue,
     backend: BackendHandle,
@@ -262,6 +279,9 @@ async fn batching_task(
     metrics: Arc<Metrics>,
 ) {
     loop {
+        if !queue.wait_ready().await {
+            return;
+        }
         let slot = match backend.reserve().await {
             Ok(slot) => slot,
             Err(err) => {
@@ -276,13 +296,14 @@ async fn batching_task(
                 return;
             }
         };
+        // `None`: every queued entry's client went away; the slot goes back unused.
         let Some(NextBatch {
             kind,
             batch,
             metadata,
-        }) = queue.next_batch().await
+        }) = queue.try_next_batch()
         else {
-            return;
+            continue;
         };
         let (reply, rx) = oneshot::channel();
         let cu_seqlens = batch.cu_seqlens.clone();

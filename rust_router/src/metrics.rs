@@ -15,13 +15,32 @@ struct Histogram {
     count: u64,
 }
 
-type Key = (String, String);
+/// Metric name, then rendered label set (`""` for none). Nested so that updating an existing
+/// series looks it up by `&str`, allocating nothing (these run several times per request).
+type Series<V> = BTreeMap<String, BTreeMap<String, V>>;
 
 #[derive(Debug, Default)]
 struct Registry {
-    counters: BTreeMap<Key, u64>,
-    gauges: BTreeMap<Key, f64>,
-    histograms: BTreeMap<Key, Histogram>,
+    counters: Series<u64>,
+    gauges: Series<f64>,
+    histograms: Series<Histogram>,
+}
+
+/// The series `name{labels}` of `map`, created with `init` if new.
+fn series<'a, V>(
+    map: &'a mut Series<V>,
+    name: &str,
+    labels: &str,
+    init: impl FnOnce() -> V,
+) -> &'a mut V {
+    if !map.contains_key(name) {
+        map.insert(name.to_string(), BTreeMap::new());
+    }
+    let by_labels = map.get_mut(name).expect("inserted above");
+    if !by_labels.contains_key(labels) {
+        by_labels.insert(labels.to_string(), init());
+    }
+    by_labels.get_mut(labels).expect("inserted above")
 }
 
 #[derive(Debug)]
@@ -33,6 +52,11 @@ pub struct Metrics {
 fn render_labels(labels: &[(&str, &str)]) -> String {
     if labels.is_empty() {
         return String::new();
+    }
+    if let [(k, v)] = labels {
+        if !v.contains(['\\', '"']) {
+            return format!("{{{k}=\"{v}\"}}");
+        }
     }
     let inner: Vec<String> = labels
         .iter()
@@ -72,11 +96,8 @@ impl Metrics {
     }
 
     pub fn counter_add(&self, name: &str, labels: &[(&str, &str)], n: u64) {
-        *self
-            .registry()
-            .counters
-            .entry((name.to_string(), render_labels(labels)))
-            .or_default() += n;
+        let labels = render_labels(labels);
+        *series(&mut self.registry().counters, name, &labels, || 0) += n;
     }
 
     pub fn inc(&self, name: &str, labels: &[(&str, &str)]) {
@@ -84,15 +105,13 @@ impl Metrics {
     }
 
     pub fn gauge_set(&self, name: &str, value: f64) {
-        self.registry()
-            .gauges
-            .insert((name.to_string(), String::new()), value);
+        *series(&mut self.registry().gauges, name, "", || 0.0) = value;
     }
 
     pub fn observe(&self, name: &str, labels: &[(&str, &str)], value: f64) {
-        let key = (name.to_string(), render_labels(labels));
+        let labels = render_labels(labels);
         let mut reg = self.registry();
-        let h = reg.histograms.entry(key).or_insert_with(|| {
+        let h = series(&mut reg.histograms, name, &labels, || {
             let bounds = self.bounds_for(name);
             Histogram {
                 counts: vec![0; bounds.len()],
@@ -115,37 +134,35 @@ impl Metrics {
     pub fn render(&self) -> String {
         let reg = self.registry();
         let mut out = String::new();
-        let mut last = "";
-        for ((name, labels), v) in &reg.counters {
-            if name != last {
-                let _ = writeln!(out, "# TYPE {name} counter");
-                last = name;
+        for (name, by_labels) in &reg.counters {
+            let _ = writeln!(out, "# TYPE {name} counter");
+            for (labels, v) in by_labels {
+                let _ = writeln!(out, "{name}{labels} {v}");
             }
-            let _ = writeln!(out, "{name}{labels} {v}");
         }
-        for ((name, labels), v) in &reg.gauges {
-            let _ = writeln!(out, "# TYPE {name} gauge\n{name}{labels} {v}");
-        }
-        last = "";
-        for ((name, labels), h) in &reg.histograms {
-            if name != last {
-                let _ = writeln!(out, "# TYPE {name} histogram");
-                last = name;
+        for (name, by_labels) in &reg.gauges {
+            for (labels, v) in by_labels {
+                let _ = writeln!(out, "# TYPE {name} gauge\n{name}{labels} {v}");
             }
-            // Splice `le` into the existing label set.
-            let with_le = |le: &str| {
-                if labels.is_empty() {
-                    format!("{{le=\"{le}\"}}")
-                } else {
-                    format!("{},le=\"{le}\"}}", &labels[..labels.len() - 1])
+        }
+        for (name, by_labels) in &reg.histograms {
+            let _ = writeln!(out, "# TYPE {name} histogram");
+            for (labels, h) in by_labels {
+                // Splice `le` into the existing label set.
+                let with_le = |le: &str| {
+                    if labels.is_empty() {
+                        format!("{{le=\"{le}\"}}")
+                    } else {
+                        format!("{},le=\"{le}\"}}", &labels[..labels.len() - 1])
+                    }
+                };
+                for (bound, count) in h.bounds.iter().zip(&h.counts) {
+                    let _ = writeln!(out, "{name}_bucket{} {count}", with_le(&bound.to_string()));
                 }
-            };
-            for (bound, count) in h.bounds.iter().zip(&h.counts) {
-                let _ = writeln!(out, "{name}_bucket{} {count}", with_le(&bound.to_string()));
+                let _ = writeln!(out, "{name}_bucket{} {}", with_le("+Inf"), h.count);
+                let _ = writeln!(out, "{name}_sum{labels} {}", h.sum);
+                let _ = writeln!(out, "{name}_count{labels} {}", h.count);
             }
-            let _ = writeln!(out, "{name}_bucket{} {}", with_le("+Inf"), h.count);
-            let _ = writeln!(out, "{name}_sum{labels} {}", h.sum);
-            let _ = writeln!(out, "{name}_count{labels} {}", h.count);
         }
         out
     }

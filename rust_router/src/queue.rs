@@ -176,31 +176,48 @@ impl Queue {
         self.inner.notify.notify_one();
     }
 
+    /// Packs the next batch from what is queued now, if anything is.
+    pub fn try_next_batch(&self) -> Option<NextBatch> {
+        let mut state = self.state();
+        let next = state.next_batch();
+        let dropped = state.take_dropped();
+        let len = state.len();
+        drop(state);
+        let m = &self.inner.metrics;
+        if dropped > 0 {
+            m.counter_add("te_request_failure", &[("err", "dropped")], dropped);
+        }
+        if let Some(next) = &next {
+            m.gauge_set("te_queue_size", len as f64);
+            m.observe("te_batch_next_size", &[], next.metadata.len() as f64);
+            m.observe("te_batch_next_tokens", &[], next.batch.num_tokens() as f64);
+        }
+        next
+    }
+
+    /// Waits until something is queued (`true`), or the queue is closed and empty (`false`).
+    pub async fn wait_ready(&self) -> bool {
+        loop {
+            let notified = self.inner.notify.notified();
+            if !self.state().is_empty() {
+                return true;
+            }
+            if self.inner.closed.load(Ordering::Acquire) {
+                return false;
+            }
+            notified.await;
+        }
+    }
+
     /// Waits for the next batch; `None` once the queue is closed and drained.
     pub async fn next_batch(&self) -> Option<NextBatch> {
         loop {
-            let notified = self.inner.notify.notified();
-            {
-                let mut state = self.state();
-                let next = state.next_batch();
-                let dropped = state.take_dropped();
-                let len = state.len();
-                drop(state);
-                let m = &self.inner.metrics;
-                if dropped > 0 {
-                    m.counter_add("te_request_failure", &[("err", "dropped")], dropped);
-                }
-                if let Some(next) = next {
-                    m.gauge_set("te_queue_size", len as f64);
-                    m.observe("te_batch_next_size", &[], next.metadata.len() as f64);
-                    m.observe("te_batch_next_tokens", &[], next.batch.num_tokens() as f64);
-                    return Some(next);
-                }
-                if self.inner.closed.load(Ordering::Acquire) {
-                    return None;
-                }
+            if !self.wait_ready().await {
+                return None;
             }
-            notified.await;
+            if let Some(next) = self.try_next_batch() {
+                return Some(next);
+            }
         }
     }
 

@@ -50,12 +50,15 @@ pub async fn predict(State(state): State<AppState>, req: TeiJson<PredictRequest>
         let method = if batched { "batch" } else { "single" };
         state.metrics.inc("te_request_count", &[("method", method)]);
         let _permit = state.infer.try_acquire_permit()?;
+        let inputs: Vec<EncodingInput> = sequences.into_iter().map(Into::into).collect();
         let opts = EncodeOptions {
             truncate: req.truncate.unwrap_or(state.config.auto_truncate),
             direction: req.truncation_direction,
+            inline: state
+                .infer
+                .inline_ok(inputs.iter().map(EncodingInput::byte_len).sum()),
             ..Default::default()
         };
-        let inputs: Vec<EncodingInput> = sequences.into_iter().map(Into::into).collect();
         let chars = inputs.iter().map(EncodingInput::count_chars).sum();
         let results = try_join_all(
             inputs
@@ -120,9 +123,11 @@ pub async fn rerank(State(state): State<AppState>, req: TeiJson<RerankRequest>) 
             .metrics
             .inc("te_request_count", &[("method", "batch")]);
         let _permit = state.infer.try_acquire_permit()?;
+        let bytes = req.texts.iter().map(|t| req.query.len() + t.len()).sum();
         let opts = EncodeOptions {
             truncate: req.truncate.unwrap_or(state.config.auto_truncate),
             direction: req.truncation_direction,
+            inline: state.infer.inline_ok(bytes),
             ..Default::default()
         };
         let query_chars = req.query.chars().count();

@@ -39,17 +39,21 @@ pub(crate) fn admit(
 pub(crate) async fn embed_inputs(
     state: &AppState,
     inputs: Vec<InputType>,
-    opts: EncodeOptions,
+    mut opts: EncodeOptions,
     normalize: bool,
     dimensions: Option<usize>,
 ) -> Result<(Vec<Vec<f32>>, Vec<InferMetadata>), InferError> {
+    let inputs: Vec<EncodingInput> = inputs.into_iter().map(Into::into).collect();
+    opts.inline = state
+        .infer
+        .inline_ok(inputs.iter().map(EncodingInput::byte_len).sum());
     // One future per sequence: the queue may put them in different batches, and
     // `try_join_all` reassembles them in order (dropping the rest on the first error, which
     // makes the queue skip them).
     let results = try_join_all(inputs.into_iter().map(|input| {
         state
             .infer
-            .embed_pooled(input.into(), opts.clone(), normalize, dimensions)
+            .embed_pooled(input, opts.clone(), normalize, dimensions)
     }))
     .await?;
     Ok(results.into_iter().unzip())
@@ -66,6 +70,7 @@ pub(crate) fn encode_options(
         direction,
         prompt_name,
         apply_prompts: true,
+        inline: false,
     }
 }
 
@@ -124,16 +129,20 @@ pub async fn embed_all(State(state): State<AppState>, req: TeiJson<EmbedAllReque
         state.infer.require_embedding("/embed_all")?;
         let (batched, inputs) = req.inputs.into_vec();
         let (_permit, chars) = admit(&state, &inputs, batched, "inputs")?;
-        let opts = encode_options(
+        let mut opts = encode_options(
             &state,
             req.truncate,
             req.truncation_direction,
             req.prompt_name,
         );
+        let inputs: Vec<EncodingInput> = inputs.into_iter().map(Into::into).collect();
+        opts.inline = state
+            .infer
+            .inline_ok(inputs.iter().map(EncodingInput::byte_len).sum());
         let results = try_join_all(
             inputs
                 .into_iter()
-                .map(|i| state.infer.embed_all(i.into(), opts.clone())),
+                .map(|i| state.infer.embed_all(i, opts.clone())),
         )
         .await?;
         let (embeddings, metas): (Vec<_>, Vec<_>) = results.into_iter().unzip();

@@ -1,8 +1,10 @@
 //! Tokenization on a pool of worker threads with the HF `tokenizers` crate.
 //!
 //! Tokenizing is CPU-bound and can take longer than a small model's forward pass, so it runs on
-//! dedicated threads (never on tokio workers) and each input of a batch request is a separate
-//! job, spreading one large request over all workers.
+//! dedicated threads and each input of a batch request is a separate job, spreading one large
+//! request over all workers. Small requests (a few KB of text in all) are the exception: they
+//! are tokenized inline on the tokio worker, which takes less time than the two thread
+//! hand-offs a pool job costs.
 
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
@@ -21,6 +23,15 @@ pub enum EncodingInput {
 }
 
 impl EncodingInput {
+    /// Size of the text to tokenize (token ids count 4 bytes each).
+    pub fn byte_len(&self) -> usize {
+        match self {
+            Self::Single(s) => s.len(),
+            Self::Pair(a, b) => a.len() + b.len(),
+            Self::Ids(ids) => 4 * ids.len(),
+        }
+    }
+
     pub fn count_chars(&self) -> usize {
         match self {
             Self::Single(s) => s.chars().count(),
@@ -64,7 +75,16 @@ pub struct EncodeOptions {
     pub prompt_name: Option<String>,
     /// Prompts are for embedding inputs; classification pairs are encoded as given.
     pub apply_prompts: bool,
+    /// Encode on the calling thread instead of a pool worker. For small requests the two
+    /// thread hand-offs to and from the pool cost far more than tokenizing a few dozen tokens;
+    /// see `Infer::inline_ok`.
+    pub inline: bool,
 }
+
+/// Requests whose inputs total at most this many bytes may be tokenized inline, on the tokio
+/// worker that handles them (a few tens of microseconds at most); larger ones go to the pool,
+/// which spreads their inputs over all workers and keeps tokio workers free.
+pub const INLINE_MAX_BYTES: usize = 2048;
 
 /// One token as `/tokenize` reports it; offsets are in characters of the (prompted) input.
 #[derive(Debug, Clone, PartialEq)]
@@ -170,6 +190,32 @@ enum Job {
 #[derive(Clone)]
 pub struct Tokenization {
     tx: mpsc::Sender<Job>,
+    inline: Arc<InlinePool>,
+}
+
+/// Idle [`Worker`]s for inline encoding: taken for one encode, then put back. There are never
+/// more of them than callers that encoded inline at the same time (at most the tokio workers).
+struct InlinePool {
+    tokenizer: Tokenizer,
+    config: Arc<Config>,
+    idle: Mutex<Vec<Worker>>,
+}
+
+impl InlinePool {
+    fn take(&self) -> Worker {
+        let idle = self.idle.lock().ok().and_then(|mut idle| idle.pop());
+        idle.unwrap_or_else(|| Worker {
+            tokenizer: self.tokenizer.clone(),
+            truncation: None,
+            config: self.config.clone(),
+        })
+    }
+
+    fn put(&self, worker: Worker) {
+        if let Ok(mut idle) = self.idle.lock() {
+            idle.push(worker);
+        }
+    }
 }
 
 impl Tokenization {
@@ -202,7 +248,18 @@ impl Tokenization {
                 })
                 .expect("cannot spawn a tokenization worker");
         }
-        Self { tx }
+        // One ready worker so the first small request does not pay for a tokenizer clone.
+        let first = Worker {
+            tokenizer: tokenizer.clone(),
+            truncation: None,
+            config: config.clone(),
+        };
+        let inline = Arc::new(InlinePool {
+            tokenizer,
+            config,
+            idle: Mutex::new(vec![first]),
+        });
+        Self { tx, inline }
     }
 
     async fn submit<T>(&self, make: impl FnOnce(Reply<T>) -> Job) -> Result<T, TokenizationError> {
@@ -218,6 +275,12 @@ impl Tokenization {
         input: EncodingInput,
         opts: EncodeOptions,
     ) -> Result<ValidEncoding, TokenizationError> {
+        if opts.inline {
+            let mut worker = self.inline.take();
+            let result = worker.encode(input, &opts);
+            self.inline.put(worker);
+            return result;
+        }
         self.submit(|r| Job::Encode(input, opts, r)).await
     }
 

@@ -214,3 +214,28 @@ async fn tokenize_reports_char_offsets_and_decode_inverts() {
     let text = t.decode(vec![2, 4, 5, 3], true).await.unwrap();
     assert_eq!(text, "hello world");
 }
+
+#[tokio::test]
+async fn inline_encoding_matches_the_pool() {
+    let t = test_tokenization(4, 1);
+    for truncate in [false, true, false] {
+        for input in [
+            single("hello world"),
+            single("a b c d"),
+            EncodingInput::Pair("a".into(), "b c".into()),
+        ] {
+            let pool = EncodeOptions {
+                truncate,
+                direction: TruncationDirection::Left,
+                ..Default::default()
+            };
+            let inline = EncodeOptions {
+                inline: true,
+                ..pool.clone()
+            };
+            let a = t.encode(input.clone(), pool).await;
+            let b = t.encode(input, inline).await;
+            assert_eq!(a, b);
+        }
+    }
+}
