@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from shapes import BF16_LIMIT_TOKENS_PER_S, write_random_checkpoint
 
-from trt_tei_runtime.batch import PackedBatch
+from trt_tei_runtime.batch import PackedBatch, token_budget_batches
 from trt_tei_runtime.inference import load_inference_model
 from trt_tei_runtime.layers.fp8 import quantize_linears
 
@@ -48,15 +48,7 @@ def timed(fn: Callable[[], object]) -> float:
 
 
 def ours_backfill(model, docs: list[list[int]], max_batch_tokens: int) -> Callable[[], object]:  # type: ignore[no-untyped-def]
-    order = sorted(range(len(docs)), key=lambda i: -len(docs[i]))
-    batches, cur, tokens = [], [], 0
-    for i in order:
-        if cur and tokens + len(docs[i]) > max_batch_tokens:
-            batches.append(cur)
-            cur, tokens = [], 0
-        cur.append(i)
-        tokens += len(docs[i])
-    batches.append(cur)
+    batches = token_budget_batches([len(d) for d in docs], max_batch_tokens)
     packed = [
         PackedBatch.from_sequences([docs[i] for i in b], position_offset=model.info.position_offset)
         for b in batches

@@ -106,3 +106,14 @@ def test_bad_device_dtype_pooling(st_dir):  # type: ignore[no-untyped-def]
     if not torch.cuda.is_available():
         with pytest.raises(InputError, match="no CUDA GPU is available"):
             Model(st_dir, device="cuda")
+
+
+def test_token_budget_batches_longest_first_within_budget():
+    from trt_tei_runtime.batch import token_budget_batches
+
+    lengths = [3, 10, 4, 7, 2]
+    # Greedy in length order 10, 7, 4, 3, 2: 7 + 4 would pass 10, so 4 opens a batch.
+    assert token_budget_batches(lengths, 10) == [[1], [3], [2, 0, 4]]
+    # A sequence over the budget still runs, alone.
+    assert token_budget_batches([12, 1], 10) == [[0], [1]]
+    assert token_budget_batches([], 10) == []

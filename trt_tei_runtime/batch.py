@@ -109,6 +109,23 @@ class PackedBatch:
         )
 
 
+def token_budget_batches(lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
+    """Indices of sequences grouped longest first into batches of at most `max_tokens`
+    tokens (a sequence longer than the budget gets a batch of its own)."""
+    batches: list[list[int]] = []
+    batch: list[int] = []
+    tokens = 0
+    for i in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
+        if batch and tokens + lengths[i] > max_tokens:
+            batches.append(batch)
+            batch, tokens = [], 0
+        batch.append(i)
+        tokens += lengths[i]
+    if batch:
+        batches.append(batch)
+    return batches
+
+
 def _as_u32(value: Any, name: str) -> np.ndarray:
     if isinstance(value, (bytes, bytearray, memoryview)):
         if len(value) % 4:

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from .batch import PackedBatch
+from .batch import PackedBatch, token_budget_batches
 from .errors import InputError
 from .inference import InferenceModel, ModelInfo, load_inference_model
 from .pooling import apply_score_activation, finish_embeddings
@@ -156,8 +156,7 @@ class Model:
         for i, n in enumerate(lengths):
             if n == 0:
                 raise InputError(f"input {i} is empty after tokenization")
-        order = sorted(range(len(items)), key=lambda i: -lengths[i])
-        batches = list(_token_budget_batches(order, lengths, self.max_batch_tokens))
+        batches = token_budget_batches(lengths, self.max_batch_tokens)
         results: list[torch.Tensor | None] = [None] * len(items)
         progress = tqdm(
             total=len(items),
@@ -217,18 +216,3 @@ def _is_pair(item: object) -> bool:
         and len(item) == 2
         and all(isinstance(part, str) for part in item)
     )
-
-
-def _token_budget_batches(
-    order: list[int], lengths: list[int], max_tokens: int
-) -> Iterator[list[int]]:
-    batch: list[int] = []
-    tokens = 0
-    for i in order:
-        if batch and tokens + lengths[i] > max_tokens:
-            yield batch
-            batch, tokens = [], 0
-        batch.append(i)
-        tokens += lengths[i]
-    if batch:
-        yield batch

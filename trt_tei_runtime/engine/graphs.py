@@ -27,18 +27,13 @@ log = logging.getLogger(__name__)
 MAX_GRAPH_TOKENS = 2048
 
 
-def bucket_ladder(max_num_tokens: int, fine_until: int = 2048, step: int = 2048) -> list[int]:
-    """Powers of two from 16 to `fine_until`, then every `step` tokens, then the maximum
-    (the step only matters for callers that raise the graph limit)."""
+def bucket_ladder(max_num_tokens: int) -> list[int]:
+    """Powers of two from 16 below `max_num_tokens`, then `max_num_tokens` itself."""
     ladder = []
     size = 16
-    while size < min(fine_until, max_num_tokens):
-        ladder.append(size)
-        size *= 2
-    size = min(fine_until, max_num_tokens)
     while size < max_num_tokens:
         ladder.append(size)
-        size += step
+        size *= 2
     ladder.append(max_num_tokens)
     return ladder
 

@@ -12,9 +12,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..kernels import quantize_fp8_rowwise
+from ..kernels.reference import FP8
 from .linear import Linear
-
-FP8 = torch.float8_e4m3fn
 
 
 def scaled_mm_supported(device: torch.device) -> bool:
