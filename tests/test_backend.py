@@ -42,6 +42,8 @@ def test_info_describes_the_model(embedder):  # type: ignore[no-untyped-def]
     assert info["hidden_size"] == 32 and info["pooling"] == "mean"
     assert info["tokenizer_path"].endswith("tokenizer.json")
     assert (info["dtype"], info["device"]) == ("float32", "cpu")
+    # No CUDA streams on the CPU: the router keeps one backend thread.
+    assert info["interactive_lane"] is False
     backend.health()
 
 
@@ -50,6 +52,8 @@ def test_embed_from_bytes_matches_model(embedder):  # type: ignore[no-untyped-de
     pooled = backend.embed(*_pack(model, TEXTS, 2))
     assert pooled.dtype == np.float32 and pooled.flags["C_CONTIGUOUS"]
     np.testing.assert_allclose(pooled, model.embed(TEXTS, normalize=False), atol=1e-6)
+    # Without an interactive lane, interactive batches run like the others.
+    np.testing.assert_array_equal(backend.embed(*_pack(model, TEXTS, 2), interactive=True), pooled)
     tokens = backend.embed_all(*_pack(model, TEXTS, 2))
     assert tokens.shape == (sum(len(e.ids) for e in model.tokenizer.encode(TEXTS)), 32)
     with pytest.raises(InputError, match="use predict, not embed"):

@@ -70,6 +70,70 @@ def test_graphs_equal_eager_at_bucket_boundaries(models, tokens):  # type: ignor
     assert runner.can_run(batch) == (not over)
 
 
+def test_interactive_lane_equals_bulk_lane(models):  # type: ignore[no-untyped-def]
+    graphs, eager = models
+    lane = graphs.interactive
+    assert lane is not None and lane.stream.priority < 0  # the highest priority there is
+    for lengths in ([24], [7, 100, 1], [128] * 5):  # the last beyond the lane's graphs
+        batch = _batch(lengths, graphs.network.vocab_size, seed=len(lengths))
+        with graphs.lane(True):
+            ours = graphs.embed(batch, interactive=True).cpu()
+        torch.testing.assert_close(ours, eager.embed(batch).cpu(), rtol=3e-2, atol=3e-2)
+
+
+def test_lanes_run_concurrently_without_mixing_results(models):  # type: ignore[no-untyped-def]
+    """A bulk thread and an interactive thread at once, as the router drives them: every
+    result equals the same batch run alone."""
+    import threading
+
+    graphs, eager = models
+    vocab = graphs.network.vocab_size
+    # 512 to 3,072 tokens: graph replays and eager batches (over 2,048) on the bulk lane.
+    bulk = [_batch([128] * (4 + 4 * i), vocab, seed=100 + i) for i in range(6)]
+    queries = [_batch([24 + i], vocab, seed=200 + i) for i in range(20)]
+    expected_bulk = [eager.embed(b).cpu() for b in bulk]
+    expected_queries = [eager.embed(q).cpu() for q in queries]
+    results: dict[str, list[torch.Tensor]] = {"bulk": [], "queries": []}
+
+    def run_bulk() -> None:
+        for _ in range(3):
+            results["bulk"] += [graphs.embed(b).cpu() for b in bulk]
+
+    def run_queries() -> None:
+        for q in queries:
+            with graphs.lane(True):
+                results["queries"].append(graphs.embed(q, interactive=True).cpu())
+
+    threads = [threading.Thread(target=run_bulk), threading.Thread(target=run_queries)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for ours, ref in zip(results["bulk"], expected_bulk * 3, strict=True):
+        torch.testing.assert_close(ours, ref, rtol=3e-2, atol=3e-2)
+    for ours, ref in zip(results["queries"], expected_queries, strict=True):
+        torch.testing.assert_close(ours, ref, rtol=3e-2, atol=3e-2)
+
+
+def test_eager_bulk_batches_pause_while_a_query_is_in_flight(models):  # type: ignore[no-untyped-def]
+    import threading
+
+    graphs, eager = models
+    lane = graphs.interactive
+    assert lane is not None
+    bulk = _batch([128] * 24, graphs.network.vocab_size, seed=7)  # 3,072 tokens: eager
+    expected = eager.embed(bulk).cpu()
+    results: list[torch.Tensor] = []
+    thread = threading.Thread(target=lambda: results.append(graphs.embed(bulk).cpu()))
+    with lane.gate.interactive():
+        thread.start()
+        thread.join(timeout=1.0)
+        assert thread.is_alive(), "the bulk batch ran through while a query was in flight"
+    thread.join(timeout=60)
+    assert not thread.is_alive()
+    torch.testing.assert_close(results[0], expected, rtol=3e-2, atol=3e-2)
+
+
 def test_graph_replays_do_not_leak_between_batches(models):  # type: ignore[no-untyped-def]
     graphs, eager = models
     big = _batch([100, 37, 5], graphs.network.vocab_size, seed=1)

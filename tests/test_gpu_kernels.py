@@ -69,6 +69,11 @@ def test_rotary_on_strided_views(dtype, head_dim, with_norm):  # type: ignore[no
     for x in (q, k):
         ours = triton_kernels.rotate(x, positions, inv_freq, w, 1e-6)
         _close(ours, reference.rotate(x, positions, inv_freq, w, 1e-6))
+    # q and k in one launch, each with its own norm weight (Qwen3's q_norm / k_norm).
+    wk = torch.randn(head_dim, device="cuda", dtype=dtype) if with_norm else None
+    ours_q, ours_k = triton_kernels.rotate_qk(q, k, positions, inv_freq, w, wk, 1e-6)
+    _close(ours_q, reference.rotate(q, positions, inv_freq, w, 1e-6))
+    _close(ours_k, reference.rotate(k, positions, inv_freq, wk, 1e-6))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -1,14 +1,19 @@
-"""The object the Rust router calls, through PyO3, from its one Python thread.
+"""The object the Rust router calls, through PyO3.
 
 Contract (see README "Architecture"): every batch is packed with no padding. Array
 arguments are little-endian uint32 `bytes` (what the router sends) or array-likes; results
 are C-contiguous float32 numpy arrays (the router reads them with `.tobytes()`).
 Normalization, Matryoshka truncation and score activations happen in the router.
+
+Bulk batches come from one router thread. When `info()["interactive_lane"]` is true, a
+second router thread sends small batches with `interactive=True` at the same time; they run
+on the model's interactive lane (`InferenceModel.lane`).
 """
 
 from __future__ import annotations
 
 import logging
+import sys
 from typing import Any
 
 import numpy as np
@@ -18,6 +23,11 @@ from .batch import PackedBatch
 from .inference import InferenceModel, load_inference_model
 
 log = logging.getLogger(__name__)
+
+# How long a Python thread may hold the interpreter before a waiting one gets it. The
+# default (5 ms) would let the bulk thread, while it launches a large eager batch, hold an
+# interactive query for whole milliseconds; the router's process runs no other Python.
+LANE_SWITCH_INTERVAL_S = 0.0002
 
 
 class Backend:
@@ -43,6 +53,8 @@ class Backend:
             max_num_tokens=max_batch_tokens,
             max_batch_size=max_batch_requests,
         )
+        if self.model.interactive is not None:
+            sys.setswitchinterval(LANE_SWITCH_INTERVAL_S)
 
     def info(self) -> dict[str, Any]:
         info = self.model.info
@@ -64,6 +76,7 @@ class Backend:
             "pair_template": None if info.pair_template is None else info.pair_template.as_dict(),
             "dtype": str(self.model.dtype).removeprefix("torch."),
             "device": str(self.model.device),
+            "interactive_lane": self.model.interactive is not None,
         }
 
     def health(self) -> None:
@@ -75,23 +88,23 @@ class Backend:
         if self.model.device.type == "cuda":
             torch.cuda.synchronize(self.model.device)
 
-    def embed(self, input_ids, token_type_ids, position_ids, cu_seqlens, max_length):  # type: ignore[no-untyped-def]
-        batch = PackedBatch.from_arrays(
-            input_ids, token_type_ids, position_ids, cu_seqlens, max_length
-        )
-        return _numpy(self.model.embed(batch))
+    # The router calls these with `interactive=True` from its second thread (see above).
 
-    def embed_all(self, input_ids, token_type_ids, position_ids, cu_seqlens, max_length):  # type: ignore[no-untyped-def]
-        batch = PackedBatch.from_arrays(
-            input_ids, token_type_ids, position_ids, cu_seqlens, max_length
-        )
-        return _numpy(self.model.embed_tokens(batch))
+    def embed(self, *arrays: Any, interactive: bool = False) -> np.ndarray:
+        """`arrays`: input_ids, token_type_ids, position_ids, cu_seqlens, max_length."""
+        batch = PackedBatch.from_arrays(*arrays)
+        with self.model.lane(interactive):
+            return _numpy(self.model.embed(batch, interactive=interactive))
 
-    def predict(self, input_ids, token_type_ids, position_ids, cu_seqlens, max_length):  # type: ignore[no-untyped-def]
-        batch = PackedBatch.from_arrays(
-            input_ids, token_type_ids, position_ids, cu_seqlens, max_length
-        )
-        return _numpy(self.model.predict(batch))
+    def embed_all(self, *arrays: Any, interactive: bool = False) -> np.ndarray:
+        batch = PackedBatch.from_arrays(*arrays)
+        with self.model.lane(interactive):
+            return _numpy(self.model.embed_tokens(batch, interactive=interactive))
+
+    def predict(self, *arrays: Any, interactive: bool = False) -> np.ndarray:
+        batch = PackedBatch.from_arrays(*arrays)
+        with self.model.lane(interactive):
+            return _numpy(self.model.predict(batch, interactive=interactive))
 
 
 def _numpy(tensor: torch.Tensor) -> np.ndarray:

@@ -6,8 +6,10 @@ it owns the network, its pooling and sentence-transformers head, the device and 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,6 +26,7 @@ from .checkpoint import (
 from .dense import DenseLayer
 from .engine.graphs import MAX_GRAPH_TOKENS, CudaGraphRunner
 from .engine.load import load_engine_network, read_engine_manifest
+from .engine.preemption import LayerGate
 from .errors import CheckpointError, InputError
 from .layers import AttentionMetadata
 from .layers.attention import flash_available
@@ -37,6 +40,10 @@ log = logging.getLogger(__name__)
 # Largest batch the CUDA graphs cover unless an engine manifest or the caller says otherwise.
 DEFAULT_MAX_NUM_TOKENS = 16384
 DEFAULT_MAX_BATCH_SIZE = 256
+# The interactive lane's own CUDA graphs cover batches up to this size (queries are small);
+# larger interactive batches still run on its stream, eagerly.
+INTERACTIVE_MAX_NUM_TOKENS = 512
+INTERACTIVE_MAX_BATCH_SIZE = 64
 
 _DTYPES = {
     "float32": torch.float32,
@@ -102,6 +109,20 @@ class ModelInfo:
         return "reranker" if self.num_labels == 1 else "classifier"
 
 
+@dataclass
+class InteractiveLane:
+    """Where small latency-bound batches run while a bulk batch may be running: a CUDA
+    stream of the highest priority, so the GPU schedules the query's thread blocks ahead of
+    the bulk batch's waiting ones instead of after the whole bulk batch, and CUDA graphs
+    with their own buffers and memory pool, so both lanes can replay at the same time.
+    Each lane is driven by one host thread. `gate` pauses eager bulk batches between layers
+    while an interactive batch is in flight (see `engine.preemption`)."""
+
+    stream: torch.cuda.Stream
+    graphs: CudaGraphRunner
+    gate: LayerGate
+
+
 class InferenceModel:
     def __init__(
         self,
@@ -121,23 +142,51 @@ class InferenceModel:
         # records it), and the engine manifest when loaded from an engine directory.
         self.checkpoint_tensors: dict[str, tuple[int, ...]] = {}
         self.engine_manifest: dict[str, Any] | None = None
-        self.graphs: CudaGraphRunner | None = None
+        self.graphs: CudaGraphRunner | None = None  # the bulk lane's
+        self.interactive: InteractiveLane | None = None
 
     def enable_cuda_graphs(self, max_num_tokens: int, max_batch_size: int) -> bool:
-        """Captures CUDA graphs for batches up to these sizes; False where they cannot run
-        (CPU, or fp32, whose attention path has data-dependent shapes)."""
+        """Captures CUDA graphs for batches up to these sizes, and the interactive lane's;
+        False where they cannot run (CPU, or fp32, whose attention path has data-dependent
+        shapes)."""
         if not self._use_flash:
             return False
         self._warm_up(max_num_tokens)
+        max_seqlen = min(self.info.max_input_length, max_num_tokens)
         self.graphs = CudaGraphRunner(
             self.network,
             self.device,
             max_num_tokens=min(max_num_tokens, MAX_GRAPH_TOKENS),
             max_batch_size=max_batch_size,
-            max_seqlen=min(self.info.max_input_length, max_num_tokens),
+            max_seqlen=max_seqlen,
         )
         self.graphs.capture()
+        _, highest_priority = torch.cuda.Stream.priority_range()  # type: ignore[call-arg]
+        interactive_graphs = CudaGraphRunner(
+            self.network,
+            self.device,
+            max_num_tokens=min(max_num_tokens, INTERACTIVE_MAX_NUM_TOKENS),
+            max_batch_size=min(max_batch_size, INTERACTIVE_MAX_BATCH_SIZE),
+            max_seqlen=max_seqlen,
+        )
+        interactive_graphs.capture()
+        gate = LayerGate()
+        gate.attach(self.network.layers)  # after capture: graphs hold no host-side hooks
+        self.interactive = InteractiveLane(
+            torch.cuda.Stream(self.device, priority=highest_priority), interactive_graphs, gate
+        )
         return True
+
+    @contextlib.contextmanager
+    def lane(self, interactive: bool) -> Iterator[None]:
+        """Runs what is inside on the interactive lane's stream (when asked for and the model
+        has one), else on the current stream. Reading results back to the host belongs
+        inside too: the copy must follow the lane's own work, not the other lane's."""
+        if not interactive or self.interactive is None:
+            yield
+            return
+        with self.interactive.gate.interactive(), torch.cuda.stream(self.interactive.stream):
+            yield
 
     def _warm_up(self, max_num_tokens: int) -> None:
         """One eager pass over the largest batch: the caching allocator then holds every
@@ -150,48 +199,64 @@ class InferenceModel:
         torch.cuda.synchronize(self.device)
 
     @torch.inference_mode()
-    def hidden_states(self, batch: PackedBatch) -> torch.Tensor:
+    def hidden_states(self, batch: PackedBatch, *, interactive: bool = False) -> torch.Tensor:
         """Per-token last hidden states `[T, H]` in the model dtype, on the device."""
-        return self._forward(batch)[0]
+        return self._forward(batch, interactive)[0]
 
-    def _forward(self, batch: PackedBatch) -> tuple[torch.Tensor, PackedBatch]:
-        """Hidden states and the batch as it lies on the device (one copy either way)."""
+    def _forward(self, batch: PackedBatch, interactive: bool) -> tuple[torch.Tensor, PackedBatch]:
+        """Hidden states and the batch as it lies on the device (one copy either way), on
+        the bulk lane or the interactive one (`lane`)."""
         self._check_tokens(batch)
-        if self.graphs is not None and self.graphs.can_run(batch):
-            return self.graphs.run(batch)
+        with self.lane(interactive):
+            graphs = self.interactive.graphs if interactive and self.interactive else self.graphs
+            if graphs is not None and graphs.can_run(batch):
+                return graphs.run(batch)
+            if interactive or self.interactive is None:
+                return self._eager(batch)
+            with self.interactive.gate.bulk():
+                return self._eager(batch)
+
+    def _eager(self, batch: PackedBatch) -> tuple[torch.Tensor, PackedBatch]:
         batch = batch.to(self.device)
         meta = AttentionMetadata.build(
             batch.cu_seqlens, batch.max_seqlen, use_flash=self._use_flash
         )
         return self.network(batch, meta), batch
 
+    # The methods below return device tensors. `interactive=True` runs them on the
+    # interactive lane; read their results inside `with model.lane(True):`.
+
     @torch.inference_mode()
-    def embed(self, batch: PackedBatch) -> torch.Tensor:
+    def embed(self, batch: PackedBatch, *, interactive: bool = False) -> torch.Tensor:
         """Pooled embeddings `[n, dim]` in float32, not normalized."""
         if self.info.pooling is None:
             raise InputError(
                 f"{self.info.architecture} is a {self.info.model_type}: use predict, not embed"
             )
-        hidden, on_device = self._forward(batch)
-        pooled = pool(hidden, on_device.cu_seqlens, self.info.pooling)
-        for layer in self.dense:
-            pooled = layer(pooled)
+        hidden, on_device = self._forward(batch, interactive)
+        with self.lane(interactive):
+            pooled = pool(hidden, on_device.cu_seqlens, self.info.pooling)
+            for layer in self.dense:
+                pooled = layer(pooled)
         return pooled
 
     @torch.inference_mode()
-    def embed_tokens(self, batch: PackedBatch) -> torch.Tensor:
+    def embed_tokens(self, batch: PackedBatch, *, interactive: bool = False) -> torch.Tensor:
         """Per-token embeddings `[T, H]` in float32 (TEI's /embed_all)."""
-        return self.hidden_states(batch).float()
+        hidden = self.hidden_states(batch, interactive=interactive)
+        with self.lane(interactive):
+            return hidden.float()
 
     @torch.inference_mode()
-    def predict(self, batch: PackedBatch) -> torch.Tensor:
+    def predict(self, batch: PackedBatch, *, interactive: bool = False) -> torch.Tensor:
         """Raw logits `[n, num_labels]` in float32."""
         if self.info.task is not Task.CLASSIFICATION:
             raise InputError(
                 f"{self.info.architecture} is an embedding model: use embed, not predict"
             )
-        hidden, on_device = self._forward(batch)
-        return self.network.logits(hidden, on_device).float()
+        hidden, on_device = self._forward(batch, interactive)
+        with self.lane(interactive):
+            return self.network.logits(hidden, on_device).float()
 
     def _check_tokens(self, batch: PackedBatch) -> None:
         # An out-of-range index on the GPU poisons the whole CUDA context: check on the host.

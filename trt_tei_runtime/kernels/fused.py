@@ -57,10 +57,8 @@ def rotary_qk(
     """RoPE on q `[T, Hq, D]` and k `[T, Hk, D]` (rotate-half), after optional per-head
     RMSNorms; angles computed from the positions in float32."""
     if _use_triton(q):
-        return (
-            triton_kernels.rotate(q, positions, inv_freq, q_norm, eps),
-            triton_kernels.rotate(k, positions, inv_freq, k_norm, eps),
-        )
+        q, k_out = triton_kernels.rotate_qk(q, k, positions, inv_freq, q_norm, k_norm, eps)
+        return q, k_out
     return (
         reference.rotate(q, positions, inv_freq, q_norm, eps),
         reference.rotate(k, positions, inv_freq, k_norm, eps),

@@ -159,74 +159,142 @@ def gated_activation(gate_up, activation):  # type: ignore[no-untyped-def]
 
 
 @triton.jit
-def _rotate_kernel(
+def _rotate_heads(
     x_ptr,
-    pos_ptr,
-    inv_ptr,
     w_ptr,
     out_ptr,
+    t,
+    c,
+    s,
     stride_xt,
     stride_xh,
     stride_ot,
     stride_oh,
+    heads,
     half,
     eps,
     HAS_NORM: tl.constexpr,
+    BLOCK_H: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
-    t = tl.program_id(0)
-    h = tl.program_id(1)
-    cols = tl.arange(0, BLOCK)
-    mask = cols < half
-    base = x_ptr + t * stride_xt + h * stride_xh
+    """All heads of one token as one `[BLOCK_H, BLOCK]` tile per half; `c`/`s` `[1, BLOCK]`
+    are the token's angles, shared by every head."""
+    hs = tl.arange(0, BLOCK_H)[:, None]
+    cols = tl.arange(0, BLOCK)[None, :]
+    mask = (hs < heads) & (cols < half)
+    base = x_ptr + t * stride_xt + hs * stride_xh
     x1 = tl.load(base + cols, mask=mask, other=0.0)
     x2 = tl.load(base + half + cols, mask=mask, other=0.0)
     f1 = x1.to(tl.float32)
     f2 = x2.to(tl.float32)
     if HAS_NORM:
-        rstd = 1.0 / tl.sqrt((tl.sum(f1 * f1, axis=0) + tl.sum(f2 * f2, axis=0)) / (2 * half) + eps)
-        w1 = tl.load(w_ptr + cols, mask=mask, other=0.0)
-        w2 = tl.load(w_ptr + half + cols, mask=mask, other=0.0)
-        f1 = (
-            (w1.to(tl.float32) * (f1 * rstd).to(x1.dtype).to(tl.float32))
-            .to(x1.dtype)
-            .to(tl.float32)
-        )
-        f2 = (
-            (w2.to(tl.float32) * (f2 * rstd).to(x1.dtype).to(tl.float32))
-            .to(x1.dtype)
-            .to(tl.float32)
-        )
-    angle = tl.load(pos_ptr + t).to(tl.float32) * tl.load(inv_ptr + cols, mask=mask, other=0.0)
-    c = tl.cos(angle)
-    s = tl.sin(angle)
-    out = out_ptr + t * stride_ot + h * stride_oh
+        squares = tl.sum(f1 * f1, axis=1) + tl.sum(f2 * f2, axis=1)
+        rstd = (1.0 / tl.sqrt(squares / (2 * half) + eps))[:, None]
+        w1 = tl.load(w_ptr + cols, mask=cols < half, other=0.0).to(tl.float32)
+        w2 = tl.load(w_ptr + half + cols, mask=cols < half, other=0.0).to(tl.float32)
+        f1 = (w1 * (f1 * rstd).to(x1.dtype).to(tl.float32)).to(x1.dtype).to(tl.float32)
+        f2 = (w2 * (f2 * rstd).to(x1.dtype).to(tl.float32)).to(x1.dtype).to(tl.float32)
+    out = out_ptr + t * stride_ot + hs * stride_oh
     tl.store(out + cols, (f1 * c - f2 * s).to(x1.dtype), mask=mask)
     tl.store(out + half + cols, (f2 * c + f1 * s).to(x1.dtype), mask=mask)
 
 
-def rotate(x, positions, inv_freq, norm_weight, eps):  # type: ignore[no-untyped-def]
-    if x.dim() != 3 or x.stride(-1) != 1:
-        return reference.rotate(x, positions, inv_freq, norm_weight, eps)
-    tokens, heads, dim = x.shape
-    out = torch.empty((tokens, heads, dim), dtype=x.dtype, device=x.device)
+@triton.jit
+def _rotate_qk_kernel(
+    q_ptr,
+    k_ptr,
+    pos_ptr,
+    inv_ptr,
+    qw_ptr,
+    kw_ptr,
+    q_out_ptr,
+    k_out_ptr,
+    stride_qt,
+    stride_qh,
+    stride_kt,
+    stride_kh,
+    stride_qot,
+    stride_qoh,
+    stride_kot,
+    stride_koh,
+    q_heads,
+    k_heads,
+    half,
+    eps,
+    HAS_K: tl.constexpr,
+    HAS_NORM: tl.constexpr,
+    BLOCK_HQ: tl.constexpr,
+    BLOCK_HK: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    # One program per token: its angles are computed once for all q and k heads (a program
+    # per (token, head) spent most of its time on launch-sized work and trigonometry).
+    t = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)[None, :]
+    angle = tl.load(pos_ptr + t).to(tl.float32) * tl.load(
+        inv_ptr + cols, mask=cols < half, other=0.0
+    )
+    c = tl.cos(angle)
+    s = tl.sin(angle)
+    _rotate_heads(
+        q_ptr, qw_ptr, q_out_ptr, t, c, s, stride_qt, stride_qh, stride_qot, stride_qoh,
+        q_heads, half, eps, HAS_NORM, BLOCK_HQ, BLOCK,
+    )  # fmt: skip
+    if HAS_K:
+        _rotate_heads(
+            k_ptr, kw_ptr, k_out_ptr, t, c, s, stride_kt, stride_kh, stride_kot, stride_koh,
+            k_heads, half, eps, HAS_NORM, BLOCK_HK, BLOCK,
+        )  # fmt: skip
+
+
+def rotate_qk(q, k, positions, inv_freq, q_norm, k_norm, eps):  # type: ignore[no-untyped-def]
+    """q and k (`k` may be None) rotated in one launch; norms both given or both None."""
+    tensors = [q] if k is None else [q, k]
+    one_norm_rule = k is None or (q_norm is None) == (k_norm is None)
+    if not one_norm_rule or any(x.dim() != 3 or x.stride(-1) != 1 for x in tensors):
+        q_ref = reference.rotate(q, positions, inv_freq, q_norm, eps)
+        k_ref = None if k is None else reference.rotate(k, positions, inv_freq, k_norm, eps)
+        return q_ref, k_ref
+    tokens, q_heads, dim = q.shape
     half = dim // 2
-    _rotate_kernel[(tokens, heads)](
-        x,
+    q_out = torch.empty((tokens, q_heads, dim), dtype=q.dtype, device=q.device)
+    kk = k if k is not None else q  # without k, the k arguments are never read
+    k_out = torch.empty(kk.shape, dtype=kk.dtype, device=kk.device) if k is not None else q_out
+    norm_q = q_norm if q_norm is not None else inv_freq
+    norm_k = k_norm if k_norm is not None else norm_q
+    _rotate_qk_kernel[(tokens,)](
+        q,
+        kk,
         positions,
         inv_freq,
-        norm_weight if norm_weight is not None else inv_freq,
-        out,
-        x.stride(0),
-        x.stride(1),
-        out.stride(0),
-        out.stride(1),
+        norm_q,
+        norm_k,
+        q_out,
+        k_out,
+        q.stride(0),
+        q.stride(1),
+        kk.stride(0),
+        kk.stride(1),
+        q_out.stride(0),
+        q_out.stride(1),
+        k_out.stride(0),
+        k_out.stride(1),
+        q_heads,
+        kk.shape[1],
         half,
         eps,
-        HAS_NORM=norm_weight is not None,
+        HAS_K=k is not None,
+        HAS_NORM=q_norm is not None,
+        BLOCK_HQ=triton.next_power_of_2(q_heads),
+        BLOCK_HK=triton.next_power_of_2(kk.shape[1]),
         BLOCK=triton.next_power_of_2(half),
+        num_warps=4 if q_heads * dim <= 2048 else 8,
     )
-    return out
+    return q_out, (k_out if k is not None else None)
+
+
+def rotate(x, positions, inv_freq, norm_weight, eps):  # type: ignore[no-untyped-def]
+    return rotate_qk(x, None, positions, inv_freq, norm_weight, None, eps)[0]
 
 
 @triton.jit

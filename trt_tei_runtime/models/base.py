@@ -87,6 +87,9 @@ class TransformerModel(nn.Module):
     hidden_size: int
     vocab_size: int
     max_positions: int  # longest sequence the position embeddings / config allow
+    # The transformer blocks, run in order by `forward`; the engine may pause between them
+    # (engine.preemption).
+    layers: nn.ModuleList
     position_offset: int = 0
     type_vocab_size: int = 1
     classifier: ClassifierInfo | None = None
