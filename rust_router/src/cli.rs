@@ -52,6 +52,12 @@ pub struct Args {
     #[arg(long, env = "MAX_BATCH_REQUESTS")]
     pub max_batch_requests: Option<usize>,
 
+    /// Requests of at most this many tokens in all (every input, after truncation) are
+    /// interactive: they get their own queue, and their own backend thread when the runtime
+    /// has one, so queries are not stuck behind corpus backfills. 0 turns the lane off.
+    #[arg(long, env = "INTERACTIVE_MAX_TOKENS", default_value_t = 256)]
+    pub interactive_max_tokens: usize,
+
     /// Most inputs in one client request; more are refused with 422.
     #[arg(long, env = "MAX_CLIENT_BATCH_SIZE", default_value_t = 32)]
     pub max_client_batch_size: usize,
@@ -129,6 +135,16 @@ pub struct Args {
 }
 
 impl Args {
+    /// The queueing and admission settings.
+    pub fn infer_config(&self) -> crate::infer::InferConfig {
+        crate::infer::InferConfig {
+            max_batch_tokens: self.max_batch_tokens,
+            max_batch_requests: self.max_batch_requests,
+            max_concurrent_requests: self.max_concurrent_requests,
+            interactive_max_tokens: self.interactive_max_tokens,
+        }
+    }
+
     /// Checks that need no model; model-dependent checks happen once the model is loaded.
     pub fn validate(&self) -> Result<(), String> {
         let positive = [
@@ -175,7 +191,42 @@ mod tests {
         assert_eq!(a.max_client_batch_size, 32);
         assert_eq!(a.payload_limit, 2_000_000);
         assert_eq!(a.backend, BackendKind::Python);
+        assert_eq!(a.interactive_max_tokens, 256);
         assert!(a.validate().is_ok());
+    }
+
+    #[test]
+    fn interactive_max_tokens_parses_and_zero_turns_the_lane_off() {
+        assert_eq!(
+            parse(&["--interactive-max-tokens", "64"])
+                .unwrap()
+                .interactive_max_tokens,
+            64
+        );
+        let off = parse(&["--interactive-max-tokens", "0"]).unwrap();
+        assert_eq!(off.interactive_max_tokens, 0);
+        // 0 is a setting, not a mistake.
+        assert!(off.validate().is_ok());
+        assert_eq!(
+            off.infer_config().interactive_max_tokens,
+            0,
+            "0 must reach the queue unchanged"
+        );
+        assert!(parse(&["--interactive-max-tokens", "-1"]).is_err());
+        assert!(parse(&["--interactive-max-tokens", "many"]).is_err());
+    }
+
+    #[test]
+    fn help_says_what_the_interactive_lane_is_for() {
+        use clap::CommandFactory;
+        let help = Args::command().render_long_help().to_string();
+        let at = help
+            .find("--interactive-max-tokens")
+            .expect("flag missing from --help");
+        let text = &help[at..];
+        assert!(text.contains("INTERACTIVE_MAX_TOKENS"), "{text}");
+        assert!(text.contains("default: 256"), "{text}");
+        assert!(text.contains("corpus backfills"), "{text}");
     }
 
     #[test]

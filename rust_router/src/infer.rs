@@ -1,15 +1,16 @@
-//! Inference orchestration: admission (permits), tokenization, queueing, the batching task that
-//! feeds the backend thread, and the post-processing the router owns (normalization, Matryoshka
-//! truncation, score activations).
+//! Inference orchestration: admission (permits), tokenization, lane choice, queueing, the
+//! batching tasks that feed the backend threads, and the post-processing the router owns
+//! (normalization, Matryoshka truncation, score activations).
 
 use crate::backend::{
-    BackendError, BackendHandle, BatchKind, ModelInfo, ModelType, Output, ScoreActivation,
+    BackendError, BackendHandle, BatchKind, Lane, ModelInfo, ModelType, Output, ScoreActivation,
 };
 use crate::metrics::Metrics;
-use crate::queue::{Entry, InferResult, Metadata, NextBatch, Queue};
+use crate::queue::{Entry, InferResult, Metadata, NextBatch, Queue, Take};
 use crate::tokenization::{
-    EncodeOptions, EncodingInput, Tokenization, TokenizationError, INLINE_MAX_BYTES,
+    EncodeOptions, EncodingInput, Tokenization, TokenizationError, ValidEncoding, INLINE_MAX_BYTES,
 };
+use futures_util::future::try_join_all;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::{oneshot, OwnedSemaphorePermit, Semaphore};
@@ -42,6 +43,16 @@ pub struct InferMetadata {
     pub inference: Duration,
 }
 
+/// The queueing and admission settings from the flags.
+#[derive(Debug, Clone, Copy)]
+pub struct InferConfig {
+    pub max_batch_tokens: usize,
+    pub max_batch_requests: Option<usize>,
+    pub max_concurrent_requests: usize,
+    /// Requests of at most this many tokens in all are interactive; 0: all are bulk.
+    pub interactive_max_tokens: usize,
+}
+
 #[derive(Clone)]
 pub struct Infer {
     tokenization: Tokenization,
@@ -49,8 +60,29 @@ pub struct Infer {
     backend: BackendHandle,
     permits: Arc<Semaphore>,
     max_concurrent_requests: usize,
+    interactive_max_tokens: usize,
     info: Arc<ModelInfo>,
     metrics: Arc<Metrics>,
+}
+
+/// A request's lane, from the tokens of all its inputs together: a query's latency is what
+/// the interactive lane protects, and a large request split into small inputs is no query.
+pub fn lane_for(total_tokens: usize, interactive_max_tokens: usize) -> Lane {
+    if interactive_max_tokens > 0 && total_tokens <= interactive_max_tokens {
+        Lane::Interactive
+    } else {
+        Lane::Bulk
+    }
+}
+
+/// One batching task per backend thread: a task per lane when the runtime has an interactive
+/// lane (and it is on), else one task that packs in priority order for the only thread.
+pub fn batching_takes(backend: &BackendHandle, interactive_max_tokens: usize) -> Vec<Take> {
+    if backend.has_interactive_lane() && interactive_max_tokens > 0 {
+        Lane::PRIORITY.into_iter().map(Take::Lane).collect()
+    } else {
+        vec![Take::Priority]
+    }
 }
 
 /// Which routes a model serves, for errors that tell the client where to go instead.
@@ -92,33 +124,48 @@ pub fn activate(scores: &mut [f32], activation: ScoreActivation) {
 }
 
 impl Infer {
-    /// Starts the batching task; it ends after [`Infer::shutdown`] once the queue is drained.
+    /// Starts the batching tasks; the returned task ends after [`Infer::shutdown`] once they
+    /// have drained the queue.
     pub fn new(
         tokenization: Tokenization,
         backend: BackendHandle,
         info: Arc<ModelInfo>,
-        max_batch_tokens: usize,
-        max_batch_requests: Option<usize>,
-        max_concurrent_requests: usize,
+        config: InferConfig,
         metrics: Arc<Metrics>,
     ) -> (Self, JoinHandle<()>) {
-        let queue = Queue::new(max_batch_tokens, max_batch_requests, metrics.clone());
-        let task = tokio::spawn(batching_task(
-            queue.clone(),
-            backend.clone(),
-            info.clone(),
+        let queue = Queue::new(
+            config.max_batch_tokens,
+            config.max_batch_requests,
             metrics.clone(),
-        ));
+        );
+        let tasks: Vec<_> = batching_takes(&backend, config.interactive_max_tokens)
+            .into_iter()
+            .map(|take| {
+                tokio::spawn(batching_task(
+                    queue.clone(),
+                    backend.clone(),
+                    take,
+                    info.clone(),
+                    metrics.clone(),
+                ))
+            })
+            .collect();
+        let all_tasks = tokio::spawn(async move {
+            for task in tasks {
+                let _ = task.await;
+            }
+        });
         let infer = Self {
             tokenization,
             queue,
             backend,
-            permits: Arc::new(Semaphore::new(max_concurrent_requests)),
-            max_concurrent_requests,
+            permits: Arc::new(Semaphore::new(config.max_concurrent_requests)),
+            max_concurrent_requests: config.max_concurrent_requests,
+            interactive_max_tokens: config.interactive_max_tokens,
             info,
             metrics,
         };
-        (infer, task)
+        (infer, all_tasks)
     }
 
     pub fn info(&self) -> &ModelInfo {
@@ -182,117 +229,167 @@ impl Infer {
         self.require(self.info.model_type == ModelType::Reranker, route)
     }
 
+    /// Tokenizes every input of one request, then queues them together in the request's lane
+    /// and waits for all results, in input order. Queueing only once all are tokenized is
+    /// what lets the lane depend on the whole request; it costs a large request at most its
+    /// own tokenization time, small beside its forward passes.
     async fn run(
         &self,
-        input: EncodingInput,
+        inputs: Vec<EncodingInput>,
         opts: EncodeOptions,
         kind: BatchKind,
-    ) -> Result<(InferResult, InferMetadata), InferError> {
+    ) -> Result<Vec<(InferResult, InferMetadata)>, InferError> {
         let start = Instant::now();
-        let encoding = self.tokenization.encode(input, opts).await?;
-        let prompt_tokens = encoding.input_ids.len();
-        self.metrics
-            .observe("te_request_input_length", &[], prompt_tokens as f64);
-        let (response_tx, response_rx) = oneshot::channel();
-        self.queue.append(Entry {
-            encoding,
-            kind,
-            metadata: Metadata {
-                response_tx,
-                tokenization: start.elapsed(),
-                queued_at: Instant::now(),
-            },
-        });
+        let encodings = try_join_all(
+            inputs
+                .into_iter()
+                .map(|input| self.tokenization.encode(input, opts.clone())),
+        )
+        .await?;
+        let total_tokens = encodings.iter().map(|e| e.input_ids.len()).sum();
+        let lane = lane_for(total_tokens, self.interactive_max_tokens);
         let tokenization = start.elapsed();
-        let result = response_rx.await.map_err(|_| BackendError::Stopped)??;
-        let meta = InferMetadata {
-            prompt_tokens,
-            tokenization,
-            queue: result.queue,
-            inference: result.inference,
-        };
-        Ok((result, meta))
+        let waiting = self.enqueue(encodings, kind, lane, tokenization);
+        // The first failure drops the other receivers, which makes the queue skip their
+        // sequences.
+        try_join_all(waiting.into_iter().map(|(prompt_tokens, rx)| async move {
+            let result = rx.await.map_err(|_| BackendError::Stopped)??;
+            let meta = InferMetadata {
+                prompt_tokens,
+                tokenization,
+                queue: result.queue,
+                inference: result.inference,
+            };
+            Ok::<_, InferError>((result, meta))
+        }))
+        .await
     }
 
-    /// A pooled embedding: truncated to `dimensions` (Matryoshka) first, then normalized.
+    /// Queues one request's sequences in `lane`; returns each one's token count and receiver.
+    fn enqueue(
+        &self,
+        encodings: Vec<ValidEncoding>,
+        kind: BatchKind,
+        lane: Lane,
+        tokenization: Duration,
+    ) -> Vec<(usize, oneshot::Receiver<Result<InferResult, BackendError>>)> {
+        let queued_at = Instant::now();
+        let mut waiting = Vec::with_capacity(encodings.len());
+        let entries: Vec<Entry> = encodings
+            .into_iter()
+            .map(|encoding| {
+                let prompt_tokens = encoding.input_ids.len();
+                self.metrics
+                    .observe("te_request_input_length", &[], prompt_tokens as f64);
+                let (response_tx, rx) = oneshot::channel();
+                waiting.push((prompt_tokens, rx));
+                Entry {
+                    encoding,
+                    kind,
+                    lane,
+                    metadata: Metadata {
+                        response_tx,
+                        tokenization,
+                        queued_at,
+                    },
+                }
+            })
+            .collect();
+        self.queue.append(entries);
+        waiting
+    }
+
+    /// Pooled embeddings, one per input: truncated to `dimensions` (Matryoshka) first, then
+    /// normalized.
     pub async fn embed_pooled(
         &self,
-        input: EncodingInput,
+        inputs: Vec<EncodingInput>,
         opts: EncodeOptions,
         normalize: bool,
         dimensions: Option<usize>,
-    ) -> Result<(Vec<f32>, InferMetadata), InferError> {
-        let (result, meta) = self.run(input, opts, BatchKind::Pooled).await?;
-        let mut values = result.values;
-        if let Some(d) = dimensions {
-            values.truncate(d);
-        }
-        if normalize {
-            l2_normalize(&mut values);
-        }
-        Ok((values, meta))
+    ) -> Result<Vec<(Vec<f32>, InferMetadata)>, InferError> {
+        let results = self.run(inputs, opts, BatchKind::Pooled).await?;
+        Ok(results
+            .into_iter()
+            .map(|(result, meta)| {
+                let mut values = result.values;
+                if let Some(d) = dimensions {
+                    values.truncate(d);
+                }
+                if normalize {
+                    l2_normalize(&mut values);
+                }
+                (values, meta)
+            })
+            .collect())
     }
 
-    /// Per-token hidden states, one row per token.
+    /// Per-token hidden states, one row per token, for each input.
     pub async fn embed_all(
         &self,
-        input: EncodingInput,
+        inputs: Vec<EncodingInput>,
         opts: EncodeOptions,
-    ) -> Result<(Vec<Vec<f32>>, InferMetadata), InferError> {
-        let (result, meta) = self.run(input, opts, BatchKind::AllTokens).await?;
-        let rows = result
-            .values
-            .chunks(result.cols.max(1))
-            .map(<[f32]>::to_vec)
-            .collect();
-        Ok((rows, meta))
+    ) -> Result<Vec<(Vec<Vec<f32>>, InferMetadata)>, InferError> {
+        let results = self.run(inputs, opts, BatchKind::AllTokens).await?;
+        Ok(results
+            .into_iter()
+            .map(|(result, meta)| {
+                let rows = result
+                    .values
+                    .chunks(result.cols.max(1))
+                    .map(<[f32]>::to_vec)
+                    .collect();
+                (rows, meta)
+            })
+            .collect())
     }
 
-    /// Classification scores, one per label, activated unless `raw_scores`.
+    /// Classification scores, one per label, activated unless `raw_scores`, for each input.
     pub async fn predict(
         &self,
-        input: EncodingInput,
+        inputs: Vec<EncodingInput>,
         opts: EncodeOptions,
         raw_scores: bool,
-    ) -> Result<(Vec<f32>, InferMetadata), InferError> {
-        let (result, meta) = self.run(input, opts, BatchKind::Predict).await?;
-        let mut scores = result.values;
-        if !raw_scores {
-            activate(&mut scores, self.info.activation());
-        }
-        if scores.iter().any(|s| s.is_nan()) {
-            return Err(BackendError::Inference("the model returned NaN scores".into()).into());
-        }
-        Ok((scores, meta))
+    ) -> Result<Vec<(Vec<f32>, InferMetadata)>, InferError> {
+        let results = self.run(inputs, opts, BatchKind::Predict).await?;
+        results
+            .into_iter()
+            .map(|(result, meta)| {
+                let mut scores = result.values;
+                if !raw_scores {
+                    activate(&mut scores, self.info.activation());
+                }
+                if scores.iter().any(|s| s.is_nan()) {
+                    let err = BackendError::Inference("the model returned NaN scores".into());
+                    return Err(err.into());
+                }
+                Ok((scores, meta))
+            })
+            .collect()
     }
 }
 
-/// Feeds the backend thread: wait for work, reserve the backend's one free slot, then pack the
-/// next batch. Packing only after a slot is free means exactly one batch waits while another
-/// runs (prefetch), and that batch is as full as the queue allows at that moment. Waiting for
+/// Feeds one backend thread with what `take` packs: wait for work, reserve the thread's one
+/// free slot, then pack the next batch. Packing only after a slot is free means exactly one
+/// batch waits while another runs (prefetch), and that batch is as full as the queue allows at
+/// that moment (and, in priority order, holds the queries that arrived meanwhile). Waiting for
 /// work *before* the slot means an idle backend frees its slot with nobody waiting on it, so
 /// the backend thread wakes no tokio worker in front of its forward pass.
 async fn batching_task(
     queue: Queue,
     backend: BackendHandle,
+    take: Take,
     info: Arc<ModelInfo>,
     metrics: Arc<Metrics>,
 ) {
     loop {
-        if !queue.wait_ready().await {
+        if !queue.wait_ready(take).await {
             return;
         }
-        let slot = match backend.reserve().await {
+        let slot = match backend.reserve(take.backend_lane()).await {
             Ok(slot) => slot,
             Err(err) => {
-                // The backend is gone: fail everything that is or will be queued instead of
-                // leaving clients waiting forever.
-                tracing::error!("{err}; failing queued requests");
-                while let Some(next) = queue.next_batch().await {
-                    for m in next.metadata {
-                        let _ = m.response_tx.send(Err(err.clone()));
-                    }
-                }
+                fail_everything_queued(&queue, take, err).await;
                 return;
             }
         };
@@ -301,7 +398,8 @@ async fn batching_task(
             kind,
             batch,
             metadata,
-        }) = queue.try_next_batch()
+            ..
+        }) = queue.try_next_batch(take)
         else {
             continue;
         };
@@ -317,6 +415,17 @@ async fn batching_task(
             info.clone(),
             metrics.clone(),
         ));
+    }
+}
+
+/// The backend is gone: fail everything that is or will be queued for `take` instead of
+/// leaving clients waiting forever.
+async fn fail_everything_queued(queue: &Queue, take: Take, err: BackendError) {
+    tracing::error!("{err}; failing queued requests");
+    while let Some(next) = queue.next_batch(take).await {
+        for m in next.metadata {
+            let _ = m.response_tx.send(Err(err.clone()));
+        }
     }
 }
 
@@ -389,6 +498,9 @@ async fn dispatch(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::backend::fake::{FakeBackend, Gate, SeenBatch, HOLD_ID};
+    use crate::tokenization::tests::test_tokenization;
+    use std::sync::Mutex;
 
     #[test]
     fn normalization_and_activations() {
@@ -406,5 +518,181 @@ mod tests {
         activate(&mut s, ScoreActivation::Softmax);
         assert!((s.iter().sum::<f32>() - 1.0).abs() < 1e-6);
         assert!(s[2] > 0.999 && s[0].is_finite());
+    }
+
+    #[test]
+    fn lane_is_chosen_by_the_whole_request_and_zero_turns_it_off() {
+        assert_eq!(lane_for(1, 256), Lane::Interactive);
+        assert_eq!(lane_for(256, 256), Lane::Interactive);
+        assert_eq!(lane_for(257, 256), Lane::Bulk);
+        assert_eq!(lane_for(1, 0), Lane::Bulk);
+    }
+
+    /// An `Infer` over the fake backend, whose batches holding [`HOLD_ID`] ("g") wait at
+    /// `gate`.
+    struct Harness {
+        infer: Infer,
+        seen: Arc<Mutex<Vec<SeenBatch>>>,
+        gate: Arc<Gate>,
+        metrics: Arc<Metrics>,
+    }
+
+    fn harness(interactive_lane: bool, interactive_max_tokens: usize) -> Harness {
+        let gate = Arc::new(Gate::default());
+        let mut fake = FakeBackend::new(ModelInfo {
+            interactive_lane,
+            ..FakeBackend::info()
+        });
+        fake.gate = Some(gate.clone());
+        let seen = fake.seen.clone();
+        let (backend, info, _threads) = BackendHandle::spawn(fake.into_factory()).unwrap();
+        let metrics = Arc::new(Metrics::new(info.max_input_length));
+        let config = InferConfig {
+            // Two 9-token requests never share a batch.
+            max_batch_tokens: 16,
+            max_batch_requests: None,
+            max_concurrent_requests: 64,
+            interactive_max_tokens,
+        };
+        let (infer, _task) = Infer::new(
+            test_tokenization(16, 0),
+            backend,
+            Arc::new(info),
+            config,
+            metrics.clone(),
+        );
+        Harness {
+            infer,
+            seen,
+            gate,
+            metrics,
+        }
+    }
+
+    impl Harness {
+        /// Embeds `texts` as one request, on its own task.
+        fn embed(&self, texts: &[&str]) -> JoinHandle<Result<usize, InferError>> {
+            let infer = self.infer.clone();
+            let inputs = texts
+                .iter()
+                .map(|t| EncodingInput::Single(t.to_string()))
+                .collect();
+            tokio::spawn(async move {
+                let out = infer
+                    .embed_pooled(inputs, EncodeOptions::default(), true, None)
+                    .await?;
+                Ok(out.len())
+            })
+        }
+
+        /// (thread, first word's id) of every forward pass so far, in the order they began.
+        fn passes(&self) -> Vec<(String, Option<u32>)> {
+            let seen = self.seen.lock().unwrap();
+            seen.iter()
+                .map(|b| (b.thread.clone(), b.first_id))
+                .collect()
+        }
+
+        fn packed(&self, lane: Lane, n: usize) -> bool {
+            let line = format!(
+                "te_batch_next_size_count{{lane=\"{}\"}} {n}\n",
+                lane.as_str()
+            );
+            self.metrics.render().contains(&line)
+        }
+    }
+
+    async fn until(what: &str, mut done: impl FnMut() -> bool) {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !done() {
+            assert!(Instant::now() < deadline, "timed out waiting until {what}");
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    }
+
+    // In the test tokenizer every word is one token and `[CLS]`/`[SEP]` add two: "g a b c d e
+    // f" is 9 tokens (bulk under an 8-token limit, held at the gate), "hello" is 3.
+    const HELD_BULK: &str = "g a b c d e f";
+
+    #[tokio::test]
+    async fn a_query_finishes_while_a_bulk_batch_still_runs() {
+        let h = harness(true, 8);
+        let bulk = h.embed(&[HELD_BULK]);
+        until("the bulk batch runs", || h.gate.held() == 1).await;
+        let query = h.embed(&["hello"]);
+        let answered = tokio::time::timeout(Duration::from_secs(5), query).await;
+        let answered = answered.expect("the query waited for the bulk batch");
+        assert_eq!(answered.unwrap().unwrap(), 1);
+        assert!(!bulk.is_finished(), "the bulk batch ended before the query");
+
+        h.gate.open();
+        assert_eq!(bulk.await.unwrap().unwrap(), 1);
+        assert_eq!(
+            h.passes(),
+            [
+                ("model-backend".into(), Some(HOLD_ID)),
+                ("model-interactive".into(), Some(4)),
+            ]
+        );
+        assert!(h.packed(Lane::Interactive, 1) && h.packed(Lane::Bulk, 1));
+    }
+
+    #[tokio::test]
+    async fn the_lane_counts_every_input_of_a_request() {
+        let h = harness(true, 8);
+        // 3 + 3 tokens: a query. Three 4-token inputs: 12 tokens, bulk although each is small.
+        assert_eq!(h.embed(&["hello", "world"]).await.unwrap().unwrap(), 2);
+        assert_eq!(h.embed(&["a b", "a b", "a b"]).await.unwrap().unwrap(), 3);
+        assert_eq!(
+            h.passes(),
+            [
+                ("model-interactive".into(), Some(4)),
+                ("model-backend".into(), Some(12)),
+            ]
+        );
+    }
+
+    #[tokio::test]
+    async fn one_thread_serves_both_lanes_queries_first() {
+        let h = harness(false, 8);
+        assert_eq!(
+            batching_takes(&h.infer.backend, 8),
+            [Take::Priority],
+            "one backend thread, one batching task"
+        );
+        // A runs (held); B is packed into the prefetch slot; C, then the query, wait.
+        let a = h.embed(&[HELD_BULK]);
+        until("A runs", || h.gate.held() == 1).await;
+        let b = h.embed(&["b a b c d e f"]);
+        until("B is prefetched", || h.packed(Lane::Bulk, 2)).await;
+        let c = h.embed(&["c a b c d e f"]);
+        until("C is queued", || h.infer.queue.len() == 1).await;
+        let query = h.embed(&["hello"]);
+        until("the query is queued", || h.infer.queue.len() == 2).await;
+
+        h.gate.open();
+        for task in [a, b, c, query] {
+            assert_eq!(task.await.unwrap().unwrap(), 1);
+        }
+        let one_thread = |id| ("model-backend".to_string(), Some(id));
+        // The query overtook C, which was queued before it, but not what was already packed.
+        assert_eq!(
+            h.passes(),
+            [
+                one_thread(HOLD_ID),
+                one_thread(13),
+                one_thread(4),
+                one_thread(14)
+            ]
+        );
+    }
+
+    #[tokio::test]
+    async fn zero_sends_everything_to_bulk_even_with_an_interactive_lane() {
+        let h = harness(true, 0);
+        assert_eq!(batching_takes(&h.infer.backend, 0), [Take::Priority]);
+        assert_eq!(h.embed(&["hello"]).await.unwrap().unwrap(), 1);
+        assert_eq!(h.passes(), [("model-backend".into(), Some(4))]);
+        assert!(h.packed(Lane::Bulk, 1));
     }
 }

@@ -119,11 +119,23 @@ fn listen_addr(hostname: &str, port: u16) -> SocketAddr {
     SocketAddr::new(ip, port)
 }
 
+/// How small requests are served, for the start-up log.
+fn describe_interactive_lane(args: &Args, backend: &BackendHandle) -> String {
+    let max = args.interactive_max_tokens;
+    if max == 0 {
+        "off".into()
+    } else if backend.has_interactive_lane() {
+        format!("requests of <= {max} tokens on their own backend thread")
+    } else {
+        format!("requests of <= {max} tokens first in the shared queue (the runtime has no interactive lane)")
+    }
+}
+
 fn run(args: Args, make_backend: MakeBackend) -> Result<(), String> {
     args.validate()?;
     tracing::info!(model_id = %args.model_id, backend = ?args.backend, "loading model");
     let factory = make_backend(&args)?;
-    let (backend, info, backend_thread) =
+    let (backend, info, backend_threads) =
         BackendHandle::spawn(factory).map_err(|e| e.to_string())?;
     tracing::info!(
         model_type = ?info.model_type,
@@ -131,6 +143,7 @@ fn run(args: Args, make_backend: MakeBackend) -> Result<(), String> {
         max_input_length = info.max_input_length,
         hidden_size = info.hidden_size,
         device = info.device.as_deref().unwrap_or("?"),
+        interactive_lane = describe_interactive_lane(&args, &backend),
         "model loaded"
     );
     if info.max_input_length > args.max_batch_tokens {
@@ -164,10 +177,10 @@ fn run(args: Args, make_backend: MakeBackend) -> Result<(), String> {
         .build()
         .map_err(|e| format!("cannot start the async runtime: {e}"))?;
     let result = runtime.block_on(serve(args, info, tokenization, backend, workers));
-    // Every backend handle is gone once `serve` returns; the thread then drops the model (with
-    // the interpreter attached) and ends. Join it so nothing runs during interpreter teardown.
+    // Every backend handle is gone once `serve` returns; the threads then drop the model and
+    // end. Join them so nothing runs during interpreter teardown.
     drop(runtime);
-    let _ = backend_thread.join();
+    let _ = backend_threads.join();
     tracing::info!("stopped");
     result
 }
@@ -186,9 +199,7 @@ async fn serve(
         tokenization,
         backend,
         Arc::new(info),
-        args.max_batch_tokens,
-        args.max_batch_requests,
-        args.max_concurrent_requests,
+        args.infer_config(),
         metrics.clone(),
     );
     let state = AppState {

@@ -35,14 +35,14 @@ class FaultyBackend(Backend):
         if self._poison in ids:
             raise ValueError(f"poison token {self._poison} in this batch")
 
-    def embed(self, input_ids, *args):  # type: ignore[no-untyped-def]
+    def embed(self, input_ids, *args, **kwargs):  # type: ignore[no-untyped-def]
         self._before(input_ids)
-        return super().embed(input_ids, *args)
+        return super().embed(input_ids, *args, **kwargs)
 
-    def embed_all(self, input_ids, *args):  # type: ignore[no-untyped-def]
+    def embed_all(self, input_ids, *args, **kwargs):  # type: ignore[no-untyped-def]
         self._before(input_ids)
-        return super().embed_all(input_ids, *args)
+        return super().embed_all(input_ids, *args, **kwargs)
 
-    def predict(self, input_ids, *args):  # type: ignore[no-untyped-def]
+    def predict(self, input_ids, *args, **kwargs):  # type: ignore[no-untyped-def]
         self._before(input_ids)
-        return super().predict(input_ids, *args)
+        return super().predict(input_ids, *args, **kwargs)

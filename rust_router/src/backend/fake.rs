@@ -1,14 +1,18 @@
 //! A deterministic backend for tests: no Python, no model, same contract.
 
 use super::{
-    Backend, BackendError, BackendFactory, Batch, BatchKind, Matrix, ModelInfo, ModelType,
+    Backend, BackendError, BackendFactory, Batch, BatchKind, LoadedBackend, Matrix, ModelInfo,
+    ModelType,
 };
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
 /// A token id (the word "poison" in the test tokenizer) that makes the fake backend fail the
 /// whole batch, like a Python exception would.
 pub const POISON_ID: u32 = 20;
+/// A token id (the word "g" in the test tokenizer) that holds a batch at the backend's
+/// [`Gate`], when it has one, as a long corpus batch would hold the GPU.
+pub const HOLD_ID: u32 = 18;
 pub const HIDDEN: usize = 8;
 
 /// What one forward pass looked like, for tests that check how the queue packed batches.
@@ -17,6 +21,45 @@ pub struct SeenBatch {
     pub kind: BatchKind,
     pub num_seqs: usize,
     pub num_tokens: usize,
+    /// The backend thread that ran it (`model-backend` or `model-interactive`).
+    pub thread: String,
+    /// The first token id of the first sequence after `[CLS]`, to tell batches apart.
+    pub first_id: Option<u32>,
+}
+
+/// Keeps every forward pass of a batch holding [`HOLD_ID`] running until the test opens it:
+/// a slow batch whose end the test controls, instead of a sleep it has to guess.
+#[derive(Debug, Default)]
+pub struct Gate {
+    state: Mutex<GateState>,
+    changed: Condvar,
+}
+
+#[derive(Debug, Default)]
+struct GateState {
+    open: bool,
+    held: usize,
+}
+
+impl Gate {
+    /// Lets every held pass, and every later one, through.
+    pub fn open(&self) {
+        self.state.lock().unwrap().open = true;
+        self.changed.notify_all();
+    }
+
+    /// How many passes have reached the gate so far (held or let through).
+    pub fn held(&self) -> usize {
+        self.state.lock().unwrap().held
+    }
+
+    fn pass(&self) {
+        let mut state = self.state.lock().unwrap();
+        state.held += 1;
+        while !state.open {
+            state = self.changed.wait(state).unwrap();
+        }
+    }
 }
 
 #[derive(Clone)]
@@ -25,6 +68,7 @@ pub struct FakeBackend {
     pub delay: Duration,
     pub healthy: bool,
     pub seen: Arc<Mutex<Vec<SeenBatch>>>,
+    pub gate: Option<Arc<Gate>>,
 }
 
 /// Per-token hidden state: any fixed function of (token, position, column) will do, as long as
@@ -73,6 +117,7 @@ impl FakeBackend {
             pair_template: None,
             dtype: Some("float32".into()),
             device: Some("cpu".into()),
+            interactive_lane: false,
         }
     }
 
@@ -96,6 +141,7 @@ impl FakeBackend {
             delay: Duration::ZERO,
             healthy: true,
             seen: Arc::default(),
+            gate: None,
         }
     }
 
@@ -103,10 +149,19 @@ impl FakeBackend {
         Self::new(Self::info()).into_factory()
     }
 
+    /// Like the Python bridge, builds a second lane (a clone sharing `seen` and `gate`) when
+    /// the info says the runtime has one.
     pub fn into_factory(self) -> BackendFactory {
         Box::new(move || {
-            let info = self.info.clone();
-            Ok((Box::new(self) as Box<dyn Backend>, info))
+            let interactive = self
+                .info
+                .interactive_lane
+                .then(|| Box::new(self.clone()) as Box<dyn Backend + Send>);
+            Ok(LoadedBackend {
+                info: self.info.clone(),
+                bulk: Box::new(self),
+                interactive,
+            })
         })
     }
 }
@@ -125,9 +180,18 @@ impl Backend for FakeBackend {
             kind,
             num_seqs: batch.num_seqs(),
             num_tokens: batch.num_tokens(),
+            thread: std::thread::current().name().unwrap_or_default().into(),
+            first_id: batch.input_ids.get(1).copied(),
         });
         if !self.delay.is_zero() {
             std::thread::sleep(self.delay);
+        }
+        if let Some(gate) = self
+            .gate
+            .as_ref()
+            .filter(|_| batch.input_ids.contains(&HOLD_ID))
+        {
+            gate.pass();
         }
         if batch.input_ids.contains(&POISON_ID) {
             return Err(BackendError::Inference("ValueError: poison token".into()));

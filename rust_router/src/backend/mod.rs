@@ -1,8 +1,10 @@
 //! The boundary between the router and the model runtime.
 //!
-//! A [`Backend`] runs one packed batch at a time. It lives on ONE dedicated OS thread
-//! ([`BackendHandle::spawn`]): the Python runtime is not thread-safe in any useful way, and
-//! keeping every interpreter call on one thread means tokio workers never touch the GIL.
+//! A [`Backend`] runs one packed batch at a time on a dedicated OS thread
+//! ([`BackendHandle::spawn`]): tokio workers never touch the GIL, and the runtime sees one
+//! caller per lane. Bulk batches (and health checks) run on the thread that loaded the model.
+//! A runtime that has an interactive lane gets a second thread for small requests, so a query
+//! never waits for a corpus batch's forward pass to end before its own can start.
 
 #[cfg(test)]
 pub(crate) mod fake;
@@ -72,7 +74,38 @@ pub enum BackendError {
     Stopped,
 }
 
-/// The engine behind the router. Called only from the backend thread.
+/// Which queue and backend thread a request's sequences go through.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Lane {
+    /// Small requests (queries): their own queue and, when the runtime has one, their own
+    /// backend thread and high-priority stream.
+    Interactive,
+    /// Everything else (corpus backfills): fills the capacity the interactive lane leaves.
+    Bulk,
+}
+
+impl Lane {
+    /// Both lanes, most urgent first: the order a single-thread backend serves them in.
+    pub const PRIORITY: [Lane; 2] = [Lane::Interactive, Lane::Bulk];
+
+    /// The `lane` label of the metrics.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Lane::Interactive => "interactive",
+            Lane::Bulk => "bulk",
+        }
+    }
+
+    /// Position in per-lane arrays, in [`Lane::PRIORITY`] order.
+    pub fn index(self) -> usize {
+        match self {
+            Lane::Interactive => 0,
+            Lane::Bulk => 1,
+        }
+    }
+}
+
+/// The engine behind the router. Called only from its lane's backend thread.
 pub trait Backend {
     fn health(&mut self) -> Result<(), BackendError>;
     fn forward(&mut self, kind: BatchKind, batch: &Batch) -> Result<Matrix, BackendError>;
@@ -126,6 +159,10 @@ pub struct ModelInfo {
     pub dtype: Option<String>,
     #[serde(default)]
     pub device: Option<String>,
+    /// The runtime's `embed` / `embed_all` / `predict` accept `interactive=True` and may be
+    /// called from a second thread while a bulk call runs (on a high-priority CUDA stream).
+    #[serde(default)]
+    pub interactive_lane: bool,
 }
 
 impl ModelInfo {
@@ -202,10 +239,10 @@ enum Command {
     Health(oneshot::Sender<Result<(), BackendError>>),
 }
 
-/// The right to hand the backend its next batch. There is one such slot, freed when the
-/// backend starts a batch, so exactly one batch waits while another runs (the prefetch), and
-/// it is packed as late as possible. Health checks do not need a slot, so they never wait
-/// behind an idle batching task.
+/// The right to hand a lane's backend thread its next batch. Each thread has one such slot,
+/// freed when the thread starts a batch, so exactly one batch waits while another runs (the
+/// prefetch), and it is packed as late as possible. Health checks do not need a slot, so they
+/// never wait behind an idle batching task.
 pub struct Slot {
     permit: OwnedSemaphorePermit,
     tx: mpsc::UnboundedSender<Command>,
@@ -224,87 +261,22 @@ impl Slot {
     }
 }
 
-/// Cheap, cloneable handle the async side uses to reach the backend thread.
+/// The way to one backend thread: its command channel and its one-batch slot.
 #[derive(Clone)]
-pub struct BackendHandle {
+struct LaneChannel {
     tx: mpsc::UnboundedSender<Command>,
     slots: Arc<Semaphore>,
 }
 
-/// Builds the backend on the backend thread (a Python object must be created where it is used).
-pub type BackendFactory =
-    Box<dyn FnOnce() -> Result<(Box<dyn Backend>, ModelInfo), BackendError> + Send>;
-
-impl BackendHandle {
-    /// Starts the backend thread, waits for the model to load, and returns the handle, the
-    /// model's info and the thread (join it after the handle and all clones are dropped).
-    pub fn spawn(
-        factory: BackendFactory,
-    ) -> Result<(BackendHandle, ModelInfo, JoinHandle<()>), BackendError> {
-        let (tx, mut rx) = mpsc::unbounded_channel::<Command>();
-        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
-        let thread = std::thread::Builder::new()
-            .name("model-backend".into())
-            .spawn(move || {
-                let mut backend = match factory() {
-                    Ok((backend, info)) => {
-                        let _ = ready_tx.send(Ok(info));
-                        backend
-                    }
-                    Err(err) => {
-                        let _ = ready_tx.send(Err(err));
-                        return;
-                    }
-                };
-                // Waiting here holds no interpreter lock: the Python backend attaches only
-                // inside `forward` / `health`.
-                while let Some(cmd) = rx.blocking_recv() {
-                    match cmd {
-                        Command::Forward {
-                            kind,
-                            batch,
-                            reply,
-                            slot,
-                        } => {
-                            drop(slot);
-                            let started = Instant::now();
-                            let result = guarded(|| backend.forward(kind, &batch));
-                            let duration = started.elapsed();
-                            let _ = reply.send(result.map(|matrix| Output {
-                                matrix,
-                                started,
-                                duration,
-                            }));
-                        }
-                        Command::Health(reply) => {
-                            let _ = reply.send(guarded(|| backend.health()));
-                        }
-                    }
-                }
-                tracing::debug!("backend thread stopping");
-            })
-            .map_err(|e| BackendError::Start(format!("cannot spawn the backend thread: {e}")))?;
-        match ready_rx.recv() {
-            Ok(Ok(info)) => {
-                info.validate()?;
-                let slots = Arc::new(Semaphore::new(1));
-                Ok((BackendHandle { tx, slots }, info, thread))
-            }
-            Ok(Err(err)) => {
-                let _ = thread.join();
-                Err(err)
-            }
-            Err(_) => {
-                let _ = thread.join();
-                Err(BackendError::Start(
-                    "the backend thread panicked while loading".into(),
-                ))
-            }
+impl LaneChannel {
+    fn new(tx: mpsc::UnboundedSender<Command>) -> Self {
+        Self {
+            tx,
+            slots: Arc::new(Semaphore::new(1)),
         }
     }
 
-    /// Waits until the backend can take the next batch.
-    pub async fn reserve(&self) -> Result<Slot, BackendError> {
+    async fn reserve(&self) -> Result<Slot, BackendError> {
         if self.tx.is_closed() {
             return Err(BackendError::Stopped);
         }
@@ -319,10 +291,160 @@ impl BackendHandle {
             tx: self.tx.clone(),
         })
     }
+}
+
+/// Cheap, cloneable handle the async side uses to reach the backend threads.
+#[derive(Clone)]
+pub struct BackendHandle {
+    bulk: LaneChannel,
+    /// `None` when the runtime has no interactive lane: one thread serves both lanes.
+    interactive: Option<LaneChannel>,
+}
+
+/// What a [`BackendFactory`] loads.
+pub struct LoadedBackend {
+    pub info: ModelInfo,
+    /// Runs bulk batches and health checks, on the thread that built it.
+    pub bulk: Box<dyn Backend>,
+    /// Runs interactive batches on a second thread, at the same time as `bulk`; `None` when
+    /// the runtime has no interactive lane (or it is turned off).
+    pub interactive: Option<Box<dyn Backend + Send>>,
+}
+
+/// Builds the backend on the backend thread (a Python object must be created where it is used).
+pub type BackendFactory = Box<dyn FnOnce() -> Result<LoadedBackend, BackendError> + Send>;
+
+/// The backend threads; join them after the handle and all its clones are dropped.
+pub struct BackendThreads(Vec<JoinHandle<()>>);
+
+impl BackendThreads {
+    /// Waits for every thread (not only up to a panicked one), and reports the first panic.
+    pub fn join(self) -> std::thread::Result<()> {
+        let mut first = Ok(());
+        for thread in self.0 {
+            let result = thread.join();
+            if first.is_ok() {
+                first = result;
+            }
+        }
+        first
+    }
+}
+
+fn spawn_named(
+    name: &str,
+    f: impl FnOnce() + Send + 'static,
+) -> Result<JoinHandle<()>, BackendError> {
+    std::thread::Builder::new()
+        .name(name.into())
+        .spawn(f)
+        .map_err(|e| BackendError::Start(format!("cannot spawn the {name} thread: {e}")))
+}
+
+/// One backend thread's life: run what its lane sends until every handle is gone.
+fn serve_lane(mut backend: Box<dyn Backend>, mut rx: mpsc::UnboundedReceiver<Command>) {
+    // Waiting here holds no interpreter lock: the Python backend attaches only inside
+    // `forward` / `health`.
+    while let Some(cmd) = rx.blocking_recv() {
+        match cmd {
+            Command::Forward {
+                kind,
+                batch,
+                reply,
+                slot,
+            } => {
+                drop(slot);
+                let started = Instant::now();
+                let result = guarded(|| backend.forward(kind, &batch));
+                let duration = started.elapsed();
+                let _ = reply.send(result.map(|matrix| Output {
+                    matrix,
+                    started,
+                    duration,
+                }));
+            }
+            Command::Health(reply) => {
+                let _ = reply.send(guarded(|| backend.health()));
+            }
+        }
+    }
+    tracing::debug!("backend thread stopping");
+}
+
+type Ready = Result<(ModelInfo, Option<Box<dyn Backend + Send>>), BackendError>;
+
+impl BackendHandle {
+    /// Starts the backend thread, waits for the model to load, starts the interactive lane's
+    /// thread if the factory built one, and returns the handle, the model's info and the
+    /// threads.
+    pub fn spawn(
+        factory: BackendFactory,
+    ) -> Result<(BackendHandle, ModelInfo, BackendThreads), BackendError> {
+        let (tx, rx) = mpsc::unbounded_channel::<Command>();
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel::<Ready>();
+        let bulk_thread = spawn_named("model-backend", move || match factory() {
+            Ok(LoadedBackend {
+                info,
+                bulk,
+                interactive,
+            }) => {
+                let _ = ready_tx.send(Ok((info, interactive)));
+                serve_lane(bulk, rx);
+            }
+            Err(err) => {
+                let _ = ready_tx.send(Err(err));
+            }
+        })?;
+        let (info, interactive) = match ready_rx.recv() {
+            Ok(Ok(loaded)) => loaded,
+            Ok(Err(err)) => {
+                let _ = bulk_thread.join();
+                return Err(err);
+            }
+            Err(_) => {
+                let _ = bulk_thread.join();
+                return Err(BackendError::Start(
+                    "the backend thread panicked while loading".into(),
+                ));
+            }
+        };
+        info.validate()?;
+        let mut threads = vec![bulk_thread];
+        let interactive = match interactive {
+            None => None,
+            Some(backend) => {
+                let (tx, rx) = mpsc::unbounded_channel::<Command>();
+                threads.push(spawn_named("model-interactive", move || {
+                    serve_lane(backend, rx)
+                })?);
+                Some(LaneChannel::new(tx))
+            }
+        };
+        let handle = BackendHandle {
+            bulk: LaneChannel::new(tx),
+            interactive,
+        };
+        Ok((handle, info, BackendThreads(threads)))
+    }
+
+    /// Whether interactive batches have their own thread (else they share the bulk one).
+    pub fn has_interactive_lane(&self) -> bool {
+        self.interactive.is_some()
+    }
+
+    /// Waits until `lane`'s thread (the only thread, without an interactive lane) can take
+    /// the next batch.
+    pub async fn reserve(&self, lane: Lane) -> Result<Slot, BackendError> {
+        match (lane, &self.interactive) {
+            (Lane::Interactive, Some(interactive)) => interactive.reserve().await,
+            _ => self.bulk.reserve().await,
+        }
+    }
 
     pub async fn health(&self) -> Result<(), BackendError> {
         let (reply, rx) = oneshot::channel();
-        self.tx
+        self.bulk
+            .tx
             .send(Command::Health(reply))
             .map_err(|_| BackendError::Stopped)?;
         rx.await.map_err(|_| BackendError::Stopped)?
@@ -344,7 +466,7 @@ fn guarded<T>(f: impl FnOnce() -> Result<T, BackendError>) -> Result<T, BackendE
 
 #[cfg(test)]
 mod tests {
-    use super::fake::{FakeBackend, POISON_ID};
+    use super::fake::{FakeBackend, Gate, HOLD_ID, POISON_ID};
     use super::*;
 
     fn batch(ids: &[&[u32]]) -> Batch {
@@ -372,7 +494,7 @@ mod tests {
             async move {
                 let (tx, rx) = oneshot::channel();
                 handle
-                    .reserve()
+                    .reserve(Lane::Bulk)
                     .await
                     .unwrap()
                     .send(BatchKind::Pooled, b, tx);
@@ -389,6 +511,93 @@ mod tests {
 
         drop(handle);
         thread.join().unwrap();
+    }
+
+    /// Sends one pooled batch through `lane` and hands back the reply's receiver.
+    async fn send(
+        handle: &BackendHandle,
+        lane: Lane,
+        b: Batch,
+    ) -> oneshot::Receiver<Result<Output, BackendError>> {
+        let (tx, rx) = oneshot::channel();
+        handle
+            .reserve(lane)
+            .await
+            .unwrap()
+            .send(BatchKind::Pooled, b, tx);
+        rx
+    }
+
+    async fn until(what: &str, mut done: impl FnMut() -> bool) {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !done() {
+            assert!(Instant::now() < deadline, "timed out waiting until {what}");
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    }
+
+    fn two_lane_fake(gate: &Arc<Gate>) -> FakeBackend {
+        let mut fake = FakeBackend::new(ModelInfo {
+            interactive_lane: true,
+            ..FakeBackend::info()
+        });
+        fake.gate = Some(gate.clone());
+        fake
+    }
+
+    #[tokio::test]
+    async fn interactive_lane_runs_while_a_bulk_batch_holds_its_thread() {
+        let gate = Arc::new(Gate::default());
+        let fake = two_lane_fake(&gate);
+        let seen = fake.seen.clone();
+        let (handle, _, threads) = BackendHandle::spawn(fake.into_factory()).unwrap();
+        assert!(handle.has_interactive_lane());
+
+        let mut bulk = send(&handle, Lane::Bulk, batch(&[&[2, HOLD_ID, 3]])).await;
+        until("the bulk batch runs", || gate.held() == 1).await;
+        // The interactive slot is free and its thread idle although the bulk one is busy.
+        let query = send(&handle, Lane::Interactive, batch(&[&[2, 4, 3]])).await;
+        let out = tokio::time::timeout(Duration::from_secs(5), query)
+            .await
+            .expect("the query waited for the bulk batch")
+            .unwrap()
+            .unwrap();
+        assert_eq!(out.matrix.rows, 1);
+        assert!(bulk.try_recv().is_err(), "the bulk batch ended first");
+
+        gate.open();
+        assert!(bulk.await.unwrap().is_ok());
+        let threads_seen: Vec<String> = seen
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|b| b.thread.clone())
+            .collect();
+        assert_eq!(threads_seen, ["model-backend", "model-interactive"]);
+        drop(handle);
+        threads.join().unwrap();
+    }
+
+    #[tokio::test]
+    async fn without_an_interactive_lane_both_lanes_share_one_thread() {
+        let fake = FakeBackend::new(FakeBackend::info());
+        let seen = fake.seen.clone();
+        let (handle, info, threads) = BackendHandle::spawn(fake.into_factory()).unwrap();
+        assert!(!info.interactive_lane && !handle.has_interactive_lane());
+        for lane in Lane::PRIORITY {
+            let rx = send(&handle, lane, batch(&[&[2, 4, 3]])).await;
+            assert!(rx.await.unwrap().is_ok());
+        }
+        let threads_seen: Vec<String> = seen
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|b| b.thread.clone())
+            .collect();
+        assert_eq!(threads_seen, ["model-backend", "model-backend"]);
+        assert_eq!(threads.0.len(), 1);
+        drop(handle);
+        threads.join().unwrap();
     }
 
     #[test]

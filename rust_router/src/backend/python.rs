@@ -1,11 +1,14 @@
 //! The PyO3 bridge: a [`Backend`] over a Python object with the `trt_tei_runtime` contract,
 //! and the `trt_tei_runtime._router` extension module.
 //!
-//! Every function here that touches Python runs on the backend thread, attached only for the
+//! Every function here that touches Python runs on a backend thread, attached only for the
 //! duration of one call, except `run`, which detaches the calling (main) thread for the whole
-//! life of the server.
+//! life of the server. With an interactive lane, two backend threads call the same Python
+//! object; the runtime says it supports that (`info()["interactive_lane"]`).
 
-use super::{Backend, BackendError, BackendFactory, Batch, BatchKind, Matrix, ModelInfo};
+use super::{
+    Backend, BackendError, BackendFactory, Batch, BatchKind, LoadedBackend, Matrix, ModelInfo,
+};
 use crate::cli::Args;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
@@ -25,6 +28,8 @@ pub struct PythonBackendOptions {
     /// its buffers and CUDA graphs with them).
     pub max_batch_tokens: usize,
     pub max_batch_requests: Option<usize>,
+    /// Use the runtime's interactive lane if it has one (`--interactive-max-tokens` > 0).
+    pub interactive_lane: bool,
     /// Environment for the runtime (hub token, cache), set through `os.environ` because
     /// Python snapshots the process environment at start-up.
     pub env: Vec<(String, String)>,
@@ -49,6 +54,7 @@ impl PythonBackendOptions {
             task: args.task.clone(),
             max_batch_tokens: args.max_batch_tokens,
             max_batch_requests: args.max_batch_requests,
+            interactive_lane: args.interactive_max_tokens > 0,
             env,
         }
     }
@@ -79,7 +85,7 @@ fn describe(py: Python<'_>, err: &PyErr, context: &str) -> String {
     summary
 }
 
-fn load(opts: &PythonBackendOptions) -> Result<(Box<dyn Backend>, ModelInfo), BackendError> {
+fn load(opts: &PythonBackendOptions) -> Result<LoadedBackend, BackendError> {
     Python::attach(|py| {
         let result = (|| -> PyResult<(Py<PyAny>, String, Py<PyAny>)> {
             let environ = py.import("os")?.getattr("environ")?;
@@ -137,16 +143,48 @@ fn load(opts: &PythonBackendOptions) -> Result<(Box<dyn Backend>, ModelInfo), Ba
         })?;
         let info: ModelInfo = serde_json::from_str(&json)
             .map_err(|e| BackendError::Start(format!("Backend.info() is invalid: {e}: {json}")))?;
-        let mut backend = PyBackend { obj, as_f32 };
-        backend.health()?;
-        Ok((Box::new(backend) as Box<dyn Backend>, info))
+        let interactive = (info.interactive_lane && opts.interactive_lane)
+            .then(|| interactive_lane(py, &obj, &as_f32))
+            .transpose()
+            .map_err(|e| {
+                BackendError::Start(describe(py, &e, "setting up the interactive lane"))
+            })?;
+        let mut bulk = PyBackend {
+            obj,
+            as_f32,
+            kwargs: None,
+        };
+        bulk.health()?;
+        Ok(LoadedBackend {
+            info,
+            bulk: Box::new(bulk),
+            interactive,
+        })
     })
+}
+
+/// The same Python object, called with `interactive=True` from the second thread.
+fn interactive_lane(
+    py: Python<'_>,
+    obj: &Py<PyAny>,
+    as_f32: &Py<PyAny>,
+) -> PyResult<Box<dyn Backend + Send>> {
+    let kwargs = PyDict::new(py);
+    kwargs.set_item("interactive", true)?;
+    Ok(Box::new(PyBackend {
+        obj: obj.clone_ref(py),
+        as_f32: as_f32.clone_ref(py),
+        kwargs: Some(kwargs.unbind()),
+    }))
 }
 
 struct PyBackend {
     obj: Py<PyAny>,
     /// `numpy.ascontiguousarray`, looked up once.
     as_f32: Py<PyAny>,
+    /// Keyword arguments of every forward call: `interactive=True` on the interactive lane,
+    /// none on the bulk one (so a runtime without lanes needs no such argument).
+    kwargs: Option<Py<PyDict>>,
 }
 
 /// Little-endian u32 bytes, written straight into the Python object (no intermediate buffer).
@@ -173,7 +211,8 @@ impl PyBackend {
             u32_bytes(py, &batch.cu_seqlens)?,
             batch.max_length,
         );
-        let out = self.obj.bind(py).call_method1(method, args)?;
+        let kwargs = self.kwargs.as_ref().map(|k| k.bind(py));
+        let out = self.obj.bind(py).call_method(method, args, kwargs)?;
         let array = self.as_f32.bind(py).call1((out, "float32"))?;
         let shape: Vec<usize> = array.getattr("shape")?.extract()?;
         let [rows, cols] = shape[..] else {

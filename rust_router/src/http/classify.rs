@@ -10,7 +10,6 @@ use crate::tokenization::{EncodeOptions, EncodingInput};
 use axum::extract::State;
 use axum::response::Response;
 use axum::Json;
-use futures_util::future::try_join_all;
 use std::cmp::Ordering;
 use std::time::Instant;
 
@@ -60,12 +59,7 @@ pub async fn predict(State(state): State<AppState>, req: TeiJson<PredictRequest>
             ..Default::default()
         };
         let chars = inputs.iter().map(EncodingInput::count_chars).sum();
-        let results = try_join_all(
-            inputs
-                .into_iter()
-                .map(|i| state.infer.predict(i, opts.clone(), req.raw_scores)),
-        )
-        .await?;
+        let results = state.infer.predict(inputs, opts, req.raw_scores).await?;
         let info = state.infer.info();
         let (predictions, metas): (Vec<Vec<Prediction>>, Vec<_>) = results
             .into_iter()
@@ -136,11 +130,12 @@ pub async fn rerank(State(state): State<AppState>, req: TeiJson<RerankRequest>) 
             .iter()
             .map(|t| query_chars + t.chars().count())
             .sum();
-        let results = try_join_all(req.texts.iter().map(|text| {
-            let pair = EncodingInput::Pair(req.query.clone(), text.clone());
-            state.infer.predict(pair, opts.clone(), req.raw_scores)
-        }))
-        .await?;
+        let pairs = req
+            .texts
+            .iter()
+            .map(|text| EncodingInput::Pair(req.query.clone(), text.clone()))
+            .collect();
+        let results = state.infer.predict(pairs, opts, req.raw_scores).await?;
         let mut metas = Vec::with_capacity(results.len());
         let mut ranks: Vec<Rank> = results
             .into_iter()

@@ -11,7 +11,6 @@ use crate::tokenization::{EncodeOptions, EncodingInput};
 use axum::extract::State;
 use axum::response::Response;
 use axum::Json;
-use futures_util::future::try_join_all;
 use std::time::Instant;
 
 /// Validates a list of inputs, counts the request, and takes its concurrency permit.
@@ -47,15 +46,11 @@ pub(crate) async fn embed_inputs(
     opts.inline = state
         .infer
         .inline_ok(inputs.iter().map(EncodingInput::byte_len).sum());
-    // One future per sequence: the queue may put them in different batches, and
-    // `try_join_all` reassembles them in order (dropping the rest on the first error, which
-    // makes the queue skip them).
-    let results = try_join_all(inputs.into_iter().map(|input| {
-        state
-            .infer
-            .embed_pooled(input, opts.clone(), normalize, dimensions)
-    }))
-    .await?;
+    // The queue may put the sequences in different batches; `Infer` reassembles them in order.
+    let results = state
+        .infer
+        .embed_pooled(inputs, opts, normalize, dimensions)
+        .await?;
     Ok(results.into_iter().unzip())
 }
 
@@ -139,12 +134,7 @@ pub async fn embed_all(State(state): State<AppState>, req: TeiJson<EmbedAllReque
         opts.inline = state
             .infer
             .inline_ok(inputs.iter().map(EncodingInput::byte_len).sum());
-        let results = try_join_all(
-            inputs
-                .into_iter()
-                .map(|i| state.infer.embed_all(i, opts.clone())),
-        )
-        .await?;
+        let results = state.infer.embed_all(inputs, opts).await?;
         let (embeddings, metas): (Vec<_>, Vec<_>) = results.into_iter().unzip();
         let meta = ResponseMeta::new(start, chars, &metas);
         let method = if batched { "batch" } else { "single" };

@@ -1,10 +1,10 @@
 //! A full app over the fake backend and a word-level tokenizer, driven with `oneshot`.
 
 use super::{app, AppState, ServeConfig};
-use crate::backend::fake::{FakeBackend, SeenBatch};
+use crate::backend::fake::{FakeBackend, Gate, SeenBatch};
 use crate::backend::{BackendHandle, ModelInfo};
 use crate::cli::Args;
-use crate::infer::Infer;
+use crate::infer::{Infer, InferConfig};
 use crate::metrics::Metrics;
 use crate::server::build_info;
 use crate::tokenization::tests::test_tokenizer;
@@ -30,6 +30,8 @@ pub struct Options {
     pub payload_limit: usize,
     pub delay: Duration,
     pub healthy: bool,
+    pub interactive_max_tokens: usize,
+    pub gate: Option<Arc<Gate>>,
 }
 
 impl Default for Options {
@@ -45,6 +47,8 @@ impl Default for Options {
             payload_limit: 10_000,
             delay: Duration::ZERO,
             healthy: true,
+            interactive_max_tokens: 256,
+            gate: None,
         }
     }
 }
@@ -59,8 +63,9 @@ pub fn test_app(opts: Options) -> TestApp {
     let mut fake = FakeBackend::new(opts.info.clone());
     fake.delay = opts.delay;
     fake.healthy = opts.healthy;
+    fake.gate = opts.gate;
     let seen = fake.seen.clone();
-    let (backend, info, _thread) = BackendHandle::spawn(fake.into_factory()).unwrap();
+    let (backend, info, _threads) = BackendHandle::spawn(fake.into_factory()).unwrap();
     let config = TokenizerConfig {
         max_input_length: info.max_input_length,
         position_offset: info.position_offset,
@@ -75,9 +80,12 @@ pub fn test_app(opts: Options) -> TestApp {
         tokenization,
         backend,
         Arc::new(info),
-        opts.max_batch_tokens,
-        opts.max_batch_requests,
-        opts.max_concurrent_requests,
+        InferConfig {
+            max_batch_tokens: opts.max_batch_tokens,
+            max_batch_requests: opts.max_batch_requests,
+            max_concurrent_requests: opts.max_concurrent_requests,
+            interactive_max_tokens: opts.interactive_max_tokens,
+        },
         metrics.clone(),
     );
     let state = AppState {

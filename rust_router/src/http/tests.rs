@@ -342,8 +342,8 @@ async fn info_health_metrics_and_docs() {
         "te_request_queue_duration_count 1",
         "te_request_inference_duration_count 1",
         "te_request_input_length_bucket{le=\"4\"} 1",
-        "te_batch_next_size_count 1",
-        "te_batch_next_tokens_count 1",
+        "te_batch_next_size_count{lane=\"interactive\"} 1",
+        "te_batch_next_tokens_count{lane=\"interactive\"} 1",
         "te_batch_inference_duration_count 1",
         "te_batch_inference_success 1",
         "te_queue_size 0",
@@ -379,4 +379,48 @@ async fn unhealthy_backend_gives_503() {
     assert_eq!(r.status, 503);
     assert_eq!(r.json["error_type"], "unhealthy");
     assert!(r.json["error"].as_str().unwrap().contains("CUDA error"));
+}
+
+#[tokio::test]
+async fn queries_and_bulk_requests_answer_on_two_lanes() {
+    let app = test_app(Options {
+        info: crate::backend::ModelInfo {
+            interactive_lane: true,
+            ..FakeBackend::info()
+        },
+        interactive_max_tokens: 8,
+        ..Default::default()
+    });
+    let r = app.post("/embed", json!({"inputs": "hello world"})).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    assert_close(
+        &as_vec(&r.json[0]),
+        &expected_embedding(&HELLO_WORLD, None, true),
+    );
+    // 3 × 4 tokens: over the 8-token limit, so bulk, and queued together into one batch.
+    let r = app
+        .post("/embed", json!({"inputs": ["a b", "a b", "hello world"]}))
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    assert_close(
+        &as_vec(&r.json[2]),
+        &expected_embedding(&HELLO_WORLD, None, true),
+    );
+    let threads: Vec<String> = app
+        .seen
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|b| b.thread.clone())
+        .collect();
+    assert_eq!(threads, ["model-interactive", "model-backend"]);
+    let r = app.get("/metrics").await;
+    for line in [
+        "te_batch_next_size_count{lane=\"interactive\"} 1",
+        "te_batch_next_size_count{lane=\"bulk\"} 1",
+        "te_batch_next_tokens_sum{lane=\"bulk\"} 12",
+        "te_queue_size 0",
+    ] {
+        assert!(r.text.contains(line), "missing {line} in\n{}", r.text);
+    }
 }
