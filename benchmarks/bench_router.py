@@ -1,22 +1,32 @@
-"""End-to-end query latency through the HTTP router for BENCHMARKS.md's shapes.
+"""BENCHMARKS.md's workloads end to end through the HTTP router, per shape.
 
     python benchmarks/bench_router.py --shapes bert-large,qwen3-0.6b --tokenizer-from DIR
 
 Each shape is a random-weight checkpoint (benchmarks/shapes.py) given a real tokenizer:
 DIR's tokenizer.json (all-MiniLM-L6-v2's WordPiece fits bert-large's 30,522-token vocab;
 for the Qwen3 shapes any tokenizer whose ids fit the vocabulary serves for timing). The
-router process is started on loopback and sent one 24-token `/v1/embeddings` request at a
-time (`tests/http/loadgen.py`). Reports only; CUDA only.
+router process is started on loopback, then:
+- query: one 24-token `/v1/embeddings` request at a time (`tests/http/loadgen.py`);
+- backfill: the backfill documents (64–512 tokens, seed 0, as in bench_engine.py) in
+  requests of 32 inputs from `--clients` concurrent connections, base64 results, the whole
+  corpus `--passes` times; real tokens per second;
+- mixed: that backfill running in a loop, plus one query every 20 ms; query p50/p99
+  under load and the backfill's tokens per second meanwhile.
+Reports only; CUDA only.
 """
 
 from __future__ import annotations
 
 import argparse
+import http.client
+import itertools
 import json
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -26,6 +36,90 @@ from shapes import write_random_checkpoint
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "http"))
 from loadgen import run as load  # noqa: E402
 
+QUERY_INTERVAL_S = 0.020
+DOCS_PER_REQUEST = 32
+
+
+def backfill_bodies(lengths: list[int]) -> list[tuple[bytes, int]]:
+    """(request body, real tokens) per request; "hello" is one WordPiece token, and
+    [CLS]/[SEP] make up the rest of each document's length."""
+    bodies = []
+    for i in range(0, len(lengths), DOCS_PER_REQUEST):
+        chunk = lengths[i : i + DOCS_PER_REQUEST]
+        texts = [" ".join(["hello"] * (n - 2)) for n in chunk]
+        body = {"input": texts, "model": "bench", "encoding_format": "base64"}
+        bodies.append((json.dumps(body).encode(), sum(chunk)))
+    return bodies
+
+
+class Backfill:
+    """Closed-loop backfill clients; counts the real tokens of answered requests."""
+
+    def __init__(self, port: int, bodies: list[tuple[bytes, int]], clients: int) -> None:
+        self.port, self.bodies, self.clients = port, bodies, clients
+        self.tokens = 0
+        self.errors = 0
+        self._lock = threading.Lock()
+
+    def run(self, requests: int | None, stop: threading.Event | None = None) -> float:
+        """Sends `requests` requests (cycling over the corpus), or until `stop`; seconds."""
+        order = itertools.count()
+
+        def client() -> None:
+            conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=120)
+            while True:
+                i = next(order)
+                if (requests is not None and i >= requests) or (stop and stop.is_set()):
+                    break
+                body, tokens = self.bodies[i % len(self.bodies)]
+                conn.request("POST", "/v1/embeddings", body, {"Content-Type": "application/json"})
+                resp = conn.getresponse()
+                resp.read()
+                with self._lock:
+                    if resp.status == 200:
+                        self.tokens += tokens
+                    else:
+                        self.errors += 1
+            conn.close()
+
+        threads = [threading.Thread(target=client) for _ in range(self.clients)]
+        start = time.perf_counter()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        return time.perf_counter() - start
+
+
+def mixed(port: int, backfill: Backfill, query: bytes, seconds: float) -> tuple[list[float], float]:
+    stop = threading.Event()
+    runner = threading.Thread(target=backfill.run, args=(None, stop))
+    runner.start()
+    time.sleep(1.0)  # let the backfill saturate the GPU first
+    backfill.tokens = 0
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    latencies = []
+    start = next_at = time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        next_at += QUERY_INTERVAL_S
+        t0 = time.perf_counter()
+        conn.request("POST", "/v1/embeddings", query, {"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        resp.read()
+        if resp.status == 200:
+            latencies.append(time.perf_counter() - t0)
+        time.sleep(max(0.0, next_at - time.perf_counter()))
+    tokens_per_s = backfill.tokens / (time.perf_counter() - start)
+    stop.set()
+    runner.join()
+    conn.close()
+    return latencies, tokens_per_s
+
+
+def percentiles(latencies: list[float]) -> tuple[float, float]:
+    ordered = sorted(latencies)
+    return statistics.median(ordered) * 1e3, ordered[int(0.99 * (len(ordered) - 1))] * 1e3
+
 
 def with_tokenizer(folder: Path, tokenizer_dir: Path) -> Path:
     for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
@@ -34,9 +128,9 @@ def with_tokenizer(folder: Path, tokenizer_dir: Path) -> Path:
     return folder
 
 
-def serve(folder: Path, port: int) -> subprocess.Popen:
+def serve(folder: Path, port: int, extra: list[str]) -> subprocess.Popen:
     cmd = ["text-embeddings-router", "--model-id", str(folder), "--port", str(port)]
-    cmd += ["--hostname", "127.0.0.1", "--pooling", "mean"]
+    cmd += ["--hostname", "127.0.0.1", "--pooling", "mean", *extra]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 600
     while time.time() < deadline:
@@ -52,35 +146,66 @@ def serve(folder: Path, port: int) -> subprocess.Popen:
 
 
 def main() -> None:
+    from bench_engine import backfill_lengths
+
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--shapes", default="bert-large")
     parser.add_argument("--tokenizer-from", type=Path, required=True)
+    parser.add_argument("--workloads", default="query,backfill,mixed")
     parser.add_argument("--seconds", type=float, default=5)
+    parser.add_argument("--clients", type=int, default=8, help="backfill connections")
+    parser.add_argument("--passes", type=int, default=2, help="backfill corpus repetitions")
+    parser.add_argument("--router-args", default="", help="extra router flags, space-separated")
     args = parser.parse_args()
+    workloads = args.workloads.split(",")
     text = " ".join(["hello"] * 22)  # 24 tokens with [CLS]/[SEP] in a BERT WordPiece vocabulary
-    body = json.dumps({"input": text, "model": "bench"}).encode()
-    rows = []
+    query = json.dumps({"input": text, "model": "bench"}).encode()
+    results = []
     with tempfile.TemporaryDirectory() as tmp:
         for port, shape in enumerate(args.shapes.split(","), start=18400):
             folder = with_tokenizer(
                 write_random_checkpoint(shape, Path(tmp) / shape), args.tokenizer_from
             )
-            proc = serve(folder, port)
+            proc = serve(folder, port, args.router_args.split())
+            row: dict = {"shape": shape}
             try:
                 url = f"http://127.0.0.1:{port}"
-                load(url, "/v1/embeddings", body, clients=1, seconds=2)  # warm-up
-                rows.append(
-                    (shape, load(url, "/v1/embeddings", body, clients=1, seconds=args.seconds))
-                )
+                load(url, "/v1/embeddings", query, clients=1, seconds=2)  # warm-up
+                if "query" in workloads:
+                    r = load(url, "/v1/embeddings", query, clients=1, seconds=args.seconds)
+                    row["query"] = (r["p50_ms"], r["p99_ms"])
+                bodies = backfill_bodies(backfill_lengths(shape))
+                if "backfill" in workloads:
+                    backfill = Backfill(port, bodies, args.clients)
+                    backfill.run(len(bodies) // 4)  # warm-up
+                    backfill.tokens = 0
+                    seconds = backfill.run(len(bodies) * args.passes)
+                    row["backfill"] = backfill.tokens / seconds
+                    row["errors"] = backfill.errors
+                if "mixed" in workloads:
+                    backfill = Backfill(port, bodies, args.clients)
+                    latencies, tokens_per_s = mixed(port, backfill, query, args.seconds)
+                    row["mixed"] = (*percentiles(latencies), tokens_per_s)
             finally:
                 proc.terminate()
                 proc.wait(timeout=60)
             shutil.rmtree(folder)
-    print(f"{'shape':<12} {'single request p50 ms':>22} {'p99 ms':>8} {'requests':>9}")
-    for shape, r in rows:
-        print(f"{shape:<12} {r['p50_ms']:>22.2f} {r['p99_ms']:>8.2f} {r['requests']:>9}")
+            results.append(row)
+    print(f"router flags: {args.router_args or '(defaults)'}; backfill clients: {args.clients}")
+    print(
+        f"{'shape':<11} {'query p50':>9} {'p99':>6} {'backfill tok/s':>14} "
+        f"{'mixed q p50':>11} {'q p99':>6} {'p99/idle':>8} {'mixed tok/s':>11} {'of solo':>7}"
+    )
+    for r in results:
+        q50, q99 = r.get("query", (float("nan"),) * 2)
+        solo = r.get("backfill", float("nan"))
+        m50, m99, mtok = r.get("mixed", (float("nan"),) * 3)
+        print(
+            f"{r['shape']:<11} {q50:>9.2f} {q99:>6.2f} {solo:>14,.0f} {m50:>11.2f} {m99:>6.2f} "
+            f"{m99 / q50:>7.1f}x {mtok:>11,.0f} {mtok / solo:>6.0%}"
+        )
 
 
 if __name__ == "__main__":
