@@ -9,9 +9,10 @@ so the query advances about one kernel per bulk kernel. What helps is not having
 work queued on the GPU in the first place.
 
 So while it runs an eager bulk batch, the bulk thread keeps at most `depth` layers queued
-ahead of the GPU (one event per layer) and, before it launches the next layer, waits while
-any interactive batch is in flight. A query then waits for at most `depth` layers of bulk
-work. CUDA-graph replays (batches up to 2,048 tokens) are one launch each and are not split.
+behind the one the GPU is running (one event per layer) and, before it launches the next
+layer, waits while any interactive batch is in flight. A query then waits for at most
+`depth + 1` layers of bulk work, about 1 ms each for a 16k-token batch. CUDA-graph replays
+(batches up to 2,048 tokens) are one launch each and are not split.
 """
 
 from __future__ import annotations
@@ -25,9 +26,10 @@ from typing import Any
 import torch
 from torch import nn
 
-# Two layers queued keep the GPU busy while the host launches the next one (launching a
-# layer takes ~0.1 ms of host time; a 16k-token layer runs ~1 ms on the GPU).
-DEFAULT_DEPTH = 2
+# One layer queued keeps the GPU busy while the host launches the next (launching a layer
+# takes ~0.1 ms of host time; a 16k-token layer runs ~1 ms on the GPU). Measured on an
+# H200: two queued layers gave a query p99 of 4.2x its idle p50 under a bert-large backfill.
+DEFAULT_DEPTH = 1
 
 
 class LayerGate:
