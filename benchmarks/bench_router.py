@@ -131,11 +131,14 @@ def with_tokenizer(folder: Path, tokenizer_dir: Path) -> Path:
 def serve(folder: Path, port: int, extra: list[str]) -> subprocess.Popen:
     cmd = ["text-embeddings-router", "--model-id", str(folder), "--port", str(port)]
     cmd += ["--hostname", "127.0.0.1", "--pooling", "mean", *extra]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    log = tempfile.TemporaryFile()
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
     deadline = time.time() + 600
     while time.time() < deadline:
         if proc.poll() is not None:
-            raise SystemExit(f"router exited with {proc.returncode}")
+            log.seek(0)
+            tail = log.read().decode(errors="replace")[-3000:]
+            raise SystemExit(f"router exited with {proc.returncode}:\n{tail}")
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2):
                 return proc

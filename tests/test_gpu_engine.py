@@ -74,7 +74,7 @@ def test_interactive_lane_equals_bulk_lane(models):  # type: ignore[no-untyped-d
     graphs, eager = models
     lane = graphs.interactive
     assert lane is not None and lane.stream.priority < 0  # the highest priority there is
-    for lengths in ([24], [7, 100, 1], [128] * 5):  # the last beyond the lane's graphs
+    for lengths in ([24], [7, 100, 1], [128] * 20):  # the last beyond the lane's graphs
         batch = _batch(lengths, graphs.network.vocab_size, seed=len(lengths))
         with graphs.lane(True):
             ours = graphs.embed(batch, interactive=True).cpu()
