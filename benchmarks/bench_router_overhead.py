@@ -38,8 +38,15 @@ class InstantBackend(Backend):
     def health(self) -> None:
         pass
 
-    def embed(self, input_ids, token_type_ids, position_ids, cu_seqlens, max_length):  # type: ignore[no-untyped-def]
+    def embed(self, input_ids, token_type_ids, position_ids, cu_seqlens, max_length, **kw):  # type: ignore[no-untyped-def]
         return np.zeros((len(cu_seqlens) // 4 - 1, self._hidden), np.float32)
+
+
+class InstantLaneBackend(InstantBackend):
+    """The same, claiming an interactive lane: the router runs two backend threads."""
+
+    def info(self):  # type: ignore[no-untyped-def]
+        return {**super().info(), "interactive_lane": True}
 
 
 SPLIT = ("", "_tokenization", "_queue", "_inference")
@@ -51,8 +58,9 @@ def scrape(base: str) -> dict[str, float]:
     out = {}
     for line in text.splitlines():
         for suffix in ("_sum", "_count"):
-            if line.startswith("te_batch_next_size" + suffix + " "):
-                out["te_batch_next_size" + suffix] = float(line.rsplit(" ", 1)[1])
+            name = "te_batch_next_size" + suffix
+            if line.startswith(name + " ") or line.startswith(name + "{"):  # summed over lanes
+                out[name] = out.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
         for s in SPLIT:
             name = f"te_request{s}_duration"
             for suffix in ("_sum", "_count"):
@@ -84,6 +92,7 @@ def main() -> None:
     p.add_argument("--clients", default="1,16")
     p.add_argument("--text", default="hello " * 22)
     p.add_argument("--extra", default="", help="extra router flags")
+    p.add_argument("--lanes", action="store_true", help="backend claims an interactive lane")
     args = p.parse_args()
     model = args.model_id
     if model is None:
@@ -97,7 +106,8 @@ def main() -> None:
     env.setdefault("LOG_LEVEL", "warn")
     cmd = ["text-embeddings-router", "--model-id", str(model), "--port", str(args.port)]
     cmd += ["--hostname", "127.0.0.1"]
-    cmd += ["--python-backend-class", "bench_router_overhead:InstantBackend"]
+    backend = "InstantLaneBackend" if args.lanes else "InstantBackend"
+    cmd += ["--python-backend-class", f"bench_router_overhead:{backend}"]
     cmd += args.extra.split()
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL)
     base = f"http://127.0.0.1:{args.port}"
