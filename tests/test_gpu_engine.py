@@ -15,6 +15,7 @@ from trt_tei_runtime import Model
 from trt_tei_runtime.batch import PackedBatch
 from trt_tei_runtime.engine import BuilderConfig
 from trt_tei_runtime.engine.build import build_engine
+from trt_tei_runtime.engine.calibration import CALIBRATION_TEXTS
 from trt_tei_runtime.engine.graphs import bucket_ladder
 from trt_tei_runtime.inference import load_inference_model
 
@@ -175,3 +176,10 @@ def test_engine_round_trip_on_gpu_with_fp8(tmp_path):  # type: ignore[no-untyped
     loaded = Model(tmp_path / "fp8")
     cos = (loaded.embed(texts).astype(np.float64) * fresh.embed(texts)).sum(1)
     assert cos.min() >= 0.99
+    # The gate's figure is what the written engine gives on the calibration set (graphs
+    # captured before quantization once made the builder compare bf16 with itself: 1.0).
+    ours = loaded.embed(CALIBRATION_TEXTS).astype(np.float64)
+    ref = fresh.embed(CALIBRATION_TEXTS).astype(np.float64)
+    measured = float((ours * ref).sum(1).min())
+    assert quality["min_cosine"] < 1 - 1e-6, quality
+    assert abs(quality["min_cosine"] - measured) < 2e-3, (quality, measured)

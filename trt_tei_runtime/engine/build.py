@@ -62,6 +62,8 @@ def build_engine(config: BuilderConfig, output: Path, *, force: bool = False) ->
     started = time.time()
     with steps:
         steps.set_postfix_str("load checkpoint")
+        # No CUDA graphs while building: graphs captured before quantization would keep
+        # replaying the bf16 kernels, and the quality gate would compare bf16 with itself.
         model = Model(
             config.checkpoint.repo,
             device=config.device,
@@ -69,6 +71,7 @@ def build_engine(config: BuilderConfig, output: Path, *, force: bool = False) ->
             pooling=config.pooling,
             revision=config.checkpoint.revision,
             max_batch_tokens=config.max_num_tokens,
+            cuda_graphs=False,
         )
         inference = model._model
         kind = "encoder" if isinstance(inference.network, BertModel) else "decoder"
