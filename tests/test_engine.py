@@ -60,6 +60,7 @@ def checkpoint(tmp_path_factory) -> Path:  # type: ignore[no-untyped-def]
         ),
         ({"checkpoint_repository": {"repo": "a/b", "branch": "x"}}, "unknown field(s) ['branch']"),
         ({"fp8_min_cosine": 1.5}, "fp8_min_cosine must be a number in (0, 1]"),
+        ({"fp8_fallback": "sometimes"}, "fp8_fallback must be one of auto, none"),
     ],
 )
 def test_builder_yaml_validation(checkpoint, change, message):  # type: ignore[no-untyped-def]
@@ -117,7 +118,10 @@ def test_engine_refuses_mismatched_base_model_and_dtype(checkpoint, tmp_path):  
 def test_fp8_quality_gate(checkpoint, tmp_path):  # type: ignore[no-untyped-def]
     # A perfect-cosine demand cannot be met by FP8: refused, nothing written.
     strict = _config(checkpoint, quantization_type="fp8", dtype="bfloat16", fp8_min_cosine=1.0)
-    with pytest.raises(BuildRefusedError, match="fails the quality gate: min cosine 0.9"):
+    with pytest.raises(
+        BuildRefusedError,
+        match="fails the quality gate: min cosine 0.9.* even with 4 of 8 linears kept in bfloat16",
+    ):
         build_engine(strict, tmp_path / "refused")
     assert not (tmp_path / "refused").exists()
 
@@ -131,6 +135,7 @@ def test_fp8_quality_gate(checkpoint, tmp_path):  # type: ignore[no-untyped-def]
     quality = ok["quantization"]["quality"]
     assert quality["passed"] and 0.99 <= quality["min_cosine"] < 1.0
     assert quality["quantized_linears"] == 8  # 2 layers x (qkv, attn_out, up, down)
+    assert quality["kept_linears"] == []
     with safe_open(str(tmp_path / "fp8" / "engine.safetensors"), "pt") as f:
         assert str(f.get_tensor("layers.0.qkv.weight").dtype) == "torch.float8_e4m3fn"
         assert "layers.0.qkv.weight_scale" in set(f.keys())
@@ -138,6 +143,42 @@ def test_fp8_quality_gate(checkpoint, tmp_path):  # type: ignore[no-untyped-def]
     reference = Model(checkpoint).embed(TEXTS)
     cos = (fp8.embed(TEXTS).astype(np.float64) * reference).sum(1)
     assert cos.min() >= 0.99
+
+
+def test_fp8_fallback_keeps_the_most_sensitive_linears(checkpoint, tmp_path):  # type: ignore[no-untyped-def]
+    from trt_tei_runtime.engine.calibration import CALIBRATION_TEXTS
+    from trt_tei_runtime.layers.fp8 import Fp8Linear
+    from trt_tei_runtime.layers.linear import Linear
+
+    fp8 = {"quantization_type": "fp8", "dtype": "bfloat16"}
+    plain = build_engine(
+        _config(checkpoint, **fp8, fp8_fallback="none", fp8_min_cosine=1.0),
+        tmp_path / "all-fp8",
+        force=True,
+    )["quantization"]["quality"]
+    assert plain["kept_linears"] == [] and plain["quantized_linears"] == 8
+    # A gate just above what FP8 everywhere gives: only the fallback can meet it.
+    gate = plain["min_cosine"] + 0.05 * (1.0 - plain["min_cosine"])
+    with pytest.raises(BuildRefusedError, match="fails the quality gate"):
+        build_engine(
+            _config(checkpoint, **fp8, fp8_fallback="none", fp8_min_cosine=gate), tmp_path / "x"
+        )
+    quality = build_engine(_config(checkpoint, **fp8, fp8_min_cosine=gate), tmp_path / "mixed")[
+        "quantization"
+    ]["quality"]
+    kept = quality["kept_linears"]
+    assert quality["passed"] and quality["min_cosine"] >= gate, quality
+    assert 1 <= len(kept) <= 4 and quality["quantized_linears"] == 8 - len(kept)
+
+    # The engine loads with exactly those linears in bf16, and gives the gate's figure.
+    engine = Model(tmp_path / "mixed")
+    network = engine._model.network
+    for name, module in network.named_modules():
+        if name.startswith("layers.") and isinstance(module, (Linear, Fp8Linear)):
+            assert isinstance(module, Linear if name in kept else Fp8Linear), name
+    reference = Model(checkpoint, dtype="bfloat16").embed(CALIBRATION_TEXTS).astype(np.float64)
+    cos = (engine.embed(CALIBRATION_TEXTS).astype(np.float64) * reference).sum(1)
+    assert abs(cos.min() - quality["min_cosine"]) < 1e-6
 
 
 def test_build_cli(checkpoint, tmp_path, capsys):  # type: ignore[no-untyped-def]

@@ -21,7 +21,8 @@ from tqdm.auto import tqdm
 
 from .. import __version__
 from ..errors import InputError
-from ..layers.fp8 import quantize_linears
+from ..layers.fp8 import quantizable_linears, quantize_linears, set_submodule
+from ..layers.linear import Linear
 from ..model import Model
 from ..models.bert import BertModel
 from . import ENGINE_FORMAT, ENGINE_VERSION, MANIFEST, WEIGHTS
@@ -84,19 +85,7 @@ def build_engine(config: BuilderConfig, output: Path, *, force: bool = False) ->
         quality: dict[str, Any] | None = None
         steps.set_postfix_str("quantize" if config.quantization_type == "fp8" else "convert")
         if config.quantization_type == "fp8":
-            reference = _calibration_outputs(model)
-            replaced = quantize_linears(inference.network)
-            quality = _compare(model, reference)
-            quality["quantized_linears"] = replaced
-            quality["min_cosine_required"] = config.fp8_min_cosine
-            passed = quality["min_cosine"] >= config.fp8_min_cosine and quality["order_preserved"]
-            quality["passed"] = passed
-            if not passed and not force:
-                raise BuildRefusedError(
-                    f"FP8 engine fails the quality gate: min cosine {quality['min_cosine']:.6f} "
-                    f"(needs {config.fp8_min_cosine}), rank order preserved: "
-                    f"{quality['order_preserved']}; nothing written (use --force to write anyway)"
-                )
+            quality = _quantize_under_gate(model, config, force)
         steps.update()
 
         steps.set_postfix_str("write")
@@ -141,6 +130,67 @@ def build_engine(config: BuilderConfig, output: Path, *, force: bool = False) ->
 
 def _device_name(device: torch.device) -> str:
     return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+
+
+def _quantize_under_gate(model: Model, config: BuilderConfig, force: bool) -> dict[str, Any]:
+    """Swaps the network's linears for FP8 ones and measures the result on the calibration
+    set. Under the gate, with `fp8_fallback: auto`, the linears whose quantization costs
+    the most keep the model dtype, one at a time, until the gate passes — at most half of
+    them, beyond which FP8 would buy little. Still under the gate: refused unless `force`."""
+    network = model._model.network
+    reference = _calibration_outputs(model)
+    originals = quantizable_linears(network)
+    quantize_linears(network)
+    quality = _compare(model, reference)
+    kept: list[str] = []
+    if not _passes(quality, config) and config.fp8_fallback == "auto":
+        kept, quality = _keep_most_sensitive(model, reference, originals, config)
+    quality["quantized_linears"] = len(originals) - len(kept)
+    quality["kept_linears"] = kept
+    quality["min_cosine_required"] = config.fp8_min_cosine
+    quality["passed"] = _passes(quality, config)
+    if not quality["passed"] and not force:
+        fallback = (
+            f" even with {len(kept)} of {len(originals)} linears kept in {config.dtype}"
+            if kept
+            else ""
+        )
+        raise BuildRefusedError(
+            f"FP8 engine fails the quality gate: min cosine {quality['min_cosine']:.6f} "
+            f"(needs {config.fp8_min_cosine}), rank order preserved: "
+            f"{quality['order_preserved']}{fallback}; nothing written (use --force to write "
+            "anyway, or quantization_type: no_quant)"
+        )
+    return quality
+
+
+def _passes(quality: dict[str, Any], config: BuilderConfig) -> bool:
+    return bool(quality["min_cosine"] >= config.fp8_min_cosine and quality["order_preserved"])
+
+
+def _keep_most_sensitive(
+    model: Model, reference: np.ndarray, originals: dict[str, Linear], config: BuilderConfig
+) -> tuple[list[str], dict[str, Any]]:
+    """Ranks the linears by the calibration cosine with only that one back in high
+    precision, then puts them back in that order until the gate passes."""
+    network = model._model.network
+    fp8 = {name: network.get_submodule(name) for name in originals}
+    recovered = {}
+    for name, linear in tqdm(originals.items(), desc="fp8 sensitivity", unit="linear"):
+        set_submodule(network, name, linear)
+        recovered[name] = _compare(model, reference)["min_cosine"]
+        set_submodule(network, name, fp8[name])
+    kept: list[str] = []
+    quality: dict[str, Any] = {}
+    for name in sorted(recovered, key=recovered.__getitem__, reverse=True):
+        if len(kept) >= len(originals) // 2:
+            break
+        set_submodule(network, name, originals[name])
+        kept.append(name)
+        quality = _compare(model, reference)
+        if _passes(quality, config):
+            break
+    return kept, quality
 
 
 def _calibration_outputs(model: Model) -> np.ndarray:

@@ -25,6 +25,8 @@ _TOP_LEVEL = {
     "pooling": "cls | mean | last-token (optional)",
     "device": "cuda | cpu (optional, default cuda when present)",
     "fp8_min_cosine": "number in (0, 1] (optional, default 0.999)",
+    "fp8_fallback": "auto | none (optional, default auto: keep the linears FP8 hurts most "
+    "in dtype until the quality gate passes)",
 }
 _REPO_FIELDS = {"repo", "revision", "source"}
 
@@ -47,6 +49,7 @@ class BuilderConfig:
     pooling: str | None = None
     device: str | None = None
     fp8_min_cosine: float = 0.999
+    fp8_fallback: str = "auto"
 
     @classmethod
     def from_yaml(cls, path: str | Path) -> BuilderConfig:
@@ -81,6 +84,7 @@ class BuilderConfig:
             pooling=field.optional_choice("pooling", ("cls", "mean", "last-token")),
             device=field.optional_choice("device", ("cuda", "cpu")),
             fp8_min_cosine=field.fraction("fp8_min_cosine", 0.999),
+            fp8_fallback=field.choice("fp8_fallback", ("auto", "none"), "auto"),
         )
         if config.max_batch_size > config.max_num_tokens:
             raise BuilderConfigError(

@@ -44,7 +44,8 @@ def load_engine_network(
     network = arch.from_checkpoint(config, reader, model_dir)
     reader.finish()
     if manifest["quantization"]["type"] == "fp8":
-        quantize_linears(network)
+        quality = manifest["quantization"].get("quality") or {}
+        quantize_linears(network, keep=quality.get("kept_linears", []))
     weights_path = model_dir / WEIGHTS
     if not weights_path.is_file():
         raise CheckpointError(f"missing file {WEIGHTS} in engine {model_dir}")

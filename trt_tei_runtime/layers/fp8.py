@@ -7,6 +7,8 @@ token and the weight is dequantized, so CPU tests see the quantization error the
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -66,15 +68,29 @@ class Fp8Linear(nn.Module):
         return out.reshape(*shape[:-1], -1)
 
 
-def quantize_linears(network: nn.Module, scope: str = "layers.") -> int:
-    """Replaces every `Linear` under `scope` (the transformer blocks; embeddings and heads
-    stay in high precision) with an `Fp8Linear`. Returns how many were replaced."""
-    targets = [
-        (name, module)
+def quantizable_linears(network: nn.Module, scope: str = "layers.") -> dict[str, Linear]:
+    """Every `Linear` under `scope` (the transformer blocks; embeddings and heads stay in
+    high precision), by module name."""
+    return {
+        name: module
         for name, module in network.named_modules()
         if isinstance(module, Linear) and name.startswith(scope)
-    ]
-    for name, module in targets:
-        parent_name, _, attr = name.rpartition(".")
-        setattr(network.get_submodule(parent_name), attr, Fp8Linear.from_linear(module))
-    return len(targets)
+    }
+
+
+def quantize_linears(
+    network: nn.Module, scope: str = "layers.", keep: Collection[str] = ()
+) -> list[str]:
+    """Replaces every `Linear` under `scope`, except those named in `keep`, with an
+    `Fp8Linear`. Returns the names replaced."""
+    replaced = []
+    for name, module in quantizable_linears(network, scope).items():
+        if name not in keep:
+            set_submodule(network, name, Fp8Linear.from_linear(module))
+            replaced.append(name)
+    return replaced
+
+
+def set_submodule(network: nn.Module, name: str, module: nn.Module) -> None:
+    parent_name, _, attr = name.rpartition(".")
+    setattr(network.get_submodule(parent_name), attr, module)
