@@ -86,11 +86,16 @@ def hf_backfill(hf, docs: list[list[int]], batch_size: int = 32) -> Callable[[],
     return run
 
 
+def percentiles(latencies: list[float]) -> tuple[float, float]:
+    """(p50, p99) in milliseconds of latencies in seconds."""
+    ordered = sorted(latencies)
+    return statistics.median(ordered) * 1e3, ordered[int(0.99 * (len(ordered) - 1))] * 1e3
+
+
 def query_latencies(fn: Callable[[], object], reps: int) -> tuple[float, float]:
     for _ in range(5):
         fn()
-    times = sorted(timed(fn) for _ in range(reps))
-    return statistics.median(times) * 1e3, times[int(0.99 * (len(times) - 1))] * 1e3
+    return percentiles([timed(fn) for _ in range(reps)])
 
 
 def bench_shape(shape: str, dtype: str, reps: int, max_batch_tokens: int, fp8: bool) -> list[dict]:

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import queue
-import statistics
 import sys
 import tempfile
 import threading
@@ -29,7 +28,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from bench_engine import backfill_lengths, random_ids
+from bench_engine import backfill_lengths, percentiles, query_latencies, random_ids
 from shapes import write_random_checkpoint
 
 from trt_tei_runtime.backend import LANE_SWITCH_INTERVAL_S
@@ -39,11 +38,6 @@ from trt_tei_runtime.inference import InferenceModel, InteractiveLane, load_infe
 
 QUERY_TOKENS = 24
 QUERY_INTERVAL_S = 0.020
-
-
-def percentiles(latencies: list[float]) -> tuple[float, float]:
-    ordered = sorted(latencies)
-    return statistics.median(ordered) * 1e3, ordered[int(0.99 * (len(ordered) - 1))] * 1e3
 
 
 class Backfill:
@@ -81,17 +75,6 @@ def query_fn(model: InferenceModel, query: PackedBatch, interactive: bool) -> Ca
             model.embed(query, interactive=interactive).cpu()
 
     return run
-
-
-def idle_queries(run: Callable[[], None], reps: int) -> list[float]:
-    for _ in range(10):
-        run()
-    times = []
-    for _ in range(reps):
-        start = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - start)
-    return times
 
 
 def mixed_serial(backfill: Backfill, run_query: Callable[[], None], seconds: float):  # type: ignore[no-untyped-def]
@@ -168,7 +151,7 @@ def bench(shape: str, batch_tokens: list[int], seconds: float) -> list[dict]:
         gated = model.interactive
         # A gate attached to no layer never pauses the backfill.
         ungated = InteractiveLane(gated.stream, gated.graphs, LayerGate())
-        idle = percentiles(idle_queries(query_fn(model, query, True), 200))
+        idle = query_latencies(query_fn(model, query, True), 200)
         for budget in batch_tokens:
             backfill = Backfill(model, docs, budget)
             solo = solo_backfill(backfill, seconds / 2)

@@ -22,7 +22,6 @@ import http.client
 import itertools
 import json
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -31,6 +30,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+from bench_engine import backfill_lengths, percentiles
 from shapes import write_random_checkpoint
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "http"))
@@ -116,11 +116,6 @@ def mixed(port: int, backfill: Backfill, query: bytes, seconds: float) -> tuple[
     return latencies, tokens_per_s
 
 
-def percentiles(latencies: list[float]) -> tuple[float, float]:
-    ordered = sorted(latencies)
-    return statistics.median(ordered) * 1e3, ordered[int(0.99 * (len(ordered) - 1))] * 1e3
-
-
 def with_tokenizer(folder: Path, tokenizer_dir: Path) -> Path:
     for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
         if (tokenizer_dir / name).is_file():
@@ -149,8 +144,6 @@ def serve(folder: Path, port: int, extra: list[str]) -> subprocess.Popen:
 
 
 def main() -> None:
-    from bench_engine import backfill_lengths
-
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )

@@ -6,6 +6,8 @@ one token over (eager fallback), builder round trip and the FP8 gate on Hopper.
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import pytest
 import torch
@@ -85,8 +87,6 @@ def test_interactive_lane_equals_bulk_lane(models):  # type: ignore[no-untyped-d
 def test_lanes_run_concurrently_without_mixing_results(models):  # type: ignore[no-untyped-def]
     """A bulk thread and an interactive thread at once, as the router drives them: every
     result equals the same batch run alone."""
-    import threading
-
     graphs, eager = models
     vocab = graphs.network.vocab_size
     # 512 to 3,072 tokens: graph replays and eager batches (over 2,048) on the bulk lane.
@@ -117,8 +117,6 @@ def test_lanes_run_concurrently_without_mixing_results(models):  # type: ignore[
 
 
 def test_eager_bulk_batches_pause_while_a_query_is_in_flight(models):  # type: ignore[no-untyped-def]
-    import threading
-
     graphs, eager = models
     lane = graphs.interactive
     assert lane is not None

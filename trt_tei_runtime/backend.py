@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import sys
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -89,22 +90,24 @@ class Backend:
             torch.cuda.synchronize(self.model.device)
 
     # The router calls these with `interactive=True` from its second thread (see above).
+    # `arrays`: input_ids, token_type_ids, position_ids, cu_seqlens, max_length.
 
     def embed(self, *arrays: Any, interactive: bool = False) -> np.ndarray:
-        """`arrays`: input_ids, token_type_ids, position_ids, cu_seqlens, max_length."""
-        batch = PackedBatch.from_arrays(*arrays)
-        with self.model.lane(interactive):
-            return _numpy(self.model.embed(batch, interactive=interactive))
+        return self._run(self.model.embed, arrays, interactive)
 
     def embed_all(self, *arrays: Any, interactive: bool = False) -> np.ndarray:
-        batch = PackedBatch.from_arrays(*arrays)
-        with self.model.lane(interactive):
-            return _numpy(self.model.embed_tokens(batch, interactive=interactive))
+        return self._run(self.model.embed_tokens, arrays, interactive)
 
     def predict(self, *arrays: Any, interactive: bool = False) -> np.ndarray:
+        return self._run(self.model.predict, arrays, interactive)
+
+    def _run(
+        self, method: Callable[..., torch.Tensor], arrays: tuple[Any, ...], interactive: bool
+    ) -> np.ndarray:
         batch = PackedBatch.from_arrays(*arrays)
+        # The copy to the host follows the lane's own work, not the other lane's.
         with self.model.lane(interactive):
-            return _numpy(self.model.predict(batch, interactive=interactive))
+            return _numpy(method(batch, interactive=interactive))
 
 
 def _numpy(tensor: torch.Tensor) -> np.ndarray:

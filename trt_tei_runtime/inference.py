@@ -201,20 +201,20 @@ class InferenceModel:
     @torch.inference_mode()
     def hidden_states(self, batch: PackedBatch, *, interactive: bool = False) -> torch.Tensor:
         """Per-token last hidden states `[T, H]` in the model dtype, on the device."""
-        return self._forward(batch, interactive)[0]
+        with self.lane(interactive):
+            return self._forward(batch, interactive)[0]
 
     def _forward(self, batch: PackedBatch, interactive: bool) -> tuple[torch.Tensor, PackedBatch]:
-        """Hidden states and the batch as it lies on the device (one copy either way), on
-        the bulk lane or the interactive one (`lane`)."""
+        """Hidden states and the batch as it lies on the device (one copy either way), with
+        the bulk lane's graphs or the interactive one's; the caller holds `lane`."""
         self._check_tokens(batch)
-        with self.lane(interactive):
-            graphs = self.interactive.graphs if interactive and self.interactive else self.graphs
-            if graphs is not None and graphs.can_run(batch):
-                return graphs.run(batch)
-            if interactive or self.interactive is None:
-                return self._eager(batch)
-            with self.interactive.gate.bulk():
-                return self._eager(batch)
+        graphs = self.interactive.graphs if interactive and self.interactive else self.graphs
+        if graphs is not None and graphs.can_run(batch):
+            return graphs.run(batch)
+        if interactive or self.interactive is None:
+            return self._eager(batch)
+        with self.interactive.gate.bulk():
+            return self._eager(batch)
 
     def _eager(self, batch: PackedBatch) -> tuple[torch.Tensor, PackedBatch]:
         batch = batch.to(self.device)
@@ -233,19 +233,18 @@ class InferenceModel:
             raise InputError(
                 f"{self.info.architecture} is a {self.info.model_type}: use predict, not embed"
             )
-        hidden, on_device = self._forward(batch, interactive)
         with self.lane(interactive):
+            hidden, on_device = self._forward(batch, interactive)
             pooled = pool(hidden, on_device.cu_seqlens, self.info.pooling)
             for layer in self.dense:
                 pooled = layer(pooled)
-        return pooled
+            return pooled
 
     @torch.inference_mode()
     def embed_tokens(self, batch: PackedBatch, *, interactive: bool = False) -> torch.Tensor:
         """Per-token embeddings `[T, H]` in float32 (TEI's /embed_all)."""
-        hidden = self.hidden_states(batch, interactive=interactive)
         with self.lane(interactive):
-            return hidden.float()
+            return self._forward(batch, interactive)[0].float()
 
     @torch.inference_mode()
     def predict(self, batch: PackedBatch, *, interactive: bool = False) -> torch.Tensor:
@@ -254,8 +253,8 @@ class InferenceModel:
             raise InputError(
                 f"{self.info.architecture} is an embedding model: use embed, not predict"
             )
-        hidden, on_device = self._forward(batch, interactive)
         with self.lane(interactive):
+            hidden, on_device = self._forward(batch, interactive)
             return self.network.logits(hidden, on_device).float()
 
     def _check_tokens(self, batch: PackedBatch) -> None:

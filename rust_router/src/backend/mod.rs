@@ -466,7 +466,7 @@ fn guarded<T>(f: impl FnOnce() -> Result<T, BackendError>) -> Result<T, BackendE
 
 #[cfg(test)]
 mod tests {
-    use super::fake::{FakeBackend, Gate, HOLD_ID, POISON_ID};
+    use super::fake::{FakeBackend, Gate, SeenBatch, HOLD_ID, POISON_ID};
     use super::*;
 
     fn batch(ids: &[&[u32]]) -> Batch {
@@ -528,6 +528,15 @@ mod tests {
         rx
     }
 
+    /// The name of the thread that ran each batch, in order.
+    fn threads_that_ran(seen: &std::sync::Mutex<Vec<SeenBatch>>) -> Vec<String> {
+        seen.lock()
+            .unwrap()
+            .iter()
+            .map(|b| b.thread.clone())
+            .collect()
+    }
+
     async fn until(what: &str, mut done: impl FnMut() -> bool) {
         let deadline = Instant::now() + Duration::from_secs(5);
         while !done() {
@@ -567,13 +576,10 @@ mod tests {
 
         gate.open();
         assert!(bulk.await.unwrap().is_ok());
-        let threads_seen: Vec<String> = seen
-            .lock()
-            .unwrap()
-            .iter()
-            .map(|b| b.thread.clone())
-            .collect();
-        assert_eq!(threads_seen, ["model-backend", "model-interactive"]);
+        assert_eq!(
+            threads_that_ran(&seen),
+            ["model-backend", "model-interactive"]
+        );
         drop(handle);
         threads.join().unwrap();
     }
@@ -588,13 +594,7 @@ mod tests {
             let rx = send(&handle, lane, batch(&[&[2, 4, 3]])).await;
             assert!(rx.await.unwrap().is_ok());
         }
-        let threads_seen: Vec<String> = seen
-            .lock()
-            .unwrap()
-            .iter()
-            .map(|b| b.thread.clone())
-            .collect();
-        assert_eq!(threads_seen, ["model-backend", "model-backend"]);
+        assert_eq!(threads_that_ran(&seen), ["model-backend", "model-backend"]);
         assert_eq!(threads.0.len(), 1);
         drop(handle);
         threads.join().unwrap();
