@@ -93,14 +93,15 @@ def test_decoder_fp32_on_gpu_matches_cpu(tmp_path, case):  # type: ignore[no-unt
     assert cosine(a, b).min() >= 0.99999
 
 
+@pytest.mark.parametrize("softcap", [3.0, None], ids=["softcap", "plain"])
 @pytest.mark.parametrize("head_dim", [16, 80, 256])
 @pytest.mark.parametrize(
     "causal, window", [(True, None), (True, 7), (False, None), (False, 5)], ids=str
 )
-def test_triton_softcap_attention_matches_padded_reference(head_dim, causal, window):  # type: ignore[no-untyped-def]
-    """The Triton kernel against the explicit-scores path, in float32 on the same inputs."""
+def test_triton_attention_matches_padded_reference(head_dim, causal, window, softcap):  # type: ignore[no-untyped-def]
+    """The Triton kernel against the padded paths (explicit scores, SDPA), float32 inputs."""
     from trt_tei_runtime.layers import attention
-    from trt_tei_runtime.layers.triton_attention import softcap_attention
+    from trt_tei_runtime.layers.triton_attention import attention as triton_attention
 
     torch.manual_seed(0)
     lengths = [1, 130, 3, 64, 17]
@@ -109,8 +110,8 @@ def test_triton_softcap_attention_matches_padded_reference(head_dim, causal, win
     q = torch.randn(tokens, 8, head_dim, device="cuda", dtype=torch.bfloat16) * 2
     k = torch.randn(tokens, 2, head_dim, device="cuda", dtype=torch.bfloat16) * 2
     v = torch.randn(tokens, 2, head_dim, device="cuda", dtype=torch.bfloat16)
-    kwargs = dict(causal=causal, sliding_window=window, scale=0.2, softcap=3.0)
-    ours = softcap_attention(q, k, v, cu, max(lengths), **kwargs).float()
+    kwargs = dict(causal=causal, sliding_window=window, scale=0.2, softcap=softcap)
+    ours = triton_attention(q, k, v, cu, max(lengths), **kwargs).float()
     meta = attention.AttentionMetadata.build(cu, max(lengths), use_flash=False)
     ref = attention.varlen_attention(q.float(), k.float(), v.float(), meta, **kwargs)
     assert (ours - ref).abs().max() <= 2e-2

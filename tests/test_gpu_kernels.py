@@ -103,6 +103,32 @@ def test_varlen_attention_native_gqa_matches_repeated_heads(dtype):  # type: ign
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("lengths", [[24], [3, 17, 9, 1, 128]], ids=["query", "small-batch"])
+def test_short_sequences_take_triton_and_match_flash(dtype, causal, lengths, monkeypatch):  # type: ignore[no-untyped-def]
+    """Batches of sequences up to SHORT_SEQLEN run the Triton kernel (FlashAttention is
+    not called), with a CUDA graph's layout: empty sequences after the real ones."""
+    from trt_tei_runtime.layers import attention
+
+    assert max(lengths) <= attention.SHORT_SEQLEN
+    torch.manual_seed(0)
+    tokens = sum(lengths)
+    ends = torch.tensor(lengths).cumsum(0).tolist()
+    cu = torch.tensor([0, *ends, tokens, tokens], device="cuda", dtype=torch.int32)
+    q = torch.randn(tokens, 16, 128, device="cuda", dtype=dtype)
+    k, v = (torch.randn(tokens, 8, 128, device="cuda", dtype=dtype) for _ in range(2))
+    meta = attention.AttentionMetadata.build(cu, max(lengths), use_flash=True)
+    expected = attention._flash(q, k, v, meta, causal, None, None)
+
+    def no_flash(*args):  # type: ignore[no-untyped-def]
+        raise AssertionError("FlashAttention ran on a short batch")
+
+    monkeypatch.setattr(attention, "_flash", no_flash)
+    ours = attention.varlen_attention(q, k, v, meta, causal=causal)
+    torch.testing.assert_close(ours, expected, rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("cols", [1024, 3072, 12288, 1000])
 def test_quantize_fp8_rowwise(dtype, cols):  # type: ignore[no-untyped-def]
     x = (

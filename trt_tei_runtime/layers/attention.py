@@ -6,9 +6,11 @@ Two implementations, chosen here and nowhere else:
 - Everything else (CPU, fp32): scatter the packed tokens into a padded
   `[n_seqs, heads, max_len, head_dim]` tensor and run `scaled_dot_product_attention` with a
   key-padding mask. The scatter indices are computed once per batch in `AttentionMetadata`.
-- Attention-logit soft-capping (Gemma 2), which neither kernel above offers: a Triton
-  varlen kernel on flash batches (`triton_attention.py`), else the padded path with
-  explicit scores (`_padded_eager`).
+- A Triton varlen kernel (`triton_attention.py`) on CUDA for what FlashAttention 2 does
+  badly or not at all: batches whose longest sequence is at most `SHORT_SEQLEN` tokens
+  (single queries and the small CUDA-graph buckets, where FlashAttention 2's fixed cost
+  dominates) and attention-logit soft-capping (Gemma 2). Without Triton, soft-capping
+  takes the padded path with explicit scores (`_padded_eager`).
 """
 
 from __future__ import annotations
@@ -26,6 +28,10 @@ except ImportError:  # pragma: no cover - older torch falls back to padded SDPA
     _varlen_attn = None  # type: ignore[assignment]
 
 _FLASH_DTYPES = (torch.float16, torch.bfloat16)
+
+# Longest sequence for which the Triton kernel replaces FlashAttention 2; measured in
+# benchmarks/bench_attention.py (RESULTS.md, "short-sequence attention").
+SHORT_SEQLEN = 128
 
 
 @dataclass
@@ -96,19 +102,20 @@ def varlen_attention(
     positions away on either side (transformers' bidirectional sliding mask).
     `softcap` caps the scaled scores as `softcap * tanh(scores / softcap)` (Gemma 2).
     """
+    on_packed_cuda = meta.pad_index is None and triton_attention.available(q)
+    if on_packed_cuda and (softcap is not None or meta.max_seqlen <= SHORT_SEQLEN):
+        return triton_attention.attention(
+            q,
+            k,
+            v,
+            meta.cu_seqlens,
+            meta.max_seqlen,
+            causal=causal,
+            sliding_window=sliding_window,
+            scale=q.shape[-1] ** -0.5 if scale is None else scale,
+            softcap=softcap,
+        )
     if softcap is not None:
-        if meta.pad_index is None and triton_attention.available(q):
-            return triton_attention.softcap_attention(
-                q,
-                k,
-                v,
-                meta.cu_seqlens,
-                meta.max_seqlen,
-                causal=causal,
-                sliding_window=sliding_window,
-                scale=q.shape[-1] ** -0.5 if scale is None else scale,
-                softcap=softcap,
-            )
         return _padded_eager(q, k, v, meta, causal, sliding_window, scale, softcap)
     if meta.pad_index is None:
         return _flash(q, k, v, meta, causal, sliding_window, scale)

@@ -1,13 +1,22 @@
-"""A varlen FlashAttention forward in Triton for what torch's `varlen_attn` cannot do:
-attention-logit soft-capping (Gemma 2), with causal or bidirectional masks, sliding
-windows and grouped-query attention, straight on the packed tokens.
+"""A varlen FlashAttention forward in Triton, straight on the packed tokens.
 
-It never synchronizes with the host and allocates only its output, so CUDA graphs can
-capture it; programs of query blocks past their sequence's end (empty sequences of a
-graph's static batch included) return at once. Scores, soft-cap and softmax are float32.
+It serves two cases torch's `varlen_attn` (FlashAttention 2) serves badly or not at all:
+- attention-logit soft-capping (Gemma 2), which FlashAttention 2 does not offer;
+- short sequences (single queries and the small CUDA-graph buckets), where FlashAttention
+  2 costs ~13 µs a layer for 24 tokens: most of that is launch set-up and blocks sized
+  for long sequences, while this kernel sizes its blocks to the batch's longest sequence.
+
+Causal or bidirectional masks, sliding windows and grouped-query attention (k/v heads
+shared by `GROUP` query heads, never repeated in memory). It never synchronizes with the
+host and allocates only its output, so CUDA graphs can capture it; programs of query
+blocks past their sequence's end (empty sequences of a graph's static batch included)
+return at once. Scores, soft-cap and softmax are float32; exponentials are base 2 with
+log2(e) folded into the scale.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
@@ -17,15 +26,42 @@ try:
 except ImportError:  # pragma: no cover - CPU-only installs
     triton = None
 
+_LOG2E = 1.4426950408889634
+
 
 def available(q: torch.Tensor) -> bool:
     return triton is not None and q.is_cuda
 
 
+@dataclass(frozen=True)
+class Blocks:
+    """Tile sizes and launch shape of one kernel instance."""
+
+    block_m: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+
+
+def default_blocks(max_seqlen: int, head_dim: int) -> Blocks:
+    """Query/key tiles no larger than the longest sequence needs (at least 16, what
+    `tl.dot` takes), 64 otherwise; fewer key columns for wide heads to stay in registers."""
+    block_d = _block_d(head_dim)
+    fit = max(16, triton.next_power_of_2(max(max_seqlen, 1)))
+    block_m = min(64, fit)
+    block_n = min(64 if block_d <= 128 else 32, fit)
+    num_warps = 4 if block_d <= 64 or block_m <= 32 else 8
+    return Blocks(block_m, block_n, num_warps, num_stages=2)
+
+
+def _block_d(head_dim: int) -> int:
+    return max(16, triton.next_power_of_2(head_dim))
+
+
 if triton is not None:
 
     @triton.jit
-    def _softcap_attention_kernel(
+    def _attention_kernel(
         Q,
         K,
         V,
@@ -50,6 +86,7 @@ if triton is not None:
         BLOCK_N: tl.constexpr,
         HAS_LEFT: tl.constexpr,
         HAS_RIGHT: tl.constexpr,
+        HAS_SOFTCAP: tl.constexpr,
     ):
         pid_m = tl.program_id(0)
         seq = tl.program_id(1)
@@ -85,9 +122,14 @@ if triton is not None:
                 K + (start + offs_n)[None, :] * stride_kt + kv_head * stride_kh + offs_d[:, None]
             )
             k = tl.load(k_ptrs, mask=col_ok[None, :] & d_ok[:, None], other=0.0)
-            s = tl.dot(q, k) * scale
-            # softcap * tanh(s / softcap), tanh through exp (saturates cleanly at +-1).
-            s = softcap * (1.0 - 2.0 / (tl.exp(2.0 * s / softcap) + 1.0))
+            s = tl.dot(q, k)
+            if HAS_SOFTCAP:
+                # softcap * tanh(s * scale / softcap), tanh through exp (saturates cleanly
+                # at +-1); then into base-2 units for exp2.
+                s = s * scale
+                s = softcap * (1.0 - 2.0 / (tl.exp(2.0 * s / softcap) + 1.0)) * 1.4426950408889634
+            else:
+                s = s * scale  # the launcher folded log2(e) into `scale`
             allowed = col_ok[None, :]
             distance = offs_m[:, None] - offs_n[None, :]  # query - key
             if HAS_LEFT:
@@ -97,8 +139,8 @@ if triton is not None:
             s = tl.where(allowed, s, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(s, 1))
             m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-            alpha = tl.exp(m_i - m_safe)
-            p = tl.exp(s - m_safe[:, None])
+            alpha = tl.exp2(m_i - m_safe)
+            p = tl.exp2(s - m_safe[:, None])
             l_i = l_i * alpha + tl.sum(p, 1)
             v_ptrs = (
                 V + (start + offs_n)[:, None] * stride_vt + kv_head * stride_vh + offs_d[None, :]
@@ -111,7 +153,7 @@ if triton is not None:
         tl.store(o_ptrs, acc.to(Out.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
 
 
-def softcap_attention(
+def attention(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
@@ -121,9 +163,13 @@ def softcap_attention(
     causal: bool,
     sliding_window: int | None,
     scale: float,
-    softcap: float,
+    softcap: float | None = None,
+    blocks: Blocks | None = None,
 ) -> torch.Tensor:
-    """q `[T, Hq, D]`, k/v `[T, Hkv, D]` → `[T, Hq, D]`; masks as `varlen_attention`'s."""
+    """q `[T, Hq, D]`, k/v `[T, Hkv, D]` → `[T, Hq, D]`; masks as `varlen_attention`'s.
+
+    `max_seqlen` bounds the sequences in `cu_seqlens` (it sizes the grid and the tiles);
+    `blocks` overrides the tiles (benchmarks sweep them)."""
     assert triton is not None
     q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
     tokens, heads, head_dim = q.shape
@@ -133,11 +179,9 @@ def softcap_attention(
         right = 0
     else:
         left = right = -1 if sliding_window is None else sliding_window
-    block_d = max(16, triton.next_power_of_2(head_dim))
-    block_m = 64
-    block_n = 64 if block_d <= 128 else 32
-    grid = (triton.cdiv(max(max_seqlen, 1), block_m), cu_seqlens.numel() - 1, heads)
-    _softcap_attention_kernel[grid](
+    tiles = blocks or default_blocks(max_seqlen, head_dim)
+    grid = (triton.cdiv(max(max_seqlen, 1), tiles.block_m), cu_seqlens.numel() - 1, heads)
+    _attention_kernel[grid](
         q,
         k,
         v,
@@ -151,18 +195,19 @@ def softcap_attention(
         v.stride(1),
         out.stride(0),
         out.stride(1),
-        float(scale),
-        float(softcap),
+        float(scale) if softcap is not None else float(scale) * _LOG2E,
+        float(softcap or 1.0),
         max(left, 0),
         max(right, 0),
         GROUP=heads // k.shape[1],
         HEAD_DIM=head_dim,
-        BLOCK_D=block_d,
-        BLOCK_M=block_m,
-        BLOCK_N=block_n,
+        BLOCK_D=_block_d(head_dim),
+        BLOCK_M=tiles.block_m,
+        BLOCK_N=tiles.block_n,
         HAS_LEFT=left >= 0,
         HAS_RIGHT=right >= 0,
-        num_warps=4 if block_d <= 64 else 8,
-        num_stages=2,
+        HAS_SOFTCAP=softcap is not None,
+        num_warps=tiles.num_warps,
+        num_stages=tiles.num_stages,
     )
     return out

@@ -1,0 +1,142 @@
+"""Packed attention: FlashAttention 2 (torch's `varlen_attn`) against our Triton kernel.
+
+    python benchmarks/bench_attention.py
+
+For the attention shapes of BENCHMARKS.md's models (bert-large, qwen3-0.6b, qwen3-8b) and
+batches from a single 24-token query to a 16k-token backfill batch, prints the time of one
+call of each implementation and the Triton tile sweep. Each call is captured in a CUDA
+graph and replayed, as the engine runs it, so launch overhead is not counted. The
+`cu_seqlens` carry a CUDA graph's empty tail sequences, as the engine's graphs do. Picks
+`layers/attention.py`'s SHORT_SEQLEN. Reports only; CUDA only.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import numpy as np
+import torch
+
+from trt_tei_runtime.layers import attention
+from trt_tei_runtime.layers.triton_attention import Blocks, default_blocks
+from trt_tei_runtime.layers.triton_attention import attention as triton_attention
+
+# name: (query heads, kv heads, head_dim, causal)
+HEADS = {
+    "bert-large": (16, 16, 64, False),
+    "qwen3-0.6b": (16, 8, 128, True),
+    "qwen3-8b": (32, 8, 128, True),
+}
+# name: sequence lengths of one batch
+BATCHES = {
+    "query 24": [24],
+    "16 x 24": [24] * 16,
+    "8 x 64-128": list(np.random.default_rng(0).integers(64, 129, 8)),
+    "4 x 256": [256] * 4,
+    "backfill 16k": list(np.random.default_rng(0).integers(64, 513, 56)),
+}
+SWEEP = [
+    Blocks(16, 16, 4, 2),
+    Blocks(32, 32, 4, 2),
+    Blocks(64, 64, 4, 2),
+    Blocks(64, 64, 8, 2),
+    Blocks(128, 64, 8, 2),
+    Blocks(128, 64, 8, 3),
+    Blocks(128, 32, 8, 3),
+]
+GRAPH_SLOTS = 66  # a CUDA graph's cu_seqlens length (max_batch_size 64 + 2)
+
+
+def graph_time_us(fn, reps: int = 20, rounds: int = 5) -> float:  # type: ignore[no-untyped-def]
+    """Median µs of one `fn()` over `rounds` replays of a graph of `reps` calls."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(reps):
+            fn()
+    graph.replay()
+    times = []
+    for _ in range(rounds):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1000 / reps)
+    return float(np.median(times))
+
+
+def measure_batch(
+    heads: tuple[int, int, int, bool], lengths: list[int]
+) -> tuple[float, dict[Blocks, tuple[float, float]]]:
+    """FlashAttention 2's µs per call, and per Triton tiling its µs and max abs difference."""
+    hq, hkv, dim, causal = heads
+    tokens, longest = sum(lengths), max(lengths)
+    ends = np.cumsum(lengths).tolist()
+    cu_list = [0, *ends] + [tokens] * (GRAPH_SLOTS - len(lengths) - 1)
+    cu = torch.tensor(cu_list, device="cuda", dtype=torch.int32)
+    q = torch.randn(tokens, hq, dim, device="cuda", dtype=torch.bfloat16)
+    k, v = (torch.randn(tokens, hkv, dim, device="cuda", dtype=torch.bfloat16) for _ in "kv")
+    meta = attention.AttentionMetadata(cu_seqlens=cu, max_seqlen=longest)
+    flash = attention._flash(q, k, v, meta, causal, None, None)
+    flash_us = graph_time_us(lambda: attention._flash(q, k, v, meta, causal, None, None))
+    results: dict[Blocks, tuple[float, float]] = {}
+    for blocks in [default_blocks(longest, dim), *SWEEP]:
+        # Query tiles past the longest sequence only add masked rows.
+        if blocks.block_m > max(16, 1 << (longest - 1).bit_length()) or blocks in results:
+            continue
+
+        def run(blocks: Blocks = blocks) -> torch.Tensor:
+            return triton_attention(
+                q, k, v, cu, longest, causal=causal, sliding_window=None,
+                scale=dim**-0.5, blocks=blocks,
+            )  # fmt: skip
+
+        error = (run().float() - flash.float()).abs().max().item()
+        results[blocks] = (graph_time_us(run), error)
+    return flash_us, results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--shapes", default=",".join(HEADS))
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    rows = []
+    for shape in args.shapes.split(","):
+        for batch_name, lengths in BATCHES.items():
+            lengths = [int(n) for n in lengths]
+            flash_us, results = measure_batch(HEADS[shape], lengths)
+            default = default_blocks(max(lengths), HEADS[shape][2])
+            best = min(results, key=lambda b: results[b][0])
+            tokens = sum(lengths)
+            row = (shape, batch_name, tokens, flash_us, results[default][0], best, results[best])
+            rows.append(row)
+            print(
+                f"{shape:11s} {batch_name:13s} flash {flash_us:8.1f} µs | "
+                + " ".join(
+                    f"{b.block_m}x{b.block_n}w{b.num_warps}s{b.num_stages}:{t:.1f}"
+                    for b, (t, _) in results.items()
+                ),
+                flush=True,
+            )
+    print(f"\n{torch.cuda.get_device_name()}, torch {torch.__version__}; µs per call, bf16")
+    print(
+        "| shape | batch | tokens | FlashAttention 2 | Triton (default tiles) | best tiles "
+        "| best µs | max abs diff vs FA2 |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
+    for shape, name, tokens, flash_us, default_us, best, (best_us, err) in rows:
+        tiles = f"{best.block_m}x{best.block_n} w{best.num_warps} s{best.num_stages}"
+        print(
+            f"| {shape} | {name} | {tokens} | {flash_us:.1f} | {default_us:.1f} | {tiles} "
+            f"| {best_us:.1f} | {err:.1e} |"
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,163 @@
+"""Linear layers at query sizes (M = 16 or 32 tokens): cuBLAS against a Triton sweep.
+
+    python benchmarks/bench_skinny_gemm.py
+
+A single query's forward is a chain of skinny GEMMs that each read a whole weight matrix
+once: they should run at HBM bandwidth. This prints, for the linear shapes of bert-large
+and qwen3-8b, the µs per call and the weight bandwidth reached by `F.linear` (cuBLAS) and
+by the best of a sweep of plain Triton kernels (optionally split along K with fp32
+atomics). Each weight is one of several copies, larger than L2 together, cycled in a
+CUDA graph: as in a forward pass, no weight is read from L2. Reports only; CUDA only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+# name: (in_features, out_features)
+SHAPES = {
+    "bert-large qkv": (1024, 3072),
+    "bert-large out": (1024, 1024),
+    "bert-large up": (1024, 4096),
+    "bert-large down": (4096, 1024),
+    "qwen3-8b qkv": (4096, 6144),
+    "qwen3-8b out": (4096, 4096),
+    "qwen3-8b gate_up": (4096, 24576),
+    "qwen3-8b down": (12288, 4096),
+}
+L2_BYTES = 64 << 20
+
+
+@triton.jit
+def _skinny_kernel(
+    X,
+    W,
+    Y,
+    M,
+    N,
+    K,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    SPLIT_K: tl.constexpr,
+):
+    """Y[M, N] (+)= X[M, K] @ W[N, K]^T for one BLOCK_N slice of N and one K split."""
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    k_chunk = K // SPLIT_K
+    k_start = pid_k * k_chunk
+    x_ptrs = X + offs_m[:, None] * K + (k_start + offs_k)[None, :]
+    w_ptrs = W + offs_n[None, :] * K + (k_start + offs_k)[:, None]
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for _ in range(0, k_chunk, BLOCK_K):
+        x = tl.load(x_ptrs, mask=offs_m[:, None] < M, other=0.0)
+        w = tl.load(w_ptrs)
+        acc += tl.dot(x, w)
+        x_ptrs += BLOCK_K
+        w_ptrs += BLOCK_K
+    y_ptrs = Y + offs_m[:, None] * N + offs_n[None, :]
+    if SPLIT_K == 1:
+        tl.store(y_ptrs, acc.to(Y.dtype.element_ty), mask=offs_m[:, None] < M)
+    else:
+        tl.atomic_add(y_ptrs, acc, mask=offs_m[:, None] < M)
+
+
+def skinny_linear(
+    x: torch.Tensor, w: torch.Tensor, config: tuple[int, int, int, int, int]
+) -> torch.Tensor:
+    block_n, block_k, split_k, warps, stages = config
+    m, k = x.shape
+    n = w.shape[0]
+    block_m = max(16, triton.next_power_of_2(m))
+    if split_k == 1:
+        y = torch.empty((m, n), device=x.device, dtype=x.dtype)
+    else:
+        y = torch.zeros((m, n), device=x.device, dtype=torch.float32)
+    grid = (n // block_n, split_k)
+    _skinny_kernel[grid](
+        x, w, y, m, n, k,
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split_k,
+        num_warps=warps, num_stages=stages,
+    )  # fmt: skip
+    return y if split_k == 1 else y.to(x.dtype)
+
+
+def graph_time_us(calls, rounds: int = 5) -> float:  # type: ignore[no-untyped-def]
+    """Median µs per call of a CUDA graph that runs each of `calls` once."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for call in calls:
+            call()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for call in calls:
+            call()
+    graph.replay()
+    times = []
+    for _ in range(rounds):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1000 / len(calls))
+    return float(np.median(times))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--tokens", default="16,32")
+    args = parser.parse_args()
+    # (BLOCK_N, BLOCK_K, SPLIT_K, warps, stages)
+    configs = list(itertools.product([32, 64, 128], [128, 256], [1, 2, 4], [4], [3, 4]))
+    rows = []
+    for name, (k, n) in SHAPES.items():
+        copies = max(2, -(-2 * L2_BYTES // (n * k * 2)))
+        weights = [
+            torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k**0.5 for _ in range(copies)
+        ]
+        for m in (int(t) for t in args.tokens.split(",")):
+            x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+            expected = F.linear(x, weights[0]).float()
+            cublas = graph_time_us([lambda w=w, x=x: F.linear(x, w) for w in weights])
+            best = (float("inf"), None)
+            for config in configs:
+                if n % config[0] or k % (config[1] * config[2]):
+                    continue
+                got = skinny_linear(x, weights[0], config).float()
+                if (got - expected).abs().max() > 2e-2 * expected.abs().max():
+                    print(f"{name} M={m} {config}: wrong result", flush=True)
+                    continue
+                calls = [lambda w=w, c=config, x=x: skinny_linear(x, w, c) for w in weights]
+                t = graph_time_us(calls)
+                best = min(best, (t, config), key=lambda r: r[0])
+            mb = n * k * 2 / 1e6
+            rows.append((name, m, mb, cublas, best[0], best[1]))
+            print(f"{name} M={m}: cuBLAS {cublas:.1f} µs, Triton {best[0]:.1f} µs {best[1]}")
+    print(f"\n{torch.cuda.get_device_name()}, torch {torch.__version__}, bf16")
+    print(
+        "| linear | M | weight MB | cuBLAS µs | TB/s | best Triton µs | TB/s "
+        "| (BN, BK, split, warps, stages) |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
+    for name, m, mb, cublas, triton_us, config in rows:
+        print(
+            f"| {name} | {m} | {mb:.0f} | {cublas:.1f} | {mb / cublas:.2f} | {triton_us:.1f} "
+            f"| {mb / triton_us:.2f} | {config} |"
+        )
+
+
+if __name__ == "__main__":
+    main()
