@@ -6,8 +6,9 @@ For the attention shapes of BENCHMARKS.md's models (bert-large, qwen3-0.6b, qwen
 batches from a single 24-token query to a 16k-token backfill batch, prints the time of one
 call of each implementation and the Triton tile sweep. Each call is captured in a CUDA
 graph and replayed, as the engine runs it, so launch overhead is not counted. The
-`cu_seqlens` carry a CUDA graph's empty tail sequences, as the engine's graphs do. Picks
-`layers/attention.py`'s SHORT_SEQLEN. Reports only; CUDA only.
+`cu_seqlens` carry a CUDA graph's empty tail sequences, as the engine's graphs do. It is
+what chose the Triton kernel over FlashAttention 2 (`layers/attention.py`) and the default
+tiles (`triton_attention.default_blocks`). Reports only; CUDA only.
 """
 
 from __future__ import annotations
@@ -38,11 +39,14 @@ BATCHES = {
 SWEEP = [
     Blocks(16, 16, 4, 2),
     Blocks(32, 32, 4, 2),
+    Blocks(64, 32, 4, 2),
     Blocks(64, 64, 4, 2),
+    Blocks(64, 64, 4, 3),
     Blocks(64, 64, 8, 2),
-    Blocks(128, 64, 8, 2),
+    Blocks(64, 128, 4, 2),
+    Blocks(128, 64, 4, 2),
     Blocks(128, 64, 8, 3),
-    Blocks(128, 32, 8, 3),
+    Blocks(128, 128, 8, 2),
 ]
 GRAPH_SLOTS = 66  # a CUDA graph's cu_seqlens length (max_batch_size 64 + 2)
 

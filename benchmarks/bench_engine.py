@@ -9,6 +9,7 @@ Not a test: it reports; CI never times it. Needs a CUDA GPU.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -24,7 +25,38 @@ from shapes import BF16_LIMIT_TOKENS_PER_S, write_random_checkpoint
 
 from trt_tei_runtime.batch import PackedBatch, token_budget_batches
 from trt_tei_runtime.inference import load_inference_model
+from trt_tei_runtime.layers import triton_attention
 from trt_tei_runtime.layers.fp8 import quantize_linears
+
+H200_BF16_GEMM_TFLOPS = 795.0  # BENCHMARKS.md's ceiling, which the limits assume
+
+
+def bf16_gemm_ceiling_tflops() -> float:
+    """This GPU's bf16 GEMM ceiling (8192³, median of 10), to scale the H200 limits."""
+    a, b = (torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16) for _ in "ab")
+    for _ in range(3):
+        a @ b
+    times = []
+    for _ in range(10):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        a @ b
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1000)
+    return 2 * 8192**3 / statistics.median(times) / 1e12
+
+
+@contextlib.contextmanager
+def flash_attention_2():  # type: ignore[no-untyped-def]
+    """Run the engine with torch's FlashAttention 2 instead of our Triton attention, for an
+    A/B in the same run (the graphs captured inside keep FlashAttention 2)."""
+    available = triton_attention.available
+    triton_attention.available = lambda q: False  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        triton_attention.available = available  # type: ignore[assignment]
 
 
 def backfill_lengths(shape: str) -> list[int]:
@@ -98,52 +130,60 @@ def query_latencies(fn: Callable[[], object], reps: int) -> tuple[float, float]:
     return percentiles([timed(fn) for _ in range(reps)])
 
 
-def bench_shape(shape: str, dtype: str, reps: int, max_batch_tokens: int, fp8: bool) -> list[dict]:
+def bench_shape(  # type: ignore[no-untyped-def]
+    shape: str, dtype: str, reps: int, max_batch_tokens: int, fp8: bool, args
+) -> list[dict]:
     import transformers
 
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         folder = write_random_checkpoint(shape, Path(tmp) / shape)
-        variants = [("graphs", True, False), ("eager", False, False)]
+        # (label, CUDA graphs, FP8, FlashAttention 2 instead of ours)
+        variants = [("graphs", True, False, False)]
+        if args.fa2:
+            variants.append(("graphs-fa2", True, False, True))
+        if args.eager:
+            variants.append(("eager", False, False, False))
         if fp8:
-            variants.append(("fp8-graphs", True, True))
+            variants.append(("fp8-graphs", True, True, False))
         reference_out = None
-        for label, graphs, quantize in variants:
-            model = load_inference_model(
-                folder,
-                device="cuda",
-                dtype=dtype,
-                pooling="mean",
-                cuda_graphs=False,
-                max_num_tokens=max_batch_tokens,
-            )
-            if quantize:
-                quantize_linears(model.network)
-            if graphs:
-                model.enable_cuda_graphs(max_batch_tokens, 256)
-            vocab = model.network.vocab_size
-            docs = random_ids(backfill_lengths(shape), vocab)
-            tokens = sum(len(d) for d in docs)
-            query = PackedBatch.from_sequences(
-                random_ids([24], vocab, seed=2), position_offset=model.info.position_offset
-            )
-            fill = ours_backfill(model, docs, max_batch_tokens)
-            outputs = torch.cat(fill())
-            ours_s = statistics.median(timed(fill) for _ in range(3))
-            q50, q99 = query_latencies(lambda m=model, q=query: m.embed(q), reps)
-            if reference_out is None:
-                reference_out = outputs
-            cosine = torch.nn.functional.cosine_similarity(outputs, reference_out, dim=-1)
-            rows.append(
-                dict(
-                    shape=shape,
-                    impl=f"ours-{label}-{dtype}",
-                    tokens_per_s=tokens / ours_s,
-                    p50_ms=q50,
-                    p99_ms=q99,
-                    min_cos_vs_bf16=float(cosine.min()),
+        for label, graphs, quantize, fa2 in variants:
+            with flash_attention_2() if fa2 else contextlib.nullcontext():
+                model = load_inference_model(
+                    folder,
+                    device="cuda",
+                    dtype=dtype,
+                    pooling="mean",
+                    cuda_graphs=False,
+                    max_num_tokens=max_batch_tokens,
                 )
-            )
+                if quantize:
+                    quantize_linears(model.network)
+                if graphs:
+                    model.enable_cuda_graphs(max_batch_tokens, 256)
+                vocab = model.network.vocab_size
+                docs = random_ids(backfill_lengths(shape), vocab)
+                tokens = sum(len(d) for d in docs)
+                query = PackedBatch.from_sequences(
+                    random_ids([24], vocab, seed=2), position_offset=model.info.position_offset
+                )
+                fill = ours_backfill(model, docs, max_batch_tokens)
+                outputs = torch.cat(fill())
+                ours_s = statistics.median(timed(fill) for _ in range(3))
+                q50, q99 = query_latencies(lambda m=model, q=query: m.embed(q), reps)
+                if reference_out is None:
+                    reference_out = outputs
+                cosine = torch.nn.functional.cosine_similarity(outputs, reference_out, dim=-1)
+                rows.append(
+                    dict(
+                        shape=shape,
+                        impl=f"ours-{label}-{dtype}",
+                        tokens_per_s=tokens / ours_s,
+                        p50_ms=q50,
+                        p99_ms=q99,
+                        min_cos_vs_bf16=float(cosine.min()),
+                    )
+                )
             del model, fill, outputs
             torch.cuda.empty_cache()
 
@@ -177,7 +217,9 @@ def bench_shape(shape: str, dtype: str, reps: int, max_batch_tokens: int, fp8: b
     for row in rows:
         row["x_baseline"] = row["tokens_per_s"] / base
         limit = BF16_LIMIT_TOKENS_PER_S.get(shape)
-        row["frac_h200_bf16_limit"] = row["tokens_per_s"] / limit if limit else None
+        # The H200 limit scaled by this GPU's measured GEMM ceiling (issue 5's rule).
+        scaled = limit * args.ceiling / H200_BF16_GEMM_TFLOPS if limit else None
+        row["frac_bf16_limit"] = row["tokens_per_s"] / scaled if scaled else None
     return rows
 
 
@@ -195,6 +237,10 @@ def main() -> None:
     parser.add_argument("--max-batch-tokens", type=int, default=16384)
     parser.add_argument("--json", type=Path, help="also write the rows here")
     parser.add_argument("--fp8", action="store_true", help="also run FP8 linears (Hopper)")
+    parser.add_argument("--eager", action="store_true", help="also run without CUDA graphs")
+    parser.add_argument(
+        "--fa2", action="store_true", help="also run with FlashAttention 2 instead of ours"
+    )
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("bench_engine needs a CUDA GPU")
@@ -205,14 +251,18 @@ def main() -> None:
             ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
         ).stdout.strip()
     )
+    args.ceiling = bf16_gemm_ceiling_tflops()
     print(
         f"device: {torch.cuda.get_device_name()}  torch {torch.__version__}  "
-        f"commit {commit or 'unknown'}"
+        f"commit {commit or 'unknown'}  bf16 GEMM 8192³ {args.ceiling:.0f} TFLOP/s "
+        f"(limits scaled from the H200's {H200_BF16_GEMM_TFLOPS:.0f})"
     )
     rows = [
         r
         for s in args.shapes.split(",")
-        for r in bench_shape(s.strip(), args.dtype, args.reps, args.max_batch_tokens, args.fp8)
+        for r in bench_shape(
+            s.strip(), args.dtype, args.reps, args.max_batch_tokens, args.fp8, args
+        )
     ]
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2))
@@ -221,7 +271,7 @@ def main() -> None:
         f"{'query p50 ms':>13} {'p99 ms':>8} {'min cos vs bf16':>16}"
     )
     for r in rows:
-        frac = f"{r['frac_h200_bf16_limit']:.0%}" if r["frac_h200_bf16_limit"] else "-"
+        frac = f"{r['frac_bf16_limit']:.0%}" if r["frac_bf16_limit"] else "-"
         print(
             f"{r['shape']:<11} {r['impl']:<22} {r['tokens_per_s']:>15,.0f} "
             f"{r['x_baseline']:>6.2f} {frac:>9} {r['p50_ms']:>13.2f} {r['p99_ms']:>8.2f} "

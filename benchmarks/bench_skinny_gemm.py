@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
+from triton.runtime.errors import OutOfResources
 
 # name: (in_features, out_features)
 SHAPES = {
@@ -136,7 +137,10 @@ def main() -> None:
             for config in configs:
                 if n % config[0] or k % (config[1] * config[2]):
                     continue
-                got = skinny_linear(x, weights[0], config).float()
+                try:
+                    got = skinny_linear(x, weights[0], config).float()
+                except OutOfResources:
+                    continue
                 if (got - expected).abs().max() > 2e-2 * expected.abs().max():
                     print(f"{name} M={m} {config}: wrong result", flush=True)
                     continue

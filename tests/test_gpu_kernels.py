@@ -104,13 +104,14 @@ def test_varlen_attention_native_gqa_matches_repeated_heads(dtype):  # type: ign
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("lengths", [[24], [3, 17, 9, 1, 128]], ids=["query", "small-batch"])
-def test_short_sequences_take_triton_and_match_flash(dtype, causal, lengths, monkeypatch):  # type: ignore[no-untyped-def]
-    """Batches of sequences up to SHORT_SEQLEN run the Triton kernel (FlashAttention is
-    not called), with a CUDA graph's layout: empty sequences after the real ones."""
+@pytest.mark.parametrize(
+    "lengths", [[24], [3, 17, 9, 1, 128], [512, 64, 300, 77, 511]], ids=["query", "small", "long"]
+)
+def test_packed_attention_takes_triton_and_matches_flash(dtype, causal, lengths, monkeypatch):  # type: ignore[no-untyped-def]
+    """Packed batches run the Triton kernel (FlashAttention 2 is not called) and agree with
+    FlashAttention 2, with a CUDA graph's layout: empty sequences after the real ones."""
     from trt_tei_runtime.layers import attention
 
-    assert max(lengths) <= attention.SHORT_SEQLEN
     torch.manual_seed(0)
     tokens = sum(lengths)
     ends = torch.tensor(lengths).cumsum(0).tolist()
@@ -121,7 +122,7 @@ def test_short_sequences_take_triton_and_match_flash(dtype, causal, lengths, mon
     expected = attention._flash(q, k, v, meta, causal, None, None)
 
     def no_flash(*args):  # type: ignore[no-untyped-def]
-        raise AssertionError("FlashAttention ran on a short batch")
+        raise AssertionError("FlashAttention 2 ran on a packed CUDA batch")
 
     monkeypatch.setattr(attention, "_flash", no_flash)
     ours = attention.varlen_attention(q, k, v, meta, causal=causal)

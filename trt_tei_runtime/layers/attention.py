@@ -1,16 +1,15 @@
 """Attention over packed (varlen) batches: no sequence attends to its neighbours.
 
-Two implementations, chosen here and nowhere else:
-- CUDA, fp16/bf16: FlashAttention through `torch.nn.attention.varlen.varlen_attn`, which
-  works on the packed tokens directly.
+The implementations, chosen here and nowhere else:
+- CUDA, fp16/bf16: our Triton varlen FlashAttention kernel (`triton_attention.py`) on the
+  packed tokens. Measured against torch's FlashAttention 2 (`varlen_attn`) on an H100
+  (benchmarks/bench_attention.py, RESULTS.md): 2.2–2.7x faster on a 24-token query,
+  1.5–1.8x on a 16k-token backfill batch, and it also does soft-capping (Gemma 2).
+- CUDA without Triton: FlashAttention 2 through `torch.nn.attention.varlen.varlen_attn`.
 - Everything else (CPU, fp32): scatter the packed tokens into a padded
   `[n_seqs, heads, max_len, head_dim]` tensor and run `scaled_dot_product_attention` with a
   key-padding mask. The scatter indices are computed once per batch in `AttentionMetadata`.
-- A Triton varlen kernel (`triton_attention.py`) on CUDA for what FlashAttention 2 does
-  badly or not at all: batches whose longest sequence is at most `SHORT_SEQLEN` tokens
-  (single queries and the small CUDA-graph buckets, where FlashAttention 2's fixed cost
-  dominates) and attention-logit soft-capping (Gemma 2). Without Triton, soft-capping
-  takes the padded path with explicit scores (`_padded_eager`).
+  Soft-capping there takes explicit scores (`_padded_eager`).
 """
 
 from __future__ import annotations
@@ -28,10 +27,6 @@ except ImportError:  # pragma: no cover - older torch falls back to padded SDPA
     _varlen_attn = None  # type: ignore[assignment]
 
 _FLASH_DTYPES = (torch.float16, torch.bfloat16)
-
-# Longest sequence for which the Triton kernel replaces FlashAttention 2; measured in
-# benchmarks/bench_attention.py (RESULTS.md, "short-sequence attention").
-SHORT_SEQLEN = 128
 
 
 @dataclass
@@ -102,8 +97,7 @@ def varlen_attention(
     positions away on either side (transformers' bidirectional sliding mask).
     `softcap` caps the scaled scores as `softcap * tanh(scores / softcap)` (Gemma 2).
     """
-    on_packed_cuda = meta.pad_index is None and triton_attention.available(q)
-    if on_packed_cuda and (softcap is not None or meta.max_seqlen <= SHORT_SEQLEN):
+    if meta.pad_index is None and triton_attention.available(q):
         return triton_attention.attention(
             q,
             k,

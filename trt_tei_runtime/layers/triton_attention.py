@@ -1,10 +1,10 @@
 """A varlen FlashAttention forward in Triton, straight on the packed tokens.
 
-It serves two cases torch's `varlen_attn` (FlashAttention 2) serves badly or not at all:
-- attention-logit soft-capping (Gemma 2), which FlashAttention 2 does not offer;
-- short sequences (single queries and the small CUDA-graph buckets), where FlashAttention
-  2 costs ~13 µs a layer for 24 tokens: most of that is launch set-up and blocks sized
-  for long sequences, while this kernel sizes its blocks to the batch's longest sequence.
+The engine's attention on CUDA. Against torch's `varlen_attn` (FlashAttention 2) it is
+faster at every batch size we serve (benchmarks/bench_attention.py): tiles sized to the
+batch's longest sequence make a single query cheap, and base-2 exponentials with 4-warp
+64x64 tiles do better than FlashAttention 2 on Hopper for sequences of 64–512 tokens. It
+also does attention-logit soft-capping (Gemma 2), which FlashAttention 2 does not offer.
 
 Causal or bidirectional masks, sliding windows and grouped-query attention (k/v heads
 shared by `GROUP` query heads, never repeated in memory). It never synchronizes with the
@@ -45,12 +45,13 @@ class Blocks:
 
 def default_blocks(max_seqlen: int, head_dim: int) -> Blocks:
     """Query/key tiles no larger than the longest sequence needs (at least 16, what
-    `tl.dot` takes), 64 otherwise; fewer key columns for wide heads to stay in registers."""
+    `tl.dot` takes), 64 otherwise; fewer key columns for wide heads to stay in registers.
+    4 warps beat 8 for head_dim 64 and 128 at every size swept on an H100 (RESULTS.md)."""
     block_d = _block_d(head_dim)
     fit = max(16, triton.next_power_of_2(max(max_seqlen, 1)))
     block_m = min(64, fit)
     block_n = min(64 if block_d <= 128 else 32, fit)
-    num_warps = 4 if block_d <= 64 or block_m <= 32 else 8
+    num_warps = 4 if block_d <= 128 else 8
     return Blocks(block_m, block_n, num_warps, num_stages=2)
 
 
