@@ -3,7 +3,7 @@
 The engine's attention on CUDA. Against torch's `varlen_attn` (FlashAttention 2) it is
 faster at every batch size we serve (benchmarks/bench_attention.py): tiles sized to the
 batch's longest sequence make a single query cheap, and base-2 exponentials with 4-warp
-64x64 tiles do better than FlashAttention 2 on Hopper for sequences of 64–512 tokens. It
+64-query tiles do better than FlashAttention 2 on Hopper for sequences of 64–512 tokens. It
 also does attention-logit soft-capping (Gemma 2), which FlashAttention 2 does not offer.
 
 Causal or bidirectional masks, sliding windows and grouped-query attention (k/v heads
@@ -44,15 +44,17 @@ class Blocks:
 
 
 def default_blocks(max_seqlen: int, head_dim: int) -> Blocks:
-    """Query/key tiles no larger than the longest sequence needs (at least 16, what
-    `tl.dot` takes), 64 otherwise; fewer key columns for wide heads to stay in registers.
-    4 warps beat 8 for head_dim 64 and 128 at every size swept on an H100 (RESULTS.md)."""
+    """Tiles from the H100 sweep of benchmarks/bench_attention.py (RESULTS.md): query and
+    key tiles no larger than the longest sequence needs (at least 16, what `tl.dot` takes),
+    else 64 queries by 64 keys in 3 stages for head_dim 64, by 32 keys in 2 stages for
+    head_dim 128 (and 256, to stay in registers); 4 warps beat 8 at every size swept."""
     block_d = _block_d(head_dim)
     fit = max(16, triton.next_power_of_2(max(max_seqlen, 1)))
-    block_m = min(64, fit)
-    block_n = min(64 if block_d <= 128 else 32, fit)
-    num_warps = 4 if block_d <= 128 else 8
-    return Blocks(block_m, block_n, num_warps, num_stages=2)
+    if fit < 64:
+        return Blocks(fit, fit, num_warps=4, num_stages=2)
+    if block_d <= 64:
+        return Blocks(64, 64, num_warps=4, num_stages=3)
+    return Blocks(64, 32, num_warps=4 if block_d <= 128 else 8, num_stages=2)
 
 
 def _block_d(head_dim: int) -> int:
