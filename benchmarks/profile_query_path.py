@@ -7,9 +7,9 @@ graph. This splits it, with the Backend the router uses (interactive lane includ
 - `Backend.embed` as the router calls it (uint32 buffers in, float32 numpy out), on the
   interactive lane and on the bulk lane;
 - `InferenceModel.embed` plus the read back, without the Backend;
-- the graph replay alone (host time to launch it, then until the GPU is done) and the
-  GPU time of the replay from CUDA events.
-Medians of `--reps` calls, in µs. Reports only; CUDA only.
+- the bulk lane's graph replay alone, until the GPU is done, and its GPU time from CUDA
+  events.
+Medians of `--reps` calls made in turn, in µs. Reports only; CUDA only.
 """
 
 from __future__ import annotations
@@ -29,15 +29,19 @@ from trt_tei_runtime.backend import Backend
 from trt_tei_runtime.batch import PackedBatch
 
 
-def median_us(fn: Callable[[], object], reps: int) -> float:
-    for _ in range(10):
-        fn()
-    times = []
+def interleaved_medians_us(fns: dict[str, Callable[[], object]], reps: int) -> dict[str, float]:
+    """Median µs of each function, calling them in turn so that drift (clocks, a shared
+    machine) falls on all of them alike."""
+    for fn in fns.values():
+        for _ in range(10):
+            fn()
+    times: dict[str, list[float]] = {label: [] for label in fns}
     for _ in range(reps):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1e6
+        for label, fn in fns.items():
+            start = time.perf_counter()
+            fn()
+            times[label].append(time.perf_counter() - start)
+    return {label: statistics.median(t) * 1e6 for label, t in times.items()}
 
 
 def profile(name: str, folder: Path, reps: int) -> dict[str, float]:
@@ -62,22 +66,21 @@ def profile(name: str, folder: Path, reps: int) -> dict[str, float]:
         graphs.run(batch)
         torch.cuda.synchronize()
 
-    def replay_launch_only() -> None:
-        graphs.run(batch)
+    def model_embed(interactive: bool) -> None:
+        with model.lane(interactive):
+            model.embed(batch, interactive=interactive).cpu()
 
-    def model_embed() -> None:
-        model.embed(batch).cpu()
-
-    rows = {
-        "Backend.embed, interactive lane": median_us(
-            lambda: backend.embed(*arrays, interactive=True), reps
-        ),
-        "Backend.embed, bulk lane": median_us(lambda: backend.embed(*arrays), reps),
-        "model.embed + .cpu(), bulk lane": median_us(model_embed, reps),
-        "PackedBatch.from_arrays": median_us(lambda: PackedBatch.from_arrays(*arrays), reps),
-        "graph replay + synchronize": median_us(replay_and_wait, reps),
-        "graph replay, host side only": median_us(replay_launch_only, reps),
-    }
+    rows = interleaved_medians_us(
+        {
+            "Backend.embed, interactive lane": lambda: backend.embed(*arrays, interactive=True),
+            "Backend.embed, bulk lane": lambda: backend.embed(*arrays),
+            "model.embed + .cpu(), interactive lane": lambda: model_embed(True),
+            "model.embed + .cpu(), bulk lane": lambda: model_embed(False),
+            "PackedBatch.from_arrays": lambda: PackedBatch.from_arrays(*arrays),
+            "bulk graph replay + synchronize": replay_and_wait,
+        },
+        reps,
+    )
     torch.cuda.synchronize()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     gpu = []
@@ -90,7 +93,7 @@ def profile(name: str, folder: Path, reps: int) -> dict[str, float]:
     rows["graph replay, GPU time (events)"] = statistics.median(gpu)
     print(f"== {name}: 24-token query, µs (median of {reps})")
     for label, us in rows.items():
-        print(f"  {label:<36} {us:8.1f}")
+        print(f"  {label:<40} {us:8.1f}")
     return rows
 
 
