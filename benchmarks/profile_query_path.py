@@ -66,6 +66,13 @@ def profile(name: str, folder: Path, reps: int) -> dict[str, float]:
         graphs.run(batch)
         torch.cuda.synchronize()
 
+    def lane_replay_and_wait() -> None:
+        lane = model.interactive
+        assert lane is not None
+        with torch.cuda.stream(lane.stream):
+            lane.graphs.run(batch)
+        lane.stream.synchronize()
+
     def model_embed(interactive: bool) -> None:
         with model.lane(interactive):
             model.embed(batch, interactive=interactive).cpu()
@@ -78,6 +85,7 @@ def profile(name: str, folder: Path, reps: int) -> dict[str, float]:
             "model.embed + .cpu(), bulk lane": lambda: model_embed(False),
             "PackedBatch.from_arrays": lambda: PackedBatch.from_arrays(*arrays),
             "bulk graph replay + synchronize": replay_and_wait,
+            "interactive graph replay + synchronize": lane_replay_and_wait,
         },
         reps,
     )
