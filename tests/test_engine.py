@@ -15,6 +15,7 @@ from trt_tei_runtime import Model
 from trt_tei_runtime.engine import BuilderConfig, BuilderConfigError
 from trt_tei_runtime.engine.build import BuildRefusedError, build_engine
 from trt_tei_runtime.engine.cli import main as build_cli
+from trt_tei_runtime.engine.graphs import bucket_slots
 
 TEXTS = ["the cat", "a dog in paris reads a book by the river", "blue"]
 REPO = Path(__file__).resolve().parents[1]
@@ -198,3 +199,9 @@ def test_build_cli(checkpoint, tmp_path, capsys):  # type: ignore[no-untyped-def
     config.write_text("base_model: [unclosed")
     assert build_cli([str(config), "--output", str(tmp_path / "out2")]) == 2
     assert "not valid YAML" in capsys.readouterr().err
+
+
+def test_graph_buckets_hold_no_more_sequence_slots_than_tokens():
+    # a sequence has at least one token: a 16-token bucket holds at most 16 sequences
+    assert bucket_slots(16, max_batch_size=256) == 16 + 2
+    assert bucket_slots(2048, max_batch_size=256) == 256 + 2

@@ -73,6 +73,16 @@ def test_graphs_equal_eager_at_bucket_boundaries(models, tokens):  # type: ignor
     assert runner.can_run(batch) == (not over)
 
 
+@pytest.mark.parametrize("sequences", [15, 16, 17, 32, 33, 64])
+def test_graphs_with_as_many_sequences_as_tokens(models, sequences):  # type: ignore[no-untyped-def]
+    """One-token sequences fill a bucket's sequence slots exactly (each graph has only as
+    many as its tokens allow), and one more sequence moves the batch to the next bucket."""
+    graphs, eager = models
+    batch = _batch([1] * sequences, graphs.network.vocab_size, seed=sequences)
+    ours, ref = graphs.embed(batch), eager.embed(batch)
+    torch.testing.assert_close(ours, ref, rtol=3e-2, atol=3e-2)
+
+
 def test_interactive_lane_equals_bulk_lane(models):  # type: ignore[no-untyped-def]
     graphs, eager = models
     lane = graphs.interactive

@@ -6,6 +6,12 @@ sequence (its own `cu_seqlens` entry, so it attends to nothing real), and unused
 slots are empty sequences at the end. Every buffer is allocated once, at capture; graphs
 share one memory pool, captured largest first. Only the network runs in the graph;
 pooling and heads run on the real `cu_seqlens` afterwards.
+
+Each bucket's graph sees only as many sequence slots as a batch of its size can fill
+(`bucket_slots`): attention launches a program per (query block, sequence slot, head),
+and programs of empty slots still cost scheduling time. With 258 slots in every graph, a
+24-token qwen3-8b query spent 10.4 µs a layer in attention against 4.5 µs with 66 slots
+(H200, benchmarks/RESULTS.md).
 """
 
 from __future__ import annotations
@@ -25,6 +31,12 @@ log = logging.getLogger(__name__)
 # qwen3-0.6b backfill fell from 352k to 272k tok/s, because one graph's attention must be
 # launched for the bucket's worst-case sequence length, not the batch's.
 MAX_GRAPH_TOKENS = 2048
+
+
+def bucket_slots(bucket: int, max_batch_size: int) -> int:
+    """`cu_seqlens` entries of a bucket's graph: every sequence has at least one token, so
+    a bucket of B tokens holds at most B sequences; plus the junk sequence and the 0."""
+    return min(bucket, max_batch_size) + 2
 
 
 def bucket_ladder(max_num_tokens: int) -> list[int]:
@@ -76,10 +88,10 @@ class CudaGraphRunner:
             input_ids=self.input_ids[:bucket],
             token_type_ids=self.token_type_ids[:bucket],
             position_ids=self.position_ids[:bucket],
-            cu_seqlens=self.cu_seqlens,
+            cu_seqlens=self.cu_seqlens[: bucket_slots(bucket, self.max_batch_size)],
             max_seqlen=min(bucket, self.max_seqlen),
         )
-        return batch, AttentionMetadata(cu_seqlens=self.cu_seqlens, max_seqlen=batch.max_seqlen)
+        return batch, AttentionMetadata(cu_seqlens=batch.cu_seqlens, max_seqlen=batch.max_seqlen)
 
     @torch.inference_mode()
     def capture(self) -> None:
@@ -110,7 +122,11 @@ class CudaGraphRunner:
         """Hidden states `[T, H]` of a host-side batch and the batch's device-side views
         (for pooling and heads); both valid until the next `run`."""
         tokens, n = batch.num_tokens, batch.num_seqs
-        bucket = next(b for b in sorted(self.graphs) if b >= tokens)
+        bucket = next(
+            b
+            for b in sorted(self.graphs)
+            if b >= tokens and bucket_slots(b, self.max_batch_size) >= n + 2
+        )
         self._staging_free.synchronize()
         staging = self._token_staging
         staging[0, :tokens] = batch.input_ids
