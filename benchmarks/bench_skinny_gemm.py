@@ -22,6 +22,9 @@ import triton
 import triton.language as tl
 from triton.runtime.errors import OutOfResources
 
+from trt_tei_runtime.kernels.reference import quantize_fp8_rowwise
+from trt_tei_runtime.layers.fp8 import Fp8Linear
+
 # name: (in_features, out_features)
 SHAPES = {
     "bert-large qkv": (1024, 3072),
@@ -41,15 +44,18 @@ def _skinny_kernel(
     X,
     W,
     Y,
+    S,
     M,
     N,
     K,
+    HAS_SCALE: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     SPLIT_K: tl.constexpr,
 ):
-    """Y[M, N] (+)= X[M, K] @ W[N, K]^T for one BLOCK_N slice of N and one K split."""
+    """Y[M, N] (+)= X[M, K] @ W[N, K]^T for one BLOCK_N slice of N and one K split; with
+    HAS_SCALE, W is FP8 and S its per-output-channel scales (weight-only FP8)."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     offs_m = tl.arange(0, BLOCK_M)
@@ -63,9 +69,11 @@ def _skinny_kernel(
     for _ in range(0, k_chunk, BLOCK_K):
         x = tl.load(x_ptrs, mask=offs_m[:, None] < M, other=0.0)
         w = tl.load(w_ptrs)
-        acc += tl.dot(x, w)
+        acc += tl.dot(x, w.to(x.dtype))
         x_ptrs += BLOCK_K
         w_ptrs += BLOCK_K
+    if HAS_SCALE:
+        acc *= tl.load(S + offs_n)[None, :]
     y_ptrs = Y + offs_m[:, None] * N + offs_n[None, :]
     if SPLIT_K == 1:
         tl.store(y_ptrs, acc.to(Y.dtype.element_ty), mask=offs_m[:, None] < M)
@@ -74,7 +82,10 @@ def _skinny_kernel(
 
 
 def skinny_linear(
-    x: torch.Tensor, w: torch.Tensor, config: tuple[int, int, int, int, int]
+    x: torch.Tensor,
+    w: torch.Tensor,
+    config: tuple[int, int, int, int, int],
+    scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     block_n, block_k, split_k, warps, stages = config
     m, k = x.shape
@@ -86,7 +97,7 @@ def skinny_linear(
         y = torch.zeros((m, n), device=x.device, dtype=torch.float32)
     grid = (n // block_n, split_k)
     _skinny_kernel[grid](
-        x, w, y, m, n, k,
+        x, w, y, scale if scale is not None else w, m, n, k, HAS_SCALE=scale is not None,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split_k,
         num_warps=warps, num_stages=stages,
     )  # fmt: skip
@@ -117,50 +128,87 @@ def graph_time_us(calls, rounds: int = 5) -> float:  # type: ignore[no-untyped-d
     return float(np.median(times))
 
 
+def best_triton(name, m, x, weights, expected, configs, scales=None):  # type: ignore[no-untyped-def]
+    """(µs, config) of the fastest correct Triton configuration."""
+    best: tuple[float, object] = (float("inf"), None)
+    k, n = x.shape[1], weights[0].shape[0]
+    for config in configs:
+        if n % config[0] or k % (config[1] * config[2]):
+            continue
+        scale = None if scales is None else scales[0]
+        try:
+            got = skinny_linear(x, weights[0], config, scale).float()
+        except OutOfResources:
+            continue
+        if (got - expected).abs().max() > 2e-2 * expected.abs().max():
+            print(f"{name} M={m} {config}: wrong result", flush=True)
+            continue
+        calls = [
+            lambda w=w, c=config, x=x, i=i: skinny_linear(
+                x, w, c, None if scales is None else scales[i]
+            )
+            for i, w in enumerate(weights)
+        ]
+        t = graph_time_us(calls)
+        best = min(best, (t, config), key=lambda r: r[0])
+    return best
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--tokens", default="16,32")
+    parser.add_argument("--linears", default="", help="only linears whose name contains this")
+    parser.add_argument(
+        "--fp8",
+        action="store_true",
+        help="also FP8 weights: the engine's Fp8Linear (per-token FP8 activations, "
+        "_scaled_mm) and Triton with weight-only FP8 (bf16 activations)",
+    )
     args = parser.parse_args()
     # (BLOCK_N, BLOCK_K, SPLIT_K, warps, stages)
     configs = list(itertools.product([32, 64, 128], [128, 256], [1, 2, 4], [4], [3, 4]))
     rows = []
     for name, (k, n) in SHAPES.items():
+        if args.linears not in name:
+            continue
         copies = max(2, -(-2 * L2_BYTES // (n * k * 2)))
         weights = [
             torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k**0.5 for _ in range(copies)
         ]
+        fp8 = [quantize_fp8_rowwise(w) for w in weights] if args.fp8 else []
         for m in (int(t) for t in args.tokens.split(",")):
             x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
             expected = F.linear(x, weights[0]).float()
             cublas = graph_time_us([lambda w=w, x=x: F.linear(x, w) for w in weights])
-            best = (float("inf"), None)
-            for config in configs:
-                if n % config[0] or k % (config[1] * config[2]):
-                    continue
-                try:
-                    got = skinny_linear(x, weights[0], config).float()
-                except OutOfResources:
-                    continue
-                if (got - expected).abs().max() > 2e-2 * expected.abs().max():
-                    print(f"{name} M={m} {config}: wrong result", flush=True)
-                    continue
-                calls = [lambda w=w, c=config, x=x: skinny_linear(x, w, c) for w in weights]
-                t = graph_time_us(calls)
-                best = min(best, (t, config), key=lambda r: r[0])
-            mb = n * k * 2 / 1e6
-            rows.append((name, m, mb, cublas, best[0], best[1]))
-            print(f"{name} M={m}: cuBLAS {cublas:.1f} µs, Triton {best[0]:.1f} µs {best[1]}")
+            best = best_triton(name, m, x, weights, expected, configs)
+            row = dict(name=name, m=m, mb=n * k * 2 / 1e6, cublas=cublas, triton=best)
+            if fp8:
+                layers = [Fp8Linear(q, s.reshape(1, -1), None) for q, s in fp8]
+                row["scaled_mm"] = graph_time_us([lambda f=f, x=x: f(x) for f in layers])
+                q0, s0 = fp8[0]
+                dequantized = F.linear(x, (q0.float() * s0).to(x.dtype)).float()
+                row["w8a16"] = best_triton(
+                    name, m, x, [q for q, _ in fp8], dequantized, configs,
+                    scales=[s.reshape(-1) for _, s in fp8],
+                )  # fmt: skip
+            rows.append(row)
+            print(f"{name} M={m}: {row}", flush=True)
     print(f"\n{torch.cuda.get_device_name()}, torch {torch.__version__}, bf16")
-    print(
-        "| linear | M | weight MB | cuBLAS µs | TB/s | best Triton µs | TB/s "
-        "| (BN, BK, split, warps, stages) |"
-    )
-    print("|---|---|---|---|---|---|---|---|")
-    for name, m, mb, cublas, triton_us, config in rows:
-        print(
-            f"| {name} | {m} | {mb:.0f} | {cublas:.1f} | {mb / cublas:.2f} | {triton_us:.1f} "
-            f"| {mb / triton_us:.2f} | {config} |"
+    head = "| linear | M | weight MB (bf16) | cuBLAS µs | TB/s | best Triton µs | TB/s | config |"
+    if args.fp8:
+        head += " FP8 _scaled_mm µs | FP8 weight-only Triton µs | TB/s | config |"
+    print(head)
+    print("|" + "---|" * (head.count("|") - 1))
+    for r in rows:
+        t, config = r["triton"]
+        line = (
+            f"| {r['name']} | {r['m']} | {r['mb']:.0f} | {r['cublas']:.1f} "
+            f"| {r['mb'] / r['cublas']:.2f} | {t:.1f} | {r['mb'] / t:.2f} | {config} |"
         )
+        if args.fp8:
+            t8, config8 = r["w8a16"]
+            line += f" {r['scaled_mm']:.1f} | {t8:.1f} | {r['mb'] / 2 / t8:.2f} | {config8} |"
+        print(line)
 
 
 if __name__ == "__main__":
