@@ -1,6 +1,7 @@
 //! Process lifecycle: parse flags, load the model, build the app, serve until SIGINT/SIGTERM,
 //! drain, exit.
 
+use crate::backend::wait::WaitPolicy;
 use crate::backend::{BackendFactory, BackendHandle, ModelInfo, ModelType};
 use crate::cli::Args;
 use crate::http::types::{ClassifierModel, EmbeddingModel, Info, ModelTypeInfo};
@@ -136,7 +137,8 @@ fn run(args: Args, make_backend: MakeBackend) -> Result<(), String> {
     tracing::info!(model_id = %args.model_id, backend = ?args.backend, "loading model");
     let factory = make_backend(&args)?;
     let (backend, info, backend_threads) =
-        BackendHandle::spawn(factory).map_err(|e| e.to_string())?;
+        BackendHandle::spawn_with(factory, WaitPolicy::spin_micros(args.backend_spin_us))
+            .map_err(|e| e.to_string())?;
     tracing::info!(
         model_type = ?info.model_type,
         architecture = %info.architecture,
@@ -144,6 +146,7 @@ fn run(args: Args, make_backend: MakeBackend) -> Result<(), String> {
         hidden_size = info.hidden_size,
         device = info.device.as_deref().unwrap_or("?"),
         interactive_lane = describe_interactive_lane(&args, &backend),
+        backend_spin_us = args.backend_spin_us,
         "model loaded"
     );
     if info.max_input_length > args.max_batch_tokens {

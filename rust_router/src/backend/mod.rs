@@ -10,6 +10,7 @@
 pub(crate) mod fake;
 #[cfg(feature = "pyo3")]
 pub mod python;
+pub mod wait;
 
 use crate::tokenization::PairTemplate;
 use serde::{Deserialize, Serialize};
@@ -19,6 +20,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
+use wait::{next_message, WaitPolicy};
 
 /// One forward pass worth of sequences, packed end to end with no padding.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -342,10 +344,14 @@ fn spawn_named(
 }
 
 /// One backend thread's life: run what its lane sends until every handle is gone.
-fn serve_lane(mut backend: Box<dyn Backend>, mut rx: mpsc::UnboundedReceiver<Command>) {
+fn serve_lane(
+    mut backend: Box<dyn Backend>,
+    mut rx: mpsc::UnboundedReceiver<Command>,
+    wait: WaitPolicy,
+) {
     // Waiting here holds no interpreter lock: the Python backend attaches only inside
     // `forward` / `health`.
-    while let Some(cmd) = rx.blocking_recv() {
+    while let Some(cmd) = next_message(&mut rx, wait) {
         match cmd {
             Command::Forward {
                 kind,
@@ -376,9 +382,17 @@ type Ready = Result<(ModelInfo, Option<Box<dyn Backend + Send>>), BackendError>;
 impl BackendHandle {
     /// Starts the backend thread, waits for the model to load, starts the interactive lane's
     /// thread if the factory built one, and returns the handle, the model's info and the
-    /// threads.
+    /// threads. The threads sleep as soon as they have nothing to do.
     pub fn spawn(
         factory: BackendFactory,
+    ) -> Result<(BackendHandle, ModelInfo, BackendThreads), BackendError> {
+        Self::spawn_with(factory, WaitPolicy::default())
+    }
+
+    /// [`BackendHandle::spawn`], with the threads waiting for work as `wait` says.
+    pub fn spawn_with(
+        factory: BackendFactory,
+        wait: WaitPolicy,
     ) -> Result<(BackendHandle, ModelInfo, BackendThreads), BackendError> {
         let (tx, rx) = mpsc::unbounded_channel::<Command>();
         let (ready_tx, ready_rx) = std::sync::mpsc::channel::<Ready>();
@@ -389,7 +403,7 @@ impl BackendHandle {
                 interactive,
             }) => {
                 let _ = ready_tx.send(Ok((info, interactive)));
-                serve_lane(bulk, rx);
+                serve_lane(bulk, rx, wait);
             }
             Err(err) => {
                 let _ = ready_tx.send(Err(err));
@@ -415,7 +429,7 @@ impl BackendHandle {
             Some(backend) => {
                 let (tx, rx) = mpsc::unbounded_channel::<Command>();
                 threads.push(spawn_named("model-interactive", move || {
-                    serve_lane(backend, rx)
+                    serve_lane(backend, rx, wait)
                 })?);
                 Some(LaneChannel::new(tx))
             }
