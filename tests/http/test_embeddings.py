@@ -219,3 +219,19 @@ def test_concurrent_requests_batch_to_the_same_results(server, reference):
     with ThreadPoolExecutor(16) as pool:
         for i, emb in pool.map(one, range(48)):
             assert cosine(emb, reference[i % len(TEXTS)]) >= MIN_COSINE
+
+
+def test_spinning_backend_thread_answers_the_same_and_stops(start_server, minilm_dir, server):
+    """`--backend-spin-us`: requests inside the spin window (the thread still polling) and
+    after it (the thread asleep again) get the default server's embeddings, and SIGTERM still
+    stops the process with 0 (a polling thread sees its channel close)."""
+    import time
+
+    spinning = start_server(minilm_dir, "--backend-spin-us", "200000")
+    expected = server.post("/embed", {"inputs": TEXTS}).json()
+    for pause_s in (0.0, 0.05, 0.4, 0.01):  # 0.4 s is past the 0.2 s window
+        time.sleep(pause_s)
+        response = spinning.post("/embed", {"inputs": TEXTS})
+        assert response.status_code == 200, response.text
+        assert_same(response.json(), expected)
+    assert spinning.stop() == 0
