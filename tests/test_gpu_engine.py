@@ -191,18 +191,3 @@ def test_engine_round_trip_on_gpu_with_fp8(tmp_path):  # type: ignore[no-untyped
     measured = float((ours * ref).sum(1).min())
     assert quality["min_cosine"] < 1 - 1e-6, quality
     assert abs(quality["min_cosine"] - measured) < 2e-3, (quality, measured)
-
-
-def test_bias_free_linears_run_through_cublaslt(models, monkeypatch):  # type: ignore[no-untyped-def]
-    """A CUDA model switches torch to cuBLASLt (faster skinny GEMMs for single queries),
-    unless the user chose with torch's own variable."""
-    from trt_tei_runtime.layers import choose_gemm_library
-
-    assert torch.backends.cuda.preferred_blas_library() == torch._C._BlasBackend.Cublaslt
-    torch.backends.cuda.preferred_blas_library("cublas")
-    monkeypatch.setenv("TORCH_BLAS_PREFER_CUBLASLT", "0")
-    choose_gemm_library(torch.device("cuda"))
-    assert torch.backends.cuda.preferred_blas_library() == torch._C._BlasBackend.Cublas
-    monkeypatch.delenv("TORCH_BLAS_PREFER_CUBLASLT")
-    choose_gemm_library(torch.device("cuda"))
-    assert torch.backends.cuda.preferred_blas_library() == torch._C._BlasBackend.Cublaslt

@@ -28,7 +28,7 @@ from .engine.graphs import MAX_GRAPH_TOKENS, CudaGraphRunner
 from .engine.load import load_engine_network, read_engine_manifest
 from .engine.preemption import LayerGate
 from .errors import CheckpointError, InputError
-from .layers import AttentionMetadata, choose_gemm_library
+from .layers import AttentionMetadata
 from .layers.attention import flash_available
 from .models import Task, TransformerModel, architecture_class
 from .pooling import canonical_pooling, pool, score_activation
@@ -311,7 +311,6 @@ def load_inference_model(
     st = read_sentence_transformers_config(model_dir)
     torch_device = parse_device(device)
     torch_dtype = parse_dtype(dtype, torch_device, config.get("torch_dtype") or config.get("dtype"))
-    choose_gemm_library(torch_device)
 
     manifest = read_engine_manifest(model_dir)
     if manifest is not None:

@@ -3,7 +3,7 @@
 from ..kernels import gated_activation
 from .activation import gated_activation_name, get_activation
 from .attention import AttentionMetadata, varlen_attention
-from .linear import Linear, choose_gemm_library, linear_activation
+from .linear import Linear, linear_activation
 from .norm import GemmaRMSNorm, LayerNorm, RMSNorm
 from .rotary import RopeAngles, RopeConfig, RotaryEmbedding, apply_rotary_qk
 
@@ -21,6 +21,5 @@ __all__ = [
     "gated_activation_name",
     "get_activation",
     "linear_activation",
-    "choose_gemm_library",
     "varlen_attention",
 ]

@@ -3,7 +3,6 @@ model code."""
 
 from __future__ import annotations
 
-import os
 from typing import Callable
 
 import torch
@@ -52,15 +51,3 @@ def linear_activation(
         out = torch._addmm_activation(linear.bias, x2, linear.weight.t(), use_gelu=True)
         return out.reshape(*x.shape[:-1], -1)
     return fallback(linear(x))
-
-
-def choose_gemm_library(device: torch.device) -> None:
-    """Runs bias-free linears on CUDA through cuBLASLt instead of cuBLAS (torch's default
-    for them; linears with a bias already go through cuBLASLt). At query sizes its
-    heuristics pick faster skinny-GEMM kernels: a 24-token qwen3-8b query took 4.54 ms
-    against 4.76 ms (H200, benchmarks/RESULTS.md), while bert-large, whose linears have
-    biases, did not change. The choice is process-wide (torch has no per-call one), made
-    before CUDA graphs capture their kernels; torch's own `TORCH_BLAS_PREFER_CUBLASLT`,
-    when set, wins."""
-    if device.type == "cuda" and "TORCH_BLAS_PREFER_CUBLASLT" not in os.environ:
-        torch.backends.cuda.preferred_blas_library("cublaslt")
