@@ -1,0 +1,155 @@
+//! Tests of the backend threads, with the fake backend.
+
+use super::fake::{FakeBackend, Gate, SeenBatch, HOLD_ID, POISON_ID};
+use super::*;
+
+fn batch(ids: &[&[u32]]) -> Batch {
+    let mut b = Batch {
+        cu_seqlens: vec![0],
+        ..Default::default()
+    };
+    for seq in ids {
+        b.input_ids.extend_from_slice(seq);
+        b.token_type_ids.extend(std::iter::repeat_n(0, seq.len()));
+        b.position_ids.extend(0..seq.len() as u32);
+        b.cu_seqlens.push(b.input_ids.len() as u32);
+        b.max_length = b.max_length.max(seq.len() as u32);
+    }
+    b
+}
+
+#[tokio::test]
+async fn thread_runs_batches_and_survives_failures() {
+    let (handle, info, thread) = BackendHandle::spawn(FakeBackend::factory()).unwrap();
+    assert_eq!(info.model_type, ModelType::Embedding);
+
+    let run = |b: Batch| {
+        let handle = handle.clone();
+        async move {
+            let (tx, rx) = oneshot::channel();
+            handle
+                .reserve(Lane::Bulk)
+                .await
+                .unwrap()
+                .send(BatchKind::Pooled, b, tx);
+            rx.await.unwrap()
+        }
+    };
+    let out = run(batch(&[&[1, 2], &[3]])).await.unwrap();
+    assert_eq!((out.matrix.rows, out.matrix.cols), (2, info.hidden_size));
+    let err = run(batch(&[&[1, POISON_ID]])).await.unwrap_err();
+    assert!(matches!(err, BackendError::Inference(_)), "{err:?}");
+    // The failure did not kill the thread.
+    assert!(run(batch(&[&[4]])).await.is_ok());
+    assert!(handle.health().await.is_ok());
+
+    drop(handle);
+    thread.join().unwrap();
+}
+
+/// Sends one pooled batch through `lane` and hands back the reply's receiver.
+async fn send(
+    handle: &BackendHandle,
+    lane: Lane,
+    b: Batch,
+) -> oneshot::Receiver<Result<Output, BackendError>> {
+    let (tx, rx) = oneshot::channel();
+    handle
+        .reserve(lane)
+        .await
+        .unwrap()
+        .send(BatchKind::Pooled, b, tx);
+    rx
+}
+
+/// The name of the thread that ran each batch, in order.
+fn threads_that_ran(seen: &std::sync::Mutex<Vec<SeenBatch>>) -> Vec<String> {
+    seen.lock()
+        .unwrap()
+        .iter()
+        .map(|b| b.thread.clone())
+        .collect()
+}
+
+async fn until(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !done() {
+        assert!(Instant::now() < deadline, "timed out waiting until {what}");
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+}
+
+fn two_lane_fake(gate: &Arc<Gate>) -> FakeBackend {
+    let mut fake = FakeBackend::new(ModelInfo {
+        interactive_lane: true,
+        ..FakeBackend::info()
+    });
+    fake.gate = Some(gate.clone());
+    fake
+}
+
+#[tokio::test]
+async fn interactive_lane_runs_while_a_bulk_batch_holds_its_thread() {
+    let gate = Arc::new(Gate::default());
+    let fake = two_lane_fake(&gate);
+    let seen = fake.seen.clone();
+    let (handle, _, threads) = BackendHandle::spawn(fake.into_factory()).unwrap();
+    assert!(handle.has_interactive_lane());
+
+    let mut bulk = send(&handle, Lane::Bulk, batch(&[&[2, HOLD_ID, 3]])).await;
+    until("the bulk batch runs", || gate.held() == 1).await;
+    // The interactive slot is free and its thread idle although the bulk one is busy.
+    let query = send(&handle, Lane::Interactive, batch(&[&[2, 4, 3]])).await;
+    let out = tokio::time::timeout(Duration::from_secs(5), query)
+        .await
+        .expect("the query waited for the bulk batch")
+        .unwrap()
+        .unwrap();
+    assert_eq!(out.matrix.rows, 1);
+    assert!(bulk.try_recv().is_err(), "the bulk batch ended first");
+
+    gate.open();
+    assert!(bulk.await.unwrap().is_ok());
+    assert_eq!(
+        threads_that_ran(&seen),
+        ["model-backend", "model-interactive"]
+    );
+    drop(handle);
+    threads.join().unwrap();
+}
+
+#[tokio::test]
+async fn without_an_interactive_lane_both_lanes_share_one_thread() {
+    let fake = FakeBackend::new(FakeBackend::info());
+    let seen = fake.seen.clone();
+    let (handle, info, threads) = BackendHandle::spawn(fake.into_factory()).unwrap();
+    assert!(!info.interactive_lane && !handle.has_interactive_lane());
+    for lane in Lane::PRIORITY {
+        let rx = send(&handle, lane, batch(&[&[2, 4, 3]])).await;
+        assert!(rx.await.unwrap().is_ok());
+    }
+    assert_eq!(threads_that_ran(&seen), ["model-backend", "model-backend"]);
+    assert_eq!(threads.0.len(), 1);
+    drop(handle);
+    threads.join().unwrap();
+}
+
+#[test]
+fn load_failure_is_reported() {
+    let factory: BackendFactory = Box::new(|| Err(BackendError::Start("no weights".into())));
+    let err = BackendHandle::spawn(factory).err().unwrap();
+    assert_eq!(err, BackendError::Start("no weights".into()));
+}
+
+#[test]
+fn info_validation() {
+    let mut info = FakeBackend::info();
+    assert!(info.validate().is_ok());
+    info.model_type = ModelType::Reranker;
+    info.num_labels = 3;
+    assert!(info.validate().is_err());
+    info.num_labels = 1;
+    assert!(info.validate().is_ok());
+    assert_eq!(info.activation(), ScoreActivation::Sigmoid);
+    assert_eq!(info.label(0), "LABEL_0");
+}
