@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -225,8 +226,6 @@ def test_spinning_backend_thread_answers_the_same_and_stops(start_server, minilm
     """`--backend-spin-us`: requests inside the spin window (the thread still polling) and
     after it (the thread asleep again) get the default server's embeddings, and SIGTERM still
     stops the process with 0 (a polling thread sees its channel close)."""
-    import time
-
     spinning = start_server(minilm_dir, "--backend-spin-us", "200000")
     expected = server.post("/embed", {"inputs": TEXTS}).json()
     for pause_s in (0.0, 0.05, 0.4, 0.01):  # 0.4 s is past the 0.2 s window

@@ -255,9 +255,8 @@ def rotary_warps(q_elements: int) -> int:
     return 1 if q_elements <= 2048 else 2
 
 
-def rotate_qk(q, k, positions, inv_freq, q_norm, k_norm, eps, num_warps=None):  # type: ignore[no-untyped-def]
-    """q and k (`k` may be None) rotated in one launch; norms both given or both None.
-    `num_warps` overrides the launch's (benchmarks sweep it)."""
+def rotate_qk(q, k, positions, inv_freq, q_norm, k_norm, eps):  # type: ignore[no-untyped-def]
+    """q and k (`k` may be None) rotated in one launch; norms both given or both None."""
     tensors = [q] if k is None else [q, k]
     one_norm_rule = k is None or (q_norm is None) == (k_norm is None)
     if not one_norm_rule or any(x.dim() != 3 or x.stride(-1) != 1 for x in tensors):
@@ -297,7 +296,7 @@ def rotate_qk(q, k, positions, inv_freq, q_norm, k_norm, eps, num_warps=None):  
         BLOCK_HQ=triton.next_power_of_2(q_heads),
         BLOCK_HK=triton.next_power_of_2(kk.shape[1]),
         BLOCK=triton.next_power_of_2(half),
-        num_warps=num_warps or rotary_warps(q_heads * dim),
+        num_warps=rotary_warps(q_heads * dim),
     )
     return q_out, (k_out if k is not None else None)
 
