@@ -18,13 +18,8 @@ def _pack(model: Model, items, offset: int):  # type: ignore[no-untyped-def]
     types = np.concatenate([e.type_ids for e in enc]).astype("<u4")
     positions = np.concatenate([np.arange(len(e.ids)) + offset for e in enc]).astype("<u4")
     cu = np.concatenate([[0], np.cumsum([len(e.ids) for e in enc])]).astype("<u4")
-    return (
-        ids.tobytes(),
-        types.tobytes(),
-        positions.tobytes(),
-        cu.tobytes(),
-        max(len(e.ids) for e in enc),
-    )
+    # What the router sends: four buffers, no max_length.
+    return (ids.tobytes(), types.tobytes(), positions.tobytes(), cu.tobytes())
 
 
 @pytest.fixture(scope="module")
@@ -45,6 +40,12 @@ def test_info_describes_the_model(embedder):  # type: ignore[no-untyped-def]
     # No CUDA streams on the CPU: the router keeps one backend thread.
     assert info["interactive_lane"] is False
     backend.health()
+
+
+def test_info_is_exactly_the_routers_contract(embedder):  # type: ignore[no-untyped-def]
+    router = pytest.importorskip("trt_tei_runtime._router")
+    backend, _ = embedder
+    assert sorted(backend.info()) == sorted(router.model_info_fields())
 
 
 def test_embed_from_bytes_matches_model(embedder):  # type: ignore[no-untyped-def]
@@ -83,7 +84,8 @@ def test_predict_returns_raw_logits(embedder):  # type: ignore[no-untyped-def]
 
 def test_inconsistent_batches_are_rejected(embedder):  # type: ignore[no-untyped-def]
     backend, model = embedder
-    ids, types, positions, cu, max_len = _pack(model, TEXTS, 2)
+    ids, types, positions, cu = _pack(model, TEXTS, 2)
+    max_len = max(len(e.ids) for e in model.tokenizer.encode(TEXTS))
     with pytest.raises(InputError, match="must all hold cu_seqlens"):
         backend.embed(ids[:-4], types, positions, cu, max_len)
     with pytest.raises(InputError, match="not a multiple of 4"):

@@ -58,11 +58,12 @@ class Backend:
             sys.setswitchinterval(LANE_SWITCH_INTERVAL_S)
 
     def info(self) -> dict[str, Any]:
+        """The router's `ModelInfo` (rust_router/src/backend/mod.rs defines the keys; a test
+        checks that these are exactly those)."""
         info = self.model.info
         return {
             "model_type": info.model_type,
             "architecture": info.architecture,
-            "model_dir": str(info.model_dir),
             "tokenizer_path": str(info.model_dir / "tokenizer.json"),
             "hidden_size": info.hidden_size,
             "max_input_length": info.max_input_length,
@@ -90,7 +91,8 @@ class Backend:
             torch.cuda.synchronize(self.model.device)
 
     # The router calls these with `interactive=True` from its second thread (see above).
-    # `arrays`: input_ids, token_type_ids, position_ids, cu_seqlens, max_length.
+    # `arrays`: input_ids, token_type_ids, position_ids, cu_seqlens (the router sends no
+    # max_length: the batch computes its longest sequence from cu_seqlens).
 
     def embed(self, *arrays: Any, interactive: bool = False) -> np.ndarray:
         return self._run(self.model.embed, arrays, interactive)

@@ -94,7 +94,6 @@ class ModelInfo:
     score_activation: str = "softmax"
     prompts: dict[str, str] = field(default_factory=dict)
     default_prompt_name: str | None = None
-    normalize_default: bool = True
     # Set for models trained on one prompt per (query, document) pair (yes/no rerankers).
     pair_template: PairTemplate | None = None
 
@@ -330,11 +329,17 @@ def load_inference_model(
         )
         network = arch.from_checkpoint(config, reader, model_dir)
         reader.finish()
-        network.to(device=torch_device, dtype=torch_dtype).eval()
-        checkpoint_tensors = reader.taken
-    dense = [DenseLayer(spec).to(torch_device, torch.float32).eval() for spec in st.dense]
-
+    dense = [DenseLayer(spec).eval() for spec in st.dense]
     info = _model_info(arch_name, network, model_dir, st, dense, pooling)
+    # Before the slow part (moving to the GPU, warming up, capturing graphs).
+    if max_num_tokens is not None and info.max_input_length > max_num_tokens:
+        raise InputError(
+            f"max_batch_tokens ({max_num_tokens}) must be at least the model's max input "
+            f"length ({info.max_input_length}): one full-length input must fit in a batch"
+        )
+    if manifest is None:
+        network.to(device=torch_device, dtype=torch_dtype).eval()
+    dense = [layer.to(torch_device, torch.float32) for layer in dense]
     log.info(
         "loaded %s (%s) from %s on %s in %s",
         arch_name,

@@ -1,6 +1,19 @@
 //! Command line flags: TEI's names and environment variables, plus the backend choice.
 
 use clap::{Parser, ValueEnum};
+use std::time::Duration;
+
+/// A positive number of seconds (fractions allowed).
+fn seconds(s: &str) -> Result<Duration, String> {
+    let v: f64 = s
+        .trim()
+        .parse()
+        .map_err(|_| format!("`{s}` is not a number of seconds"))?;
+    if !(v > 0.0 && v.is_finite() && v < 1e9) {
+        return Err(format!("must be a positive number of seconds, got `{s}`"));
+    }
+    Ok(Duration::from_secs_f64(v))
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum BackendKind {
@@ -103,6 +116,32 @@ pub struct Args {
     #[arg(long, env = "PAYLOAD_LIMIT", default_value_t = 2_000_000)]
     pub payload_limit: usize,
 
+    /// Seconds a client has to send a request's headers, from its first byte; slower
+    /// connections are closed. A load balancer forwards headers at once.
+    #[arg(long, env = "HEADER_READ_TIMEOUT", default_value = "10", value_parser = seconds)]
+    pub header_read_timeout: Duration,
+
+    /// Seconds a client has to send a request's body once its headers are in; slower requests
+    /// get 408 and their connection is closed.
+    #[arg(long, env = "BODY_READ_TIMEOUT", default_value = "60", value_parser = seconds)]
+    pub body_read_timeout: Duration,
+
+    /// Seconds an idle keep-alive connection stays open. Longer than a load balancer's own
+    /// idle timeout (60 s on the common cloud ones), so the balancer, not the server, closes
+    /// idle connections and never sends on one the server is closing.
+    #[arg(long, env = "KEEP_ALIVE_TIMEOUT", default_value = "75", value_parser = seconds)]
+    pub keep_alive_timeout: Duration,
+
+    /// Most open connections; past it a new connection gets 503 and is closed at once. Lowered
+    /// at start to what the open-file limit allows.
+    #[arg(long, env = "MAX_CONNECTIONS", default_value_t = 4096)]
+    pub max_connections: usize,
+
+    /// Seconds from SIGTERM/SIGINT to exit: /health answers 503 at once, accepted requests
+    /// finish, and what still runs at the deadline is answered 503.
+    #[arg(long, env = "SHUTDOWN_TIMEOUT", default_value = "30", value_parser = seconds)]
+    pub shutdown_timeout: Duration,
+
     /// Require `Authorization: Bearer <key>` on every route except /health, /ping, /metrics
     /// and the docs.
     #[arg(long, env = "API_KEY", hide_env_values = true)]
@@ -152,6 +191,14 @@ impl Args {
         }
     }
 
+    pub fn connection_limits(&self) -> crate::connections::ConnectionLimits {
+        crate::connections::ConnectionLimits {
+            header_read_timeout: self.header_read_timeout,
+            keep_alive_timeout: self.keep_alive_timeout,
+            max_connections: self.max_connections,
+        }
+    }
+
     /// Checks that need no model; model-dependent checks happen once the model is loaded.
     pub fn validate(&self) -> Result<(), String> {
         let positive = [
@@ -164,6 +211,7 @@ impl Args {
                 self.tokenization_workers.unwrap_or(1),
             ),
             ("--max-batch-requests", self.max_batch_requests.unwrap_or(1)),
+            ("--max-connections", self.max_connections),
         ];
         for (flag, value) in positive {
             if value == 0 {
@@ -247,6 +295,26 @@ mod tests {
         assert!(text.contains("INTERACTIVE_MAX_TOKENS"), "{text}");
         assert!(text.contains("default: 256"), "{text}");
         assert!(text.contains("corpus backfills"), "{text}");
+    }
+
+    #[test]
+    fn connection_limits_have_load_balancer_defaults_and_refuse_nonsense() {
+        let a = parse(&[]).unwrap();
+        assert_eq!(a.header_read_timeout, Duration::from_secs(10));
+        assert_eq!(a.body_read_timeout, Duration::from_secs(60));
+        assert_eq!(a.keep_alive_timeout, Duration::from_secs(75));
+        assert_eq!(a.max_connections, 4096);
+        assert_eq!(a.shutdown_timeout, Duration::from_secs(30));
+        let b = parse(&["--keep-alive-timeout", "0.5", "--shutdown-timeout", "3"]).unwrap();
+        assert_eq!(b.keep_alive_timeout, Duration::from_millis(500));
+        assert_eq!(b.connection_limits().keep_alive_timeout, Duration::from_millis(500));
+        for bad in ["0", "-1", "soon", "inf"] {
+            assert!(parse(&["--header-read-timeout", bad]).is_err(), "{bad}");
+        }
+        assert!(parse(&["--max-connections", "0"])
+            .unwrap()
+            .validate()
+            .is_err());
     }
 
     #[test]

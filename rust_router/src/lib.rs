@@ -7,10 +7,14 @@
 
 pub mod backend;
 pub mod cli;
+pub mod connections;
 pub mod http;
 pub mod infer;
 pub mod logging;
 pub mod metrics;
+#[cfg(feature = "pyo3")]
+pub mod python_module;
 pub mod queue;
 pub mod server;
+pub mod shutdown;
 pub mod tokenization;

@@ -4,15 +4,18 @@
 use crate::backend::wait::WaitPolicy;
 use crate::backend::{BackendFactory, BackendHandle, ModelInfo, ModelType};
 use crate::cli::Args;
+use crate::connections;
+use crate::shutdown::{Phase, Shutdown};
 use crate::http::types::{ClassifierModel, EmbeddingModel, Info, ModelTypeInfo};
 use crate::http::{app, AppState, ServeConfig};
 use crate::infer::Infer;
 use crate::metrics::Metrics;
 use crate::tokenization::{load_tokenizer, Tokenization, TokenizerConfig};
 use clap::Parser;
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
 
 /// Builds the backend factory for the parsed flags (the Python bridge supplies it).
 pub type MakeBackend = Box<dyn FnOnce(&Args) -> Result<BackendFactory, String> + Send>;
@@ -111,13 +114,81 @@ pub fn build_info(args: &Args, info: &ModelInfo, workers: usize) -> Info {
     }
 }
 
-fn listen_addr(hostname: &str, port: u16) -> SocketAddr {
-    let ip = hostname.parse::<IpAddr>().unwrap_or_else(|_| {
-        // `HOSTNAME` is often the container's name, not an address: TEI's fallback.
-        tracing::warn!("invalid hostname `{hostname}`, listening on 0.0.0.0");
-        IpAddr::V4(Ipv4Addr::UNSPECIFIED)
-    });
-    SocketAddr::new(ip, port)
+/// File descriptors kept for everything but client connections (the model's files, the
+/// tokenizer, Python's imports, logs).
+const RESERVED_FDS: u64 = 256;
+
+/// Raises the soft open-file limit to the hard one and returns it (or the current soft limit
+/// where it cannot be raised).
+fn raise_open_file_limit() -> u64 {
+    match rlimit::increase_nofile_limit(u64::MAX) {
+        Ok(limit) => limit,
+        Err(e) => {
+            tracing::warn!("cannot raise the open-file limit: {e}");
+            rlimit::getrlimit(rlimit::Resource::NOFILE)
+                .map(|(soft, _)| soft)
+                .unwrap_or(1024)
+        }
+    }
+}
+
+/// `--max-connections`, lowered to what `open_files` leaves after [`RESERVED_FDS`]: past the
+/// file limit, new connections would wait in the kernel's backlog instead of being refused.
+fn effective_max_connections(requested: usize, open_files: u64) -> usize {
+    let allowed = open_files
+        .saturating_sub(RESERVED_FDS)
+        .max(open_files / 2)
+        .max(1);
+    requested.min(usize::try_from(allowed).unwrap_or(usize::MAX))
+}
+
+/// The addresses `--hostname` names: an IP as given, else every address the name resolves to
+/// (`localhost` is 127.0.0.1 and ::1). A name that does not resolve is an error, never a
+/// silent 0.0.0.0.
+fn listen_addrs(hostname: &str, port: u16) -> Result<Vec<SocketAddr>, String> {
+    if let Ok(ip) = hostname.parse::<IpAddr>() {
+        return Ok(vec![SocketAddr::new(ip, port)]);
+    }
+    let mut addrs: Vec<SocketAddr> = (hostname, port)
+        .to_socket_addrs()
+        .map_err(|e| {
+            format!(
+                "`--hostname {hostname}` is neither an IP address nor a name that resolves \
+                 ({e}); use 0.0.0.0 to listen on every interface"
+            )
+        })?
+        .collect();
+    addrs.sort();
+    addrs.dedup();
+    if addrs.is_empty() {
+        return Err(format!("`--hostname {hostname}` resolves to no address"));
+    }
+    Ok(addrs)
+}
+
+/// Binds every address before the model loads, so a port in use is reported at once. With
+/// `--port 0` the later addresses take the port the first one got.
+fn bind(addrs: &[SocketAddr]) -> Result<Vec<std::net::TcpListener>, String> {
+    let mut listeners: Vec<std::net::TcpListener> = Vec::new();
+    for addr in addrs {
+        let mut addr = *addr;
+        if let Some(first) = listeners.first() {
+            addr.set_port(first.local_addr().map_err(|e| e.to_string())?.port());
+        }
+        let listener = std::net::TcpListener::bind(addr).map_err(|e| {
+            let hint = if e.kind() == std::io::ErrorKind::AddrInUse {
+                ": the port is in use (another server? choose one with --port)"
+            } else {
+                ""
+            };
+            format!("cannot listen on {addr}: {e}{hint}")
+        })?;
+        listener
+            .set_nonblocking(true)
+            .map_err(|e| format!("cannot listen on {addr}: {e}"))?;
+        listeners.push(listener);
+    }
+    Ok(listeners)
 }
 
 /// How small requests are served, for the start-up log.
@@ -132,8 +203,20 @@ fn describe_interactive_lane(args: &Args, backend: &BackendHandle) -> String {
     }
 }
 
-fn run(args: Args, make_backend: MakeBackend) -> Result<(), String> {
+fn run(mut args: Args, make_backend: MakeBackend) -> Result<(), String> {
     args.validate()?;
+    let open_files = raise_open_file_limit();
+    let max_connections = effective_max_connections(args.max_connections, open_files);
+    if max_connections < args.max_connections {
+        tracing::warn!(
+            "--max-connections lowered from {} to {max_connections}: the open-file limit is \
+             {open_files}",
+            args.max_connections
+        );
+        args.max_connections = max_connections;
+    }
+    tracing::info!(open_files, max_connections, "open-file limit raised");
+    let listeners = bind(&listen_addrs(&args.hostname, args.port)?)?;
     tracing::info!(model_id = %args.model_id, backend = ?args.backend, "loading model");
     let factory = make_backend(&args)?;
     let (backend, info, backend_threads) =
@@ -149,13 +232,7 @@ fn run(args: Args, make_backend: MakeBackend) -> Result<(), String> {
         backend_spin_us = args.backend_spin_us,
         "model loaded"
     );
-    if info.max_input_length > args.max_batch_tokens {
-        return Err(format!(
-            "`--max-batch-tokens` ({}) must be at least the model's max input length ({}): \
-             one full-length input must fit in a batch",
-            args.max_batch_tokens, info.max_input_length
-        ));
-    }
+    check_batch_tokens(args.max_batch_tokens, info.max_input_length)?;
     let prompt = default_prompt(&args, &info)?;
     let tokenizer = load_tokenizer(Path::new(&info.tokenizer_path)).map_err(|e| e.to_string())?;
     let workers = args.tokenization_workers.unwrap_or_else(|| {
@@ -179,22 +256,74 @@ fn run(args: Args, make_backend: MakeBackend) -> Result<(), String> {
         .thread_name("router-worker")
         .build()
         .map_err(|e| format!("cannot start the async runtime: {e}"))?;
-    let result = runtime.block_on(serve(args, info, tokenization, backend, workers));
-    // Every backend handle is gone once `serve` returns; the threads then drop the model and
-    // end. Join them so nothing runs during interpreter teardown.
+    let shutdown_timeout = args.shutdown_timeout;
+    let signal_at = Arc::new(OnceLock::new());
+    let result = runtime.block_on(serve(
+        Serving {
+            args,
+            info,
+            tokenization,
+            backend,
+            workers,
+            listeners,
+        },
+        signal_at.clone(),
+    ));
+    // Every backend handle is gone once the runtime is dropped; the threads then drop the
+    // model and end. Join them so nothing runs during interpreter teardown, but never past
+    // the shutdown deadline: a forward pass that does not return must not keep the process.
     drop(runtime);
-    let _ = backend_threads.join();
+    let exit_by = signal_at.get().copied().unwrap_or_else(Instant::now) + shutdown_timeout;
+    let (done_tx, done_rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = done_tx.send(backend_threads.join());
+    });
+    let wait = exit_by
+        .saturating_duration_since(Instant::now())
+        .max(Duration::from_secs(1));
+    if done_rx.recv_timeout(wait).is_err() {
+        tracing::error!(
+            "the backend did not stop by the shutdown deadline (a forward pass is still \
+             running); exiting without waiting for it"
+        );
+        result?;
+        std::process::exit(0);
+    }
     tracing::info!("stopped");
     result
 }
 
-async fn serve(
+/// One full-length input must fit in a batch.
+fn check_batch_tokens(max_batch_tokens: usize, max_input_length: usize) -> Result<(), String> {
+    if max_input_length > max_batch_tokens {
+        return Err(format!(
+            "`--max-batch-tokens` ({max_batch_tokens}) must be at least the model's max input \
+             length ({max_input_length}): one full-length input must fit in a batch"
+        ));
+    }
+    Ok(())
+}
+
+/// What `serve` runs: the loaded model, its tokenizer and the bound sockets.
+struct Serving {
     args: Args,
     info: ModelInfo,
     tokenization: Tokenization,
     backend: BackendHandle,
     workers: usize,
-) -> Result<(), String> {
+    listeners: Vec<std::net::TcpListener>,
+}
+
+/// Serves until the shutdown sequence ends; notes when the signal came in `signal_at`.
+async fn serve(serving: Serving, signal_at: Arc<OnceLock<Instant>>) -> Result<(), String> {
+    let Serving {
+        args,
+        info,
+        tokenization,
+        backend,
+        workers,
+        listeners,
+    } = serving;
     let metrics = Arc::new(Metrics::new(info.max_input_length));
     let info_body = build_info(&args, &info, workers);
     let compute_type = info.device.clone().unwrap_or_else(|| "cpu".into());
@@ -205,10 +334,11 @@ async fn serve(
         args.infer_config(),
         metrics.clone(),
     );
+    let shutdown = Shutdown::default();
     let state = AppState {
         infer: infer.clone(),
         info: Arc::new(info_body.clone()),
-        metrics,
+        metrics: metrics.clone(),
         config: Arc::new(ServeConfig {
             max_client_batch_size: args.max_client_batch_size,
             auto_truncate: args.auto_truncate,
@@ -217,51 +347,54 @@ async fn serve(
             payload_limit: args.payload_limit,
             cors_allow_origin: args.cors_allow_origin.clone(),
             compute_type,
+            body_read_timeout: args.body_read_timeout,
         }),
+        shutdown: shutdown.clone(),
     };
-    let addr = listen_addr(&args.hostname, args.port);
-    let listener = tokio::net::TcpListener::bind(addr)
-        .await
-        .map_err(|e| format!("cannot listen on {addr}: {e}"))?;
-    tracing::info!("listening on {addr}");
+    let listeners = listeners
+        .into_iter()
+        .map(tokio::net::TcpListener::from_std)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| format!("cannot listen: {e}"))?;
+    for listener in &listeners {
+        if let Ok(addr) = listener.local_addr() {
+            tracing::info!("listening on {addr}");
+        }
+    }
     tracing::info!("Ready");
-    let served = axum::serve(listener, app(state))
-        .with_graceful_shutdown(shutdown_signal())
-        .await;
-    // axum has stopped accepting and every in-flight request has been answered; let the
-    // batching task finish and release the backend.
+    tokio::spawn({
+        let shutdown = shutdown.clone();
+        async move {
+            shutdown.reached(Phase::Draining).await;
+            let _ = signal_at.set(Instant::now());
+        }
+    });
+    tokio::spawn(
+        shutdown
+            .clone()
+            .on_signal(answer_deadline(args.shutdown_timeout)),
+    );
+    connections::serve(
+        listeners,
+        app(state),
+        args.connection_limits(),
+        shutdown,
+        metrics,
+    )
+    .await;
+    // Every connection is closed and every handler has returned; let the batching tasks finish
+    // and release the backend.
     infer.shutdown();
     drop(infer);
     let _ = batching_task.await;
-    served.map_err(|e| format!("server error: {e}"))
+    Ok(())
 }
 
-async fn shutdown_signal() {
-    let ctrl_c = async {
-        if let Err(e) = tokio::signal::ctrl_c().await {
-            tracing::error!("cannot listen for SIGINT: {e}");
-            std::future::pending::<()>().await;
-        }
-    };
-    #[cfg(unix)]
-    let terminate = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(e) => {
-                tracing::error!("cannot listen for SIGTERM: {e}");
-                std::future::pending::<()>().await;
-            }
-        }
-    };
-    #[cfg(not(unix))]
-    let terminate = std::future::pending::<()>();
-    tokio::select! {
-        _ = ctrl_c => {},
-        _ = terminate => {},
-    }
-    tracing::info!("signal received, draining in-flight requests");
+/// When, after the signal, still-running requests are answered 503: early enough that the
+/// answers are written and the process has exited by `--shutdown-timeout`.
+fn answer_deadline(shutdown_timeout: Duration) -> Duration {
+    let margin = (connections::DEADLINE_FLUSH * 2).min(shutdown_timeout / 4);
+    shutdown_timeout - margin
 }
 
 #[cfg(test)]
@@ -302,9 +435,42 @@ mod tests {
     }
 
     #[test]
-    fn bad_hostname_falls_back() {
-        assert_eq!(listen_addr("127.0.0.1", 5).to_string(), "127.0.0.1:5");
-        assert_eq!(listen_addr("my-container", 5).to_string(), "0.0.0.0:5");
+    fn hostnames_resolve_or_fail_clearly() {
+        let one = listen_addrs("127.0.0.1", 5).unwrap();
+        assert_eq!(one, ["127.0.0.1:5".parse().unwrap()]);
+        let local = listen_addrs("localhost", 5).unwrap();
+        assert!(
+            local.iter().all(|a| a.ip().is_loopback() && a.port() == 5),
+            "{local:?}"
+        );
+        let err = listen_addrs("no-such-host.invalid", 5).unwrap_err();
+        assert!(err.contains("neither an IP address"), "{err}");
+    }
+
+    #[test]
+    fn binding_reports_the_port_in_use_and_port_zero_gets_a_real_port() {
+        let first = bind(&["127.0.0.1:0".parse().unwrap()]).unwrap();
+        let port = first[0].local_addr().unwrap().port();
+        assert_ne!(port, 0);
+        let err = bind(&[format!("127.0.0.1:{port}").parse().unwrap()]).unwrap_err();
+        assert!(err.contains("the port is in use"), "{err}");
+    }
+
+    #[test]
+    fn connection_cap_fits_the_open_file_limit() {
+        assert_eq!(effective_max_connections(4096, 1 << 20), 4096);
+        assert_eq!(effective_max_connections(4096, 1024), 768);
+        assert_eq!(effective_max_connections(4096, 300), 150);
+        assert_eq!(effective_max_connections(100, 1024), 100);
+    }
+
+    #[test]
+    fn requests_are_answered_before_the_shutdown_timeout_ends() {
+        assert_eq!(answer_deadline(Duration::from_secs(30)), Duration::from_secs(28));
+        assert_eq!(answer_deadline(Duration::from_secs(4)), Duration::from_secs(3));
+        assert!(check_batch_tokens(512, 512).is_ok());
+        let err = check_batch_tokens(256, 512).unwrap_err();
+        assert!(err.contains("--max-batch-tokens"), "{err}");
     }
 
     #[test]

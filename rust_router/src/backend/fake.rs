@@ -13,6 +13,9 @@ pub const POISON_ID: u32 = 20;
 /// A token id (the word "g" in the test tokenizer) that holds a batch at the backend's
 /// [`Gate`], when it has one, as a long corpus batch would hold the GPU.
 pub const HOLD_ID: u32 = 18;
+/// A token id (the word "nan" in the test tokenizer) whose sequence's output is NaN, as a
+/// float16 overflow would make it, while the rest of the batch stays finite.
+pub const NAN_ID: u32 = 21;
 pub const HIDDEN: usize = 8;
 
 /// What one forward pass looked like, for tests that check how the queue packed batches.
@@ -103,7 +106,6 @@ impl FakeBackend {
         ModelInfo {
             model_type: ModelType::Embedding,
             architecture: "FakeModel".into(),
-            model_dir: String::new(),
             tokenizer_path: String::new(),
             hidden_size: HIDDEN,
             max_input_length: 16,
@@ -200,8 +202,19 @@ impl Backend for FakeBackend {
             let (a, b) = (w[0] as usize, w[1] as usize);
             (&batch.input_ids[a..b], &batch.position_ids[a..b])
         });
+        let nan_if_poisoned = |ids: &[u32], row: Vec<f32>| {
+            if ids.contains(&NAN_ID) {
+                vec![f32::NAN; row.len()]
+            } else {
+                row
+            }
+        };
         let (cols, data): (usize, Vec<f32>) = match kind {
-            BatchKind::Pooled => (HIDDEN, seqs.flat_map(|(i, p)| pooled(i, p)).collect()),
+            BatchKind::Pooled => (
+                HIDDEN,
+                seqs.flat_map(|(i, p)| nan_if_poisoned(i, pooled(i, p)))
+                    .collect(),
+            ),
             BatchKind::AllTokens => (
                 HIDDEN,
                 batch
@@ -213,7 +226,11 @@ impl Backend for FakeBackend {
             ),
             BatchKind::Predict => {
                 let n = self.info.num_labels;
-                (n, seqs.flat_map(|(i, _)| logits(i, n)).collect())
+                (
+                    n,
+                    seqs.flat_map(|(i, _)| nan_if_poisoned(i, logits(i, n)))
+                        .collect(),
+                )
             }
         };
         Ok(Matrix {

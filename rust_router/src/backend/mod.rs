@@ -30,8 +30,6 @@ pub struct Batch {
     pub position_ids: Vec<u32>,
     /// `n_seqs + 1` offsets into the flat arrays, starting at 0.
     pub cu_seqlens: Vec<u32>,
-    /// Length of the longest sequence (attention kernels size their tiles with it).
-    pub max_length: u32,
 }
 
 impl Batch {
@@ -41,6 +39,22 @@ impl Batch {
 
     pub fn num_tokens(&self) -> usize {
         self.input_ids.len()
+    }
+
+    /// A batch of only the sequences at `seqs` (ascending indices), packed again.
+    pub fn select(&self, seqs: &[usize]) -> Batch {
+        let mut out = Batch {
+            cu_seqlens: vec![0],
+            ..Default::default()
+        };
+        for &i in seqs {
+            let (a, b) = (self.cu_seqlens[i] as usize, self.cu_seqlens[i + 1] as usize);
+            out.input_ids.extend_from_slice(&self.input_ids[a..b]);
+            out.token_type_ids.extend_from_slice(&self.token_type_ids[a..b]);
+            out.position_ids.extend_from_slice(&self.position_ids[a..b]);
+            out.cu_seqlens.push(out.input_ids.len() as u32);
+        }
+        out
     }
 }
 
@@ -74,6 +88,9 @@ pub enum BackendError {
     Unhealthy(String),
     #[error("model backend has stopped")]
     Stopped,
+    /// Checked per sequence: the other sequences of the batch are still served.
+    #[error("inference failed: the model returned NaN or infinite values for this input (e.g. a float16 overflow)")]
+    NonFinite,
 }
 
 /// Which queue and backend thread a request's sequences go through.
@@ -128,28 +145,40 @@ pub enum ScoreActivation {
     Softmax,
 }
 
-/// What the runtime tells the router about the loaded model (`Backend.info()` in Python).
-#[derive(Debug, Clone, Deserialize)]
+/// What the runtime tells the router about the loaded model: `Backend.info()` in Python, as
+/// JSON. This struct is the contract; the Python runtime's `info()` returns exactly these
+/// keys (a Python test compares them with [`ModelInfo::FIELDS`]). Only the first three are
+/// required: the rest default as documented, so a minimal backend needs little.
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ModelInfo {
+    /// `embedding`, `classifier` or `reranker` (a classifier with one label).
     pub model_type: ModelType,
+    /// The `tokenizer.json` the router tokenizes with.
+    pub tokenizer_path: String,
+    /// Longest input in tokens (after special tokens), the model's own limit.
+    pub max_input_length: usize,
+    /// The checkpoint's architecture name, for logs.
     #[serde(default)]
     pub architecture: String,
-    #[serde(default)]
-    pub model_dir: String,
-    pub tokenizer_path: String,
+    /// Width of a pooled embedding; also the width of `embed_all` rows.
     #[serde(default)]
     pub hidden_size: usize,
-    pub max_input_length: usize,
+    /// First position id (2 for RoBERTa-style models).
     #[serde(default)]
     pub position_offset: u32,
+    /// The pooling of an embedding model, for `/info`.
     #[serde(default)]
     pub pooling: Option<String>,
+    /// Columns of `predict`'s output.
     #[serde(default)]
     pub num_labels: usize,
+    /// Label names by column index (`"0"`, `"1"`, ...); default `LABEL_i`.
     #[serde(default)]
     pub id2label: Option<BTreeMap<String, String>>,
+    /// `sigmoid` or `softmax`; default sigmoid for one label, softmax for several.
     #[serde(default)]
     pub score_activation: Option<ScoreActivation>,
+    /// Named prompts (config_sentence_transformers.json).
     #[serde(default)]
     pub prompts: Option<HashMap<String, String>>,
     #[serde(default)]
@@ -157,6 +186,7 @@ pub struct ModelInfo {
     /// Set for decoder rerankers that score a templated prompt instead of a plain pair.
     #[serde(default)]
     pub pair_template: Option<PairTemplate>,
+    /// The weights' dtype and the device, for `/info` and the `x-compute-type` header.
     #[serde(default)]
     pub dtype: Option<String>,
     #[serde(default)]
@@ -168,6 +198,26 @@ pub struct ModelInfo {
 }
 
 impl ModelInfo {
+    /// Every key of the contract, in the struct's order.
+    pub const FIELDS: [&'static str; 16] = [
+        "model_type",
+        "tokenizer_path",
+        "max_input_length",
+        "architecture",
+        "hidden_size",
+        "position_offset",
+        "pooling",
+        "num_labels",
+        "id2label",
+        "score_activation",
+        "prompts",
+        "default_prompt_name",
+        "pair_template",
+        "dtype",
+        "device",
+        "interactive_lane",
+    ];
+
     /// Rejects an info that the router could not serve correctly, before any request arrives.
     pub fn validate(&self) -> Result<(), BackendError> {
         let fail = |m: String| {
@@ -228,7 +278,15 @@ pub struct Output {
     pub duration: Duration,
 }
 
-pub type ForwardReply = oneshot::Sender<Result<Output, BackendError>>;
+/// A forward pass's result, with the batch handed back so that a failed batch can be re-run
+/// in parts.
+#[derive(Debug)]
+pub struct Ran {
+    pub batch: Batch,
+    pub result: Result<Output, BackendError>,
+}
+
+pub type ForwardReply = oneshot::Sender<Ran>;
 
 enum Command {
     Forward {
@@ -363,11 +421,12 @@ fn serve_lane(
                 let started = Instant::now();
                 let result = guarded(|| backend.forward(kind, &batch));
                 let duration = started.elapsed();
-                let _ = reply.send(result.map(|matrix| Output {
+                let result = result.map(|matrix| Output {
                     matrix,
                     started,
                     duration,
-                }));
+                });
+                let _ = reply.send(Ran { batch, result });
             }
             Command::Health(reply) => {
                 let _ = reply.send(guarded(|| backend.health()));

@@ -1,15 +1,12 @@
-//! The PyO3 bridge: a [`Backend`] over a Python object with the `trt_tei_runtime` contract,
-//! and the `trt_tei_runtime._router` extension module.
+//! The PyO3 bridge: a [`Backend`] over a Python object with the `trt_tei_runtime` contract.
 //!
 //! Every function here that touches Python runs on a backend thread, attached only for the
-//! duration of one call, except `run`, which detaches the calling (main) thread for the whole
-//! life of the server. With an interactive lane, two backend threads call the same Python
+//! duration of one call. With an interactive lane, two backend threads call the same Python
 //! object; the runtime says it supports that (`info()["interactive_lane"]`).
 
 use super::{
     Backend, BackendError, BackendFactory, Batch, BatchKind, LoadedBackend, Matrix, ModelInfo,
 };
-use crate::cli::Args;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
 
@@ -36,42 +33,20 @@ pub struct PythonBackendOptions {
 }
 
 impl PythonBackendOptions {
-    pub fn from_args(args: &Args) -> Self {
-        let mut env = Vec::new();
-        if let Some(token) = &args.hf_token {
-            env.push(("HF_TOKEN".to_string(), token.clone()));
-        }
-        if let Some(cache) = &args.huggingface_hub_cache {
-            env.push(("HF_HUB_CACHE".to_string(), cache.clone()));
-        }
-        Self {
-            class_path: args.python_backend_class.clone(),
-            model_id: args.model_id.clone(),
-            revision: args.revision.clone(),
-            dtype: args.dtype.clone(),
-            pooling: args.pooling.clone(),
-            device: args.device.clone(),
-            task: args.task.clone(),
-            max_batch_tokens: args.max_batch_tokens,
-            max_batch_requests: args.max_batch_requests,
-            interactive_lane: args.interactive_max_tokens > 0,
-            env,
-        }
-    }
-
     pub fn factory(self) -> BackendFactory {
         Box::new(move || load(&self))
     }
 }
 
-/// `Type: message` for the HTTP body; the full traceback goes to the log only.
-fn describe(py: Python<'_>, err: &PyErr, context: &str) -> String {
-    let summary = match err.get_type(py).name() {
+fn summary(py: Python<'_>, err: &PyErr) -> String {
+    match err.get_type(py).name() {
         Ok(name) => format!("{name}: {}", err.value(py)),
         Err(_) => err.to_string(),
-    };
-    let traceback = py
-        .import("traceback")
+    }
+}
+
+fn traceback(py: Python<'_>, err: &PyErr) -> String {
+    py.import("traceback")
         .and_then(|tb| {
             tb.call_method1(
                 "format_exception",
@@ -80,23 +55,66 @@ fn describe(py: Python<'_>, err: &PyErr, context: &str) -> String {
         })
         .and_then(|lines| lines.extract::<Vec<String>>())
         .map(|lines| lines.concat())
-        .unwrap_or_else(|_| summary.clone());
-    tracing::error!("{context}: {summary}\n{traceback}");
+        .unwrap_or_else(|_| summary(py, err))
+}
+
+/// `Type: message` for the HTTP body; the full traceback goes to the log only.
+fn describe(py: Python<'_>, err: &PyErr, context: &str) -> String {
+    let summary = summary(py, err);
+    tracing::error!("{context}: {summary}\n{}", traceback(py, err));
     summary
+}
+
+/// Whether a start-up failure is a configuration mistake (a missing folder, a bad flag value,
+/// a hub that cannot be reached): the runtime's own errors and `OSError`s. Those are reported
+/// in one line; a traceback is for the unexpected.
+fn is_configuration_error(py: Python<'_>, err: &PyErr) -> bool {
+    if err.is_instance_of::<pyo3::exceptions::PyOSError>(py) {
+        return true;
+    }
+    py.import("trt_tei_runtime.errors")
+        .and_then(|m| m.getattr("RuntimeErrorBase"))
+        .is_ok_and(|base| err.value(py).is_instance(&base).unwrap_or(false))
+}
+
+/// A start-up failure: one line for configuration mistakes (the traceback at debug level),
+/// the traceback for anything else.
+fn describe_start_error(py: Python<'_>, err: &PyErr, context: &str) -> String {
+    if is_configuration_error(py, err) {
+        tracing::debug!("{context}: {}", traceback(py, err));
+        summary(py, err)
+    } else {
+        describe(py, err, context)
+    }
+}
+
+fn set_environment(py: Python<'_>, env: &[(String, String)]) -> PyResult<()> {
+    let environ = py.import("os")?.getattr("environ")?;
+    for (k, v) in env {
+        environ.set_item(k, v)?;
+    }
+    Ok(())
+}
+
+/// The `module:Class` of `--python-backend-class`, with a message that names the flag.
+fn backend_class<'py>(py: Python<'py>, class_path: &str) -> Result<Bound<'py, PyAny>, BackendError> {
+    let (module, class) = class_path.split_once(':').unwrap_or((class_path, ""));
+    let fail = |e: PyErr| {
+        BackendError::Start(format!(
+            "`--python-backend-class {class_path}` cannot be loaded: {}",
+            summary(py, &e)
+        ))
+    };
+    py.import(module).map_err(fail)?.getattr(class).map_err(fail)
 }
 
 fn load(opts: &PythonBackendOptions) -> Result<LoadedBackend, BackendError> {
     Python::attach(|py| {
+        // Before any import: huggingface_hub reads its settings when it is imported.
+        set_environment(py, &opts.env)
+            .map_err(|e| BackendError::Start(describe(py, &e, "setting the environment")))?;
+        let cls = backend_class(py, &opts.class_path)?;
         let result = (|| -> PyResult<(Py<PyAny>, String, Py<PyAny>)> {
-            let environ = py.import("os")?.getattr("environ")?;
-            for (k, v) in &opts.env {
-                environ.set_item(k, v)?;
-            }
-            let (module, class) = opts
-                .class_path
-                .split_once(':')
-                .unwrap_or((&opts.class_path, ""));
-            let cls = py.import(module)?.getattr(class)?;
             let kwargs = PyDict::new(py);
             kwargs.set_item("model_id", &opts.model_id)?;
             kwargs.set_item("revision", &opts.revision)?;
@@ -139,7 +157,11 @@ fn load(opts: &PythonBackendOptions) -> Result<LoadedBackend, BackendError> {
             Ok((obj.unbind(), json, as_f32.unbind()))
         })();
         let (obj, json, as_f32) = result.map_err(|e| {
-            BackendError::Start(describe(py, &e, &format!("loading {}", opts.class_path)))
+            BackendError::Start(describe_start_error(
+                py,
+                &e,
+                &format!("loading {}", opts.class_path),
+            ))
         })?;
         let info: ModelInfo = serde_json::from_str(&json)
             .map_err(|e| BackendError::Start(format!("Backend.info() is invalid: {e}: {json}")))?;
@@ -209,7 +231,6 @@ impl PyBackend {
             u32_bytes(py, &batch.token_type_ids)?,
             u32_bytes(py, &batch.position_ids)?,
             u32_bytes(py, &batch.cu_seqlens)?,
-            batch.max_length,
         );
         let kwargs = self.kwargs.as_ref().map(|k| k.bind(py));
         let out = self.obj.bind(py).call_method(method, args, kwargs)?;
@@ -253,23 +274,4 @@ impl Backend for PyBackend {
             })
         })
     }
-}
-
-/// Runs the server with `argv` (as `sys.argv`) and returns the exit code.
-#[pyfunction]
-fn run(py: Python<'_>, argv: Vec<String>) -> i32 {
-    // Detach for the whole server life: the backend thread attaches for each call, and
-    // nothing else in the process needs the interpreter.
-    py.detach(move || {
-        let make: crate::server::MakeBackend =
-            Box::new(|args: &Args| Ok(PythonBackendOptions::from_args(args).factory()));
-        crate::server::main_with_args(argv, make)
-    })
-}
-
-#[pymodule]
-fn _router(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    m.add_function(wrap_pyfunction!(run, m)?)?;
-    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
-    Ok(())
 }

@@ -13,7 +13,6 @@ fn batch(ids: &[&[u32]]) -> Batch {
         b.token_type_ids.extend(std::iter::repeat_n(0, seq.len()));
         b.position_ids.extend(0..seq.len() as u32);
         b.cu_seqlens.push(b.input_ids.len() as u32);
-        b.max_length = b.max_length.max(seq.len() as u32);
     }
     b
 }
@@ -32,7 +31,7 @@ async fn thread_runs_batches_and_survives_failures() {
                 .await
                 .unwrap()
                 .send(BatchKind::Pooled, b, tx);
-            rx.await.unwrap()
+            rx.await.unwrap().result
         }
     };
     let out = run(batch(&[&[1, 2], &[3]])).await.unwrap();
@@ -52,7 +51,7 @@ async fn send(
     handle: &BackendHandle,
     lane: Lane,
     b: Batch,
-) -> oneshot::Receiver<Result<Output, BackendError>> {
+) -> oneshot::Receiver<Ran> {
     let (tx, rx) = oneshot::channel();
     handle
         .reserve(lane)
@@ -104,12 +103,13 @@ async fn interactive_lane_runs_while_a_bulk_batch_holds_its_thread() {
         .await
         .expect("the query waited for the bulk batch")
         .unwrap()
+        .result
         .unwrap();
     assert_eq!(out.matrix.rows, 1);
     assert!(bulk.try_recv().is_err(), "the bulk batch ended first");
 
     gate.open();
-    assert!(bulk.await.unwrap().is_ok());
+    assert!(bulk.await.unwrap().result.is_ok());
     assert_eq!(
         threads_that_ran(&seen),
         ["model-backend", "model-interactive"]
@@ -126,7 +126,7 @@ async fn without_an_interactive_lane_both_lanes_share_one_thread() {
     assert!(!info.interactive_lane && !handle.has_interactive_lane());
     for lane in Lane::PRIORITY {
         let rx = send(&handle, lane, batch(&[&[2, 4, 3]])).await;
-        assert!(rx.await.unwrap().is_ok());
+        assert!(rx.await.unwrap().result.is_ok());
     }
     assert_eq!(threads_that_ran(&seen), ["model-backend", "model-backend"]);
     assert_eq!(threads.0.len(), 1);
@@ -152,4 +152,33 @@ fn info_validation() {
     assert!(info.validate().is_ok());
     assert_eq!(info.activation(), ScoreActivation::Sigmoid);
     assert_eq!(info.label(0), "LABEL_0");
+}
+
+#[test]
+fn select_repacks_the_chosen_sequences() {
+    let b = batch(&[&[1, 2], &[3], &[4, 5, 6]]);
+    let s = b.select(&[0, 2]);
+    assert_eq!(s.input_ids, [1, 2, 4, 5, 6]);
+    assert_eq!(s.cu_seqlens, [0, 2, 5]);
+    assert_eq!(s.position_ids.len(), 5);
+    assert_eq!(b.select(&[1]).cu_seqlens, [0, 1]);
+}
+
+#[test]
+fn the_contract_lists_every_field_and_only_three_are_required() {
+    let json = serde_json::to_value(FakeBackend::info()).unwrap();
+    let keys: Vec<&str> = json.as_object().unwrap().keys().map(String::as_str).collect();
+    let mut fields = ModelInfo::FIELDS.to_vec();
+    fields.sort();
+    let mut keys = keys.clone();
+    keys.sort();
+    assert_eq!(keys, fields);
+    let minimal: ModelInfo = serde_json::from_str(
+        r#"{"model_type": "embedding", "tokenizer_path": "t.json", "max_input_length": 8, "hidden_size": 4}"#,
+    )
+    .unwrap();
+    assert!(minimal.validate().is_ok());
+    assert_eq!(minimal.position_offset, 0);
+    let missing = serde_json::from_str::<ModelInfo>(r#"{"model_type": "embedding"}"#);
+    assert!(missing.unwrap_err().to_string().contains("tokenizer_path"));
 }

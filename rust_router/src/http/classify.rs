@@ -1,11 +1,13 @@
 //! Classification routes: `/predict` and `/rerank`.
 
 use super::error::{ApiError, ErrorResponse, TeiJson};
+use super::model_routes::Needs;
 use super::types::{
     PredictInput, PredictRequest, PredictResponse, Prediction, Rank, RerankRequest, RerankResponse,
     Sequence,
 };
 use super::{AppState, ResponseMeta};
+use crate::infer::InferRequest;
 use crate::tokenization::{EncodeOptions, EncodingInput};
 use axum::extract::State;
 use axum::response::Response;
@@ -33,7 +35,7 @@ pub async fn predict(State(state): State<AppState>, req: TeiJson<PredictRequest>
     let result = async {
         let req = req.0;
         let start = Instant::now();
-        state.infer.require_classifier("/predict")?;
+        state.require(Needs::Classifier, "/predict")?;
         let (batched, sequences) = match req.inputs {
             PredictInput::Single(s) => (false, vec![s]),
             PredictInput::Batch(b) => (true, b),
@@ -46,20 +48,19 @@ pub async fn predict(State(state): State<AppState>, req: TeiJson<PredictRequest>
         if sequences.iter().any(empty) {
             return Err(ApiError::empty("inputs"));
         }
-        let method = if batched { "batch" } else { "single" };
-        state.metrics.inc("te_request_count", &[("method", method)]);
-        let _permit = state.infer.try_acquire_permit()?;
         let inputs: Vec<EncodingInput> = sequences.into_iter().map(Into::into).collect();
+        let chars = inputs.iter().map(EncodingInput::count_chars).sum();
         let opts = EncodeOptions {
             truncate: req.truncate.unwrap_or(state.config.auto_truncate),
             direction: req.truncation_direction,
-            inline: state
-                .infer
-                .inline_ok(inputs.iter().map(EncodingInput::byte_len).sum()),
             ..Default::default()
         };
-        let chars = inputs.iter().map(EncodingInput::count_chars).sum();
-        let results = state.infer.predict(inputs, opts, req.raw_scores).await?;
+        let request = InferRequest {
+            inputs,
+            opts,
+            batched,
+        };
+        let results = state.infer.predict(request, req.raw_scores).await?;
         let info = state.infer.info();
         let (predictions, metas): (Vec<Vec<Prediction>>, Vec<_>) = results
             .into_iter()
@@ -82,6 +83,7 @@ pub async fn predict(State(state): State<AppState>, req: TeiJson<PredictRequest>
         } else {
             PredictResponse::Single(predictions.into_iter().next().unwrap_or_default())
         };
+        let method = if batched { "batch" } else { "single" };
         Ok((meta.finish(&state, method), Json(body)))
     }
     .await;
@@ -105,7 +107,7 @@ pub async fn rerank(State(state): State<AppState>, req: TeiJson<RerankRequest>) 
     let result = async {
         let req = req.0;
         let start = Instant::now();
-        state.infer.require_reranker("/rerank")?;
+        state.require(Needs::Reranker, "/rerank")?;
         if req.query.is_empty() {
             return Err(ApiError::empty("query"));
         }
@@ -113,15 +115,9 @@ pub async fn rerank(State(state): State<AppState>, req: TeiJson<RerankRequest>) 
         if req.texts.iter().any(String::is_empty) {
             return Err(ApiError::empty("texts"));
         }
-        state
-            .metrics
-            .inc("te_request_count", &[("method", "batch")]);
-        let _permit = state.infer.try_acquire_permit()?;
-        let bytes = req.texts.iter().map(|t| req.query.len() + t.len()).sum();
         let opts = EncodeOptions {
             truncate: req.truncate.unwrap_or(state.config.auto_truncate),
             direction: req.truncation_direction,
-            inline: state.infer.inline_ok(bytes),
             ..Default::default()
         };
         let query_chars = req.query.chars().count();
@@ -135,7 +131,12 @@ pub async fn rerank(State(state): State<AppState>, req: TeiJson<RerankRequest>) 
             .iter()
             .map(|text| EncodingInput::Pair(req.query.clone(), text.clone()))
             .collect();
-        let results = state.infer.predict(pairs, opts, req.raw_scores).await?;
+        let request = InferRequest {
+            inputs: pairs,
+            opts,
+            batched: true,
+        };
+        let results = state.infer.predict(request, req.raw_scores).await?;
         let mut metas = Vec::with_capacity(results.len());
         let mut ranks: Vec<Rank> = results
             .into_iter()

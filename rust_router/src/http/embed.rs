@@ -1,55 +1,54 @@
 //! Embedding routes: `/embed`, `/embed_all`, `/embed_sparse`, `/similarity`.
 
-use super::error::{ApiError, ErrorResponse, TeiJson};
+use super::error::{ApiError, Body, ErrorResponse, TeiJson};
+use super::model_routes::{self, Needs};
 use super::types::{
     EmbedAllRequest, EmbedAllResponse, EmbedRequest, EmbedResponse, InputType, SimilarityRequest,
     SimilarityResponse,
 };
 use super::{AppState, ResponseMeta};
-use crate::infer::{InferError, InferMetadata};
+use crate::infer::{InferError, InferMetadata, InferRequest};
 use crate::tokenization::{EncodeOptions, EncodingInput};
 use axum::extract::State;
-use axum::response::Response;
+use axum::response::{IntoResponse, Response};
 use axum::Json;
+use serde_json::Value;
 use std::time::Instant;
 
-/// Validates a list of inputs, counts the request, and takes its concurrency permit.
-pub(crate) fn admit(
+/// Validates a list of inputs and counts its characters.
+pub(crate) fn check_inputs(
     state: &AppState,
     inputs: &[InputType],
-    batched: bool,
     field: &str,
-) -> Result<(tokio::sync::OwnedSemaphorePermit, usize), ApiError> {
+) -> Result<usize, ApiError> {
     state.check_batch(inputs.len(), field)?;
     if inputs.iter().any(InputType::is_empty) {
         return Err(ApiError::empty(field));
     }
-    let method = if batched { "batch" } else { "single" };
-    state.metrics.inc("te_request_count", &[("method", method)]);
-    let permit = state.infer.try_acquire_permit()?;
-    let chars = inputs
+    Ok(inputs
         .iter()
         .map(|i| EncodingInput::from(i.clone()).count_chars())
-        .sum();
-    Ok((permit, chars))
+        .sum())
 }
 
 /// Pooled embeddings for every input, in input order.
 pub(crate) async fn embed_inputs(
     state: &AppState,
     inputs: Vec<InputType>,
-    mut opts: EncodeOptions,
+    batched: bool,
+    opts: EncodeOptions,
     normalize: bool,
     dimensions: Option<usize>,
 ) -> Result<(Vec<Vec<f32>>, Vec<InferMetadata>), InferError> {
-    let inputs: Vec<EncodingInput> = inputs.into_iter().map(Into::into).collect();
-    opts.inline = state
-        .infer
-        .inline_ok(inputs.iter().map(EncodingInput::byte_len).sum());
+    let request = InferRequest {
+        inputs: inputs.into_iter().map(Into::into).collect(),
+        opts,
+        batched,
+    };
     // The queue may put the sequences in different batches; `Infer` reassembles them in order.
     let results = state
         .infer
-        .embed_pooled(inputs, opts, normalize, dimensions)
+        .embed_pooled(request, normalize, dimensions)
         .await?;
     Ok(results.into_iter().unzip())
 }
@@ -69,6 +68,31 @@ pub(crate) fn encode_options(
     }
 }
 
+/// `POST /` on an embedding model: `/similarity`'s body (`inputs: {source_sentence,
+/// sentences}`, what `huggingface_hub.InferenceClient.sentence_similarity` posts) goes to
+/// `/similarity`, anything else to `/embed`.
+pub async fn embed_or_similarity(State(state): State<AppState>, req: TeiJson<Value>) -> Response {
+    let body = req.0;
+    let is_similarity = body
+        .get("inputs")
+        .is_some_and(|i| i.is_object() && i.get("source_sentence").is_some());
+    if is_similarity {
+        match serde_json::from_value(body) {
+            Ok(r) => similarity(State(state), Body(r)).await,
+            Err(e) => bad_json(e),
+        }
+    } else {
+        match serde_json::from_value(body) {
+            Ok(r) => embed(State(state), Body(r)).await,
+            Err(e) => bad_json(e),
+        }
+    }
+}
+
+fn bad_json(err: serde_json::Error) -> Response {
+    ApiError::validation(format!("Failed to parse the JSON body: {err}")).into_response()
+}
+
 /// Get embeddings. Returns a 424 status code if the model is not an embedding model.
 #[utoipa::path(
     post, path = "/embed", tag = "Text Embeddings Inference",
@@ -85,9 +109,9 @@ pub async fn embed(State(state): State<AppState>, req: TeiJson<EmbedRequest>) ->
     let result = async {
         let req = req.0;
         let start = Instant::now();
-        state.infer.require_embedding("/embed")?;
+        state.require(Needs::Embedding, "/embed")?;
         let (batched, inputs) = req.inputs.into_vec();
-        let (_permit, chars) = admit(&state, &inputs, batched, "inputs")?;
+        let chars = check_inputs(&state, &inputs, "inputs")?;
         state.check_dimensions(req.dimensions)?;
         let opts = encode_options(
             &state,
@@ -96,7 +120,7 @@ pub async fn embed(State(state): State<AppState>, req: TeiJson<EmbedRequest>) ->
             req.prompt_name,
         );
         let (embeddings, metas) =
-            embed_inputs(&state, inputs, opts, req.normalize, req.dimensions).await?;
+            embed_inputs(&state, inputs, batched, opts, req.normalize, req.dimensions).await?;
         let meta = ResponseMeta::new(start, chars, &metas);
         let method = if batched { "batch" } else { "single" };
         Ok((meta.finish(&state, method), Json(EmbedResponse(embeddings))))
@@ -121,20 +145,21 @@ pub async fn embed_all(State(state): State<AppState>, req: TeiJson<EmbedAllReque
     let result = async {
         let req = req.0;
         let start = Instant::now();
-        state.infer.require_embedding("/embed_all")?;
+        state.require(Needs::Embedding, "/embed_all")?;
         let (batched, inputs) = req.inputs.into_vec();
-        let (_permit, chars) = admit(&state, &inputs, batched, "inputs")?;
-        let mut opts = encode_options(
+        let chars = check_inputs(&state, &inputs, "inputs")?;
+        let opts = encode_options(
             &state,
             req.truncate,
             req.truncation_direction,
             req.prompt_name,
         );
-        let inputs: Vec<EncodingInput> = inputs.into_iter().map(Into::into).collect();
-        opts.inline = state
-            .infer
-            .inline_ok(inputs.iter().map(EncodingInput::byte_len).sum());
-        let results = state.infer.embed_all(inputs, opts).await?;
+        let request = InferRequest {
+            inputs: inputs.into_iter().map(Into::into).collect(),
+            opts,
+            batched,
+        };
+        let results = state.infer.embed_all(request).await?;
         let (embeddings, metas): (Vec<_>, Vec<_>) = results.into_iter().unzip();
         let meta = ResponseMeta::new(start, chars, &metas);
         let method = if batched { "batch" } else { "single" };
@@ -153,11 +178,7 @@ pub async fn embed_all(State(state): State<AppState>, req: TeiJson<EmbedAllReque
     responses((status = 424, description = "Not a SPLADE model", body = ErrorResponse))
 )]
 pub async fn embed_sparse(State(state): State<AppState>) -> Response {
-    let routes = crate::infer::served_routes(state.infer.info().model_type);
-    state.finish::<Response>(Err(InferError::ModelType(format!(
-        "`/embed_sparse` is not available: the model is not a SPLADE model and serves {routes}"
-    ))
-    .into()))
+    model_routes::not_a_sparse_model(state.infer.info().model_type).into_response()
 }
 
 /// Cosine similarity of `source_sentence` with each of `sentences`.
@@ -179,13 +200,13 @@ pub async fn similarity(
     let result = async {
         let req = req.0;
         let start = Instant::now();
-        state.infer.require_embedding("/similarity")?;
+        state.require(Needs::Embedding, "/similarity")?;
         if req.inputs.sentences.is_empty() {
             return Err(ApiError::empty("sentences"));
         }
         let mut inputs = vec![InputType::String(req.inputs.source_sentence)];
         inputs.extend(req.inputs.sentences.into_iter().map(InputType::String));
-        let (_permit, chars) = admit(&state, &inputs, true, "inputs")?;
+        let chars = check_inputs(&state, &inputs, "inputs")?;
         let params = req.parameters.unwrap_or_default();
         let opts = encode_options(
             &state,
@@ -193,7 +214,7 @@ pub async fn similarity(
             params.truncation_direction,
             params.prompt_name,
         );
-        let (embeddings, metas) = embed_inputs(&state, inputs, opts, true, None).await?;
+        let (embeddings, metas) = embed_inputs(&state, inputs, true, opts, true, None).await?;
         // Normalized vectors: cosine similarity is the dot product.
         let source = &embeddings[0];
         let scores = embeddings[1..]

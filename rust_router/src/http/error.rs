@@ -5,7 +5,10 @@ use crate::infer::InferError;
 use crate::tokenization::TokenizationError;
 use axum::body::Bytes;
 use axum::extract::{FromRequest, Request};
-use axum::http::StatusCode;
+use super::AppState;
+use crate::connections::DRAIN_GRACE;
+use crate::shutdown::Phase;
+use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::de::DeserializeOwned;
@@ -25,6 +28,11 @@ pub enum ErrorType {
     NotFound,
     /// The route does not fit the loaded model.
     ModelType,
+    /// The request body did not arrive within `--body-read-timeout`.
+    Timeout,
+    /// The server is shutting down: the request was half-sent when draining began, or was
+    /// still running at the `--shutdown-timeout` deadline.
+    ShuttingDown,
 }
 
 impl ErrorType {
@@ -43,6 +51,8 @@ impl ErrorType {
             Self::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             Self::Unauthorized => StatusCode::UNAUTHORIZED,
             Self::NotFound => StatusCode::NOT_FOUND,
+            Self::Timeout => StatusCode::REQUEST_TIMEOUT,
+            Self::ShuttingDown => StatusCode::SERVICE_UNAVAILABLE,
         }
     }
 
@@ -59,6 +69,8 @@ impl ErrorType {
             Self::Unauthorized => "unauthorized",
             Self::NotFound => "not_found",
             Self::ModelType => "model_type",
+            Self::Timeout => "timeout",
+            Self::ShuttingDown => "shutting_down",
         }
     }
 }
@@ -89,6 +101,8 @@ pub struct ApiError {
     pub kind: ErrorType,
     pub message: String,
     pub openai: bool,
+    /// Answer with `Connection: close`: the rest of the request was never read.
+    pub close_connection: bool,
 }
 
 impl ApiError {
@@ -97,11 +111,17 @@ impl ApiError {
             kind,
             message: message.into(),
             openai: false,
+            close_connection: false,
         }
     }
 
     pub fn openai(mut self, openai: bool) -> Self {
         self.openai = openai;
+        self
+    }
+
+    pub fn close_connection(mut self) -> Self {
+        self.close_connection = true;
         self
     }
 
@@ -119,19 +139,23 @@ impl ApiError {
 }
 
 impl From<InferError> for ApiError {
+    /// TEI's shape; OpenAI routes reword what differs there (see `openai.rs`).
     fn from(err: InferError) -> Self {
         let kind = match &err {
             InferError::Tokenization(TokenizationError::Tokenizer(_)) => ErrorType::Tokenizer,
             InferError::Tokenization(TokenizationError::Stopped) => ErrorType::Unhealthy,
-            InferError::Tokenization(_) | InferError::Validation(_) => ErrorType::Validation,
+            InferError::Tokenization(_) => ErrorType::Validation,
             InferError::Overloaded(_) => ErrorType::Overloaded,
-            InferError::ModelType(_) => ErrorType::ModelType,
             InferError::Backend(BackendError::Stopped | BackendError::Unhealthy(_)) => {
                 ErrorType::Unhealthy
             }
             InferError::Backend(_) => ErrorType::Backend,
         };
-        Self::new(kind, err.to_string())
+        let mut message = err.to_string();
+        if let InferError::Tokenization(TokenizationError::TooLong { .. }) = err {
+            message.push_str(". Send `truncate: true` to truncate it");
+        }
+        Self::new(kind, message)
     }
 }
 
@@ -142,9 +166,13 @@ impl From<TokenizationError> for ApiError {
 }
 
 impl IntoResponse for ApiError {
+    /// The response carries its [`ErrorType`] as an extension, which the metrics middleware
+    /// counts (`te_request_failure`), whichever layer produced the error.
     fn into_response(self) -> Response {
         let status = self.status();
-        if self.openai {
+        let kind = self.kind;
+        let close = self.close_connection;
+        let mut response = if self.openai {
             let body = OpenAIErrorResponse {
                 error: OpenAIErrorDetail {
                     message: self.message,
@@ -159,7 +187,14 @@ impl IntoResponse for ApiError {
                 error_type: self.kind,
             };
             (status, Json(body)).into_response()
+        };
+        response.extensions_mut().insert(kind);
+        if close {
+            response
+                .headers_mut()
+                .insert(header::CONNECTION, HeaderValue::from_static("close"));
         }
+        response
     }
 }
 
@@ -172,26 +207,49 @@ pub struct Body<T, const OPENAI: bool>(pub T);
 pub type TeiJson<T> = Body<T, false>;
 pub type OpenAIJson<T> = Body<T, true>;
 
-impl<S, T, const OPENAI: bool> FromRequest<S> for Body<T, OPENAI>
+impl<T, const OPENAI: bool> FromRequest<AppState> for Body<T, OPENAI>
 where
-    S: Send + Sync,
     T: DeserializeOwned,
 {
     type Rejection = ApiError;
 
-    async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
-        let bytes = Bytes::from_request(req, state).await.map_err(|rejection| {
-            if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
-                ApiError::new(
-                    ErrorType::PayloadTooLarge,
-                    "Payload too large: the request body is over the server's limit \
-                     (--payload-limit)",
-                )
-            } else {
-                ApiError::validation(format!("cannot read the request body: {rejection}"))
-            }
-            .openai(OPENAI)
-        })?;
+    /// Reads the whole body within `--body-read-timeout` (408 otherwise) and, once the server
+    /// is draining, within [`DRAIN_GRACE`] (503 otherwise): a half-sent request must not hold
+    /// a connection, or the shutdown, open.
+    async fn from_request(req: Request, state: &AppState) -> Result<Self, Self::Rejection> {
+        let limit = state.config.body_read_timeout;
+        let draining_too_long = async {
+            state.shutdown.reached(Phase::Draining).await;
+            tokio::time::sleep(DRAIN_GRACE).await;
+        };
+        let bytes = tokio::select! {
+            bytes = Bytes::from_request(req, state) => bytes.map_err(|rejection| {
+                if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+                    ApiError::new(
+                        ErrorType::PayloadTooLarge,
+                        "Payload too large: the request body is over the server's limit \
+                         (--payload-limit)",
+                    )
+                    .close_connection()
+                } else {
+                    ApiError::validation(format!("cannot read the request body: {rejection}"))
+                }
+            }),
+            _ = tokio::time::sleep(limit) => Err(ApiError::new(
+                ErrorType::Timeout,
+                format!(
+                    "Request timeout: the body did not arrive within {}s (--body-read-timeout)",
+                    limit.as_secs_f64()
+                ),
+            )
+            .close_connection()),
+            _ = draining_too_long => Err(ApiError::new(
+                ErrorType::ShuttingDown,
+                "The server is shutting down: the request body was not complete",
+            )
+            .close_connection()),
+        }
+        .map_err(|e| e.openai(OPENAI))?;
         serde_json::from_slice(&bytes).map(Body).map_err(|err| {
             ApiError::validation(format!("Failed to parse the JSON body: {err}")).openai(OPENAI)
         })
@@ -217,6 +275,8 @@ mod tests {
             (ErrorType::ModelType, false, 424),
             (ErrorType::ModelType, true, 400),
             (ErrorType::NotFound, true, 404),
+            (ErrorType::Timeout, false, 408),
+            (ErrorType::ShuttingDown, true, 503),
         ];
         for (kind, openai, status) in cases {
             assert_eq!(

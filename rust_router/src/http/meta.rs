@@ -6,7 +6,7 @@ use super::{classify, embed, openai, AppState};
 use crate::tokenization::TruncationDirection;
 use axum::extract::State;
 use axum::http::{header, StatusCode};
-use axum::response::{Html, IntoResponse, Response};
+use axum::response::{IntoResponse, Response};
 use axum::Json;
 use futures_util::future::try_join_all;
 use utoipa::OpenApi;
@@ -101,10 +101,18 @@ pub async fn info(State(state): State<AppState>) -> Json<Info> {
     get, path = "/health", tag = "Text Embeddings Inference",
     responses(
         (status = 200, description = "Everything is working fine"),
-        (status = 503, description = "The model cannot run", body = ErrorResponse),
+        (status = 503, description = "The model cannot run, or the server is shutting down", body = ErrorResponse),
     )
 )]
 pub async fn health(State(state): State<AppState>) -> Response {
+    if state.shutdown.is_draining() {
+        // Answered at once, so a load balancer stops sending before connections close.
+        return ApiError::new(
+            ErrorType::ShuttingDown,
+            "the server is shutting down (SIGTERM received)",
+        )
+        .into_response();
+    }
     match state.infer.health().await {
         Ok(()) => StatusCode::OK.into_response(),
         Err(err) => {
@@ -139,7 +147,7 @@ pub async fn metrics(State(state): State<AppState>) -> Response {
         EmbedAllRequest, EmbedAllResponse, PredictRequest, Prediction, PredictResponse,
         RerankRequest, Rank, RerankResponse, SimilarityInput, SimilarityParameters,
         SimilarityRequest, SimilarityResponse, TokenizeInput, TokenizeRequest, SimpleToken,
-        TokenizeResponse, InputIds, DecodeRequest, DecodeResponse, EncodingFormat,
+        TokenizeResponse, InputIdsDoc, DecodeRequest, DecodeResponse, EncodingFormat,
         OpenAICompatRequest, Embedding, OpenAICompatEmbedding, OpenAICompatUsage,
         OpenAICompatResponse, Info, ModelTypeInfo, EmbeddingModel, ClassifierModel,
         ErrorResponse, ErrorType, OpenAIErrorResponse,
@@ -157,7 +165,10 @@ pub async fn openapi() -> Json<utoipa::openapi::OpenApi> {
     Json(ApiDoc::openapi())
 }
 
-/// Swagger UI, loaded by the browser from a CDN; the spec itself is served locally.
-pub async fn docs() -> Html<&'static str> {
-    Html(include_str!("docs.html"))
+/// Swagger UI at `/docs`, served from the assets built into the binary (a pinned Swagger UI
+/// release vendored by `utoipa-swagger-ui`): it works with no internet access.
+pub fn swagger_ui() -> axum::Router<AppState> {
+    utoipa_swagger_ui::SwaggerUi::new("/docs")
+        .url("/api-doc/openapi.json", ApiDoc::openapi())
+        .into()
 }

@@ -5,6 +5,7 @@ mod classify;
 mod embed;
 pub mod error;
 mod meta;
+pub mod model_routes;
 mod openai;
 pub mod types;
 
@@ -18,6 +19,7 @@ mod tests_errors;
 use crate::backend::ModelType;
 use crate::infer::{Infer, InferMetadata};
 use crate::metrics::Metrics;
+use crate::shutdown::{Phase, Shutdown};
 use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::http::{header, HeaderMap, HeaderValue, Method};
 use axum::middleware::{self, Next};
@@ -41,6 +43,8 @@ pub struct ServeConfig {
     pub cors_allow_origin: Option<Vec<String>>,
     /// Value of the `x-compute-type` header (the backend's device).
     pub compute_type: String,
+    /// How long a request's body may take to arrive (`--body-read-timeout`).
+    pub body_read_timeout: Duration,
 }
 
 #[derive(Clone)]
@@ -49,6 +53,7 @@ pub struct AppState {
     pub info: Arc<Info>,
     pub metrics: Arc<Metrics>,
     pub config: Arc<ServeConfig>,
+    pub shutdown: Shutdown,
 }
 
 impl AppState {
@@ -78,21 +83,52 @@ impl AppState {
         }
     }
 
-    /// Turns a handler result into a response, counting failures by kind.
+    /// Turns a handler result into a response (failures are counted by [`record_failures`]).
     pub(crate) fn finish<T: IntoResponse>(&self, result: Result<T, ApiError>) -> Response {
         match result {
             Ok(r) => r.into_response(),
-            Err(e) => {
-                self.metrics
-                    .inc("te_request_failure", &[("err", e.kind.metric_label())]);
-                if e.status().is_server_error() || e.kind == ErrorType::Backend {
-                    tracing::error!(status = e.status().as_u16(), "{}", e.message);
-                } else {
-                    tracing::info!(status = e.status().as_u16(), "{}", e.message);
-                }
-                e.into_response()
-            }
+            Err(e) => e.into_response(),
         }
+    }
+
+    /// `Ok` when `route` fits the loaded model.
+    pub(crate) fn require(&self, needs: model_routes::Needs, route: &str) -> Result<(), ApiError> {
+        model_routes::require(self.infer.info().model_type, needs, route)
+    }
+}
+
+/// Counts every error answer in `te_request_failure{err=...}` and logs it, whichever layer
+/// produced it (a handler, the body extractor, auth, the router's fallback).
+async fn record_failures(State(state): State<AppState>, req: Request, next: Next) -> Response {
+    let response = next.run(req).await;
+    if let Some(kind) = response.extensions().get::<ErrorType>().copied() {
+        state
+            .metrics
+            .inc("te_request_failure", &[("err", kind.metric_label())]);
+        let status = response.status().as_u16();
+        if response.status().is_server_error() || kind == ErrorType::Backend {
+            tracing::error!(status, error_type = kind.metric_label(), "request failed");
+        } else {
+            tracing::info!(status, error_type = kind.metric_label(), "request refused");
+        }
+    }
+    response
+}
+
+/// At the shutdown deadline, answers whatever is still running with 503 instead of letting
+/// the connection close under it.
+async fn answer_at_deadline(State(state): State<AppState>, req: Request, next: Next) -> Response {
+    let openai = is_openai_path(req.uri().path());
+    tokio::select! {
+        response = next.run(req) => response,
+        _ = state.shutdown.reached(Phase::Deadline) => ApiError::new(
+            ErrorType::ShuttingDown,
+            "The server is shutting down: the request did not finish within \
+             --shutdown-timeout",
+        )
+        .openai(openai)
+        .close_connection()
+        .into_response(),
     }
 }
 
@@ -166,7 +202,8 @@ impl ResponseMeta {
     }
 }
 
-/// `Authorization: Bearer <key>` on every route but health, metrics and docs.
+/// `Authorization: Bearer <key>` on every route but the probes (`GET /`, `/health`, `/ping`),
+/// metrics and docs.
 async fn auth(State(state): State<AppState>, req: Request, next: Next) -> Response {
     let Some(key) = state.config.api_key.as_deref() else {
         return next.run(req).await;
@@ -192,9 +229,9 @@ async fn auth(State(state): State<AppState>, req: Request, next: Next) -> Respon
         Some(_) => "Unauthorized: invalid API key",
     };
     let openai = is_openai_path(req.uri().path());
-    state.finish::<Response>(Err(
-        ApiError::new(ErrorType::Unauthorized, message).openai(openai)
-    ))
+    ApiError::new(ErrorType::Unauthorized, message)
+        .openai(openai)
+        .into_response()
 }
 
 fn is_openai_path(path: &str) -> bool {
@@ -228,12 +265,12 @@ fn cors_layer(origins: Option<&[String]>) -> CorsLayer {
 /// The whole HTTP application.
 pub fn app(state: AppState) -> Router {
     let root = match state.infer.info().model_type {
-        ModelType::Embedding => post(embed::embed),
+        ModelType::Embedding => post(embed::embed_or_similarity),
         ModelType::Classifier => post(classify::predict),
         ModelType::Reranker => post(classify::rerank),
     };
     let protected = Router::new()
-        .route("/", root.get(meta::health))
+        .route("/", root)
         .route("/info", get(meta::info))
         .route("/embed", post(embed::embed))
         .route("/embed_all", post(embed::embed_all))
@@ -248,17 +285,23 @@ pub fn app(state: AppState) -> Router {
         .route_layer(middleware::from_fn_with_state(state.clone(), auth));
     // Probes and scrapers must work without the key.
     let public = Router::new()
+        .route("/", get(meta::health))
         .route("/health", get(meta::health))
         .route("/ping", get(meta::health))
         .route("/metrics", get(meta::metrics))
-        .route("/docs", get(meta::docs))
-        .route("/api-doc/openapi.json", get(meta::openapi))
-        .route("/openapi.json", get(meta::openapi));
+        .route("/openapi.json", get(meta::openapi))
+        // `/docs` and `/api-doc/openapi.json`.
+        .merge(meta::swagger_ui());
     let payload_limit = state.config.payload_limit;
     let cors = cors_layer(state.config.cors_allow_origin.as_deref());
     protected
         .merge(public)
         .fallback(not_found)
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
+            answer_at_deadline,
+        ))
+        .layer(middleware::from_fn_with_state(state.clone(), record_failures))
         .with_state(state)
         .layer(DefaultBodyLimit::max(payload_limit))
         .layer(cors)

@@ -1,7 +1,10 @@
 //! OpenAI-compatible `POST /v1/embeddings`.
 
-use super::embed::{admit, embed_inputs, encode_options};
+use super::embed::{check_inputs, embed_inputs, encode_options};
 use super::error::{ApiError, OpenAIErrorResponse, OpenAIJson};
+use super::model_routes::Needs;
+use crate::infer::InferError;
+use crate::tokenization::TokenizationError;
 use super::types::{
     Embedding, EncodingFormat, OpenAICompatEmbedding, OpenAICompatRequest, OpenAICompatResponse,
     OpenAICompatUsage,
@@ -18,6 +21,20 @@ use std::time::Instant;
 pub fn to_base64(v: &[f32]) -> String {
     let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
     base64::engine::general_purpose::STANDARD.encode(bytes)
+}
+
+/// OpenAI's request has no `truncate` field and names its field `input`: say what helps here.
+fn openai_error(err: InferError) -> ApiError {
+    match err {
+        InferError::Tokenization(TokenizationError::TooLong { max, given }) => {
+            ApiError::validation(format!(
+                "Input validation error: `input` must have at most {max} tokens (the model's \
+                 limit). Given: {given}. Shorten the input, or start the server with \
+                 `--auto-truncate` to truncate over-long inputs"
+            ))
+        }
+        other => other.into(),
+    }
 }
 
 /// OpenAI compatible embeddings: normalized, optionally shortened with `dimensions`.
@@ -39,12 +56,15 @@ pub async fn embeddings(
     let result = async {
         let req = req.0;
         let start = Instant::now();
-        state.infer.require_embedding("/v1/embeddings")?;
+        state.require(Needs::Embedding, "/v1/embeddings")?;
         let (batched, inputs) = req.input.into_vec();
-        let (_permit, chars) = admit(&state, &inputs, batched, "input")?;
+        let chars = check_inputs(&state, &inputs, "input")?;
         state.check_dimensions(req.dimensions)?;
         let opts = encode_options(&state, None, TruncationDirection::Right, None);
-        let (embeddings, metas) = embed_inputs(&state, inputs, opts, true, req.dimensions).await?;
+        let (embeddings, metas) =
+            embed_inputs(&state, inputs, batched, opts, true, req.dimensions)
+                .await
+                .map_err(openai_error)?;
         let meta = ResponseMeta::new(start, chars, &metas);
         let data = embeddings
             .into_iter()

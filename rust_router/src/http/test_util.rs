@@ -7,6 +7,7 @@ use crate::cli::Args;
 use crate::infer::{Infer, InferConfig};
 use crate::metrics::Metrics;
 use crate::server::build_info;
+use crate::shutdown::Shutdown;
 use crate::tokenization::tests::test_tokenizer;
 use crate::tokenization::{Tokenization, TokenizerConfig};
 use axum::body::Body;
@@ -32,6 +33,8 @@ pub struct Options {
     pub healthy: bool,
     pub interactive_max_tokens: usize,
     pub gate: Option<Arc<Gate>>,
+    pub body_read_timeout: Duration,
+    pub shutdown: Shutdown,
 }
 
 impl Default for Options {
@@ -49,6 +52,8 @@ impl Default for Options {
             healthy: true,
             interactive_max_tokens: 256,
             gate: None,
+            body_read_timeout: Duration::from_secs(30),
+            shutdown: Shutdown::default(),
         }
     }
 }
@@ -56,6 +61,7 @@ impl Default for Options {
 pub struct TestApp {
     pub router: Router,
     pub seen: Arc<Mutex<Vec<SeenBatch>>>,
+    pub metrics: Arc<Metrics>,
 }
 
 /// Must run inside a tokio runtime (the batching task is spawned).
@@ -88,6 +94,7 @@ pub fn test_app(opts: Options) -> TestApp {
         },
         metrics.clone(),
     );
+    let metrics_handle = metrics.clone();
     let state = AppState {
         infer,
         info: Arc::new(body),
@@ -100,11 +107,14 @@ pub fn test_app(opts: Options) -> TestApp {
             payload_limit: opts.payload_limit,
             cors_allow_origin: None,
             compute_type: "cpu".into(),
+            body_read_timeout: opts.body_read_timeout,
         }),
+        shutdown: opts.shutdown.clone(),
     };
     TestApp {
         router: app(state),
         seen,
+        metrics: metrics_handle,
     }
 }
 

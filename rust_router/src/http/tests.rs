@@ -366,7 +366,20 @@ async fn info_health_metrics_and_docs() {
         );
     }
     let r = app.get("/docs").await;
-    assert!(r.text.contains("swagger-ui"));
+    assert!(r.status.is_redirection(), "{}", r.status);
+    assert_eq!(r.headers["location"], "/docs/");
+    // The page and its assets come from the binary: nothing is loaded from a CDN.
+    let page = app.get("/docs/").await;
+    assert_eq!(page.status, 200);
+    assert!(page.text.contains("swagger-ui"), "{}", page.text);
+    assert!(!page.text.contains("https://"), "{}", page.text);
+    for asset in ["swagger-ui.css", "swagger-ui-bundle.js", "swagger-initializer.js"] {
+        let r = app.get(&format!("/docs/{asset}")).await;
+        assert_eq!(r.status, 200, "{asset}");
+        assert!(!r.text.contains("cdn."), "{asset} loads from a CDN");
+    }
+    let init = app.get("/docs/swagger-initializer.js").await;
+    assert!(init.text.contains("/api-doc/openapi.json"), "{}", init.text);
 }
 
 #[tokio::test]

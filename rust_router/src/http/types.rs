@@ -347,15 +347,65 @@ pub struct SimpleToken {
 #[derive(Debug, Serialize, ToSchema)]
 pub struct TokenizeResponse(pub Vec<Vec<SimpleToken>>);
 
-#[derive(Debug, Deserialize, ToSchema)]
-#[serde(untagged)]
+/// `ids` of `/decode`: one list of token ids or a list of them.
+#[derive(Debug, Clone, PartialEq)]
 pub enum InputIds {
+    Single(Vec<u32>),
+    Batch(Vec<Vec<u32>>),
+}
+
+const IDS_SHAPES: &str = "a list of token ids or a list of lists of token ids";
+
+fn token_ids(v: &[Value]) -> Result<Vec<u32>, String> {
+    v.iter()
+        .map(|x| {
+            x.as_u64()
+                .and_then(|n| u32::try_from(n).ok())
+                .ok_or_else(|| {
+                    format!("token ids are integers from 0 to {}, got {x}", u32::MAX)
+                })
+        })
+        .collect()
+}
+
+impl TryFrom<Value> for InputIds {
+    type Error = String;
+
+    fn try_from(value: Value) -> Result<Self, String> {
+        match value {
+            Value::Array(a) if a.is_empty() => Ok(Self::Batch(vec![])),
+            Value::Array(a) if a[0].is_array() => a
+                .iter()
+                .map(|v| match v {
+                    Value::Array(ids) => token_ids(ids),
+                    other => Err(format!("expected {IDS_SHAPES}, got {other}")),
+                })
+                .collect::<Result<_, _>>()
+                .map(Self::Batch),
+            Value::Array(a) => token_ids(&a).map(Self::Single),
+            other => Err(format!("expected {IDS_SHAPES}, got {other}")),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for InputIds {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        InputIds::try_from(Value::deserialize(d)?).map_err(de::Error::custom)
+    }
+}
+
+/// Documentation-only mirror of [`InputIds`].
+#[allow(dead_code)]
+#[derive(ToSchema)]
+#[serde(untagged)]
+pub enum InputIdsDoc {
     Single(Vec<u32>),
     Batch(Vec<Vec<u32>>),
 }
 
 #[derive(Debug, Deserialize, ToSchema)]
 pub struct DecodeRequest {
+    #[schema(value_type = InputIdsDoc, example = json!([101, 7592, 102]))]
     pub ids: InputIds,
     #[serde(default = "default_true")]
     #[schema(default = true)]
@@ -506,6 +556,18 @@ mod tests {
         assert!(p(json!(["a", "b", "c"])).is_err());
         assert!(p(json!([["a", "b", "c"]])).is_err());
         assert!(p(json!([1])).is_err());
+    }
+
+    #[test]
+    fn token_id_shapes() {
+        let ids = |v| InputIds::try_from(v);
+        assert_eq!(ids(json!([1, 2])), Ok(InputIds::Single(vec![1, 2])));
+        assert_eq!(ids(json!([[1], [2, 3]])), Ok(InputIds::Batch(vec![vec![1], vec![2, 3]])));
+        let too_big = ids(json!([4294967296u64])).unwrap_err();
+        assert!(too_big.contains("from 0 to 4294967295"), "{too_big}");
+        assert!(ids(json!([-1])).is_err());
+        assert!(ids(json!("a")).unwrap_err().contains("list of token ids"));
+        assert!(ids(json!([[1], 2])).is_err());
     }
 
     #[test]

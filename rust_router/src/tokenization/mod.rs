@@ -98,7 +98,8 @@ pub struct TokenInfo {
 
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum TokenizationError {
-    #[error("Input validation error: `inputs` must have at most {max} tokens (the model's limit). Given: {given}. Send `truncate: true` to truncate it")]
+    /// The HTTP layer adds how to avoid it, which depends on the route.
+    #[error("Input validation error: `inputs` must have at most {max} tokens (the model's limit). Given: {given}")]
     TooLong { max: usize, given: usize },
     #[error("Input validation error: `prompt_name` `{name}` is not a prompt of this model. Available prompts: {available}")]
     UnknownPrompt { name: String, available: String },
@@ -129,7 +130,7 @@ pub fn load_tokenizer(path: &Path) -> Result<Tokenizer, TokenizationError> {
 /// `pair_template`): the text `before_query + query + between + document + after_document` is
 /// tokenized without special tokens and truncated to leave room for `suffix_ids`, which are
 /// appended after truncation so the tokens the score is read after are never cut.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct PairTemplate {
     pub before_query: String,
     pub between: String,
@@ -330,9 +331,18 @@ impl Worker {
                 }
             }
             Job::Decode(ids, skip, reply) => {
-                let _ = reply.send(self.tokenizer.decode(&ids, skip).map_err(tok_err));
+                let _ = reply.send(self.decode(&ids, skip));
             }
         }
+    }
+
+    /// Ids outside the vocabulary are refused: the tokenizer would silently skip them.
+    fn decode(&self, ids: &[u32], skip_special_tokens: bool) -> Result<String, TokenizationError> {
+        let vocab_size = self.config.vocab_size;
+        if let Some(&id) = ids.iter().find(|&&id| id as usize >= vocab_size) {
+            return Err(TokenizationError::IdOutOfRange { id, vocab_size });
+        }
+        self.tokenizer.decode(ids, skip_special_tokens).map_err(tok_err)
     }
 
     fn set_truncation(&mut self, want: Option<TruncationParams>) -> Result<(), TokenizationError> {

@@ -31,10 +31,14 @@ pub struct InferResult {
 
 pub type ResponseTx = oneshot::Sender<Result<InferResult, BackendError>>;
 
+/// Identifies the client request a sequence belongs to: a batch that fails is re-run one
+/// request at a time, and a request whose client left is taken out of the queue.
+pub type RequestId = u64;
+
 #[derive(Debug)]
 pub struct Metadata {
     pub response_tx: ResponseTx,
-    pub tokenization: Duration,
+    pub request_id: RequestId,
     pub queued_at: Instant,
 }
 
@@ -127,6 +131,15 @@ impl State {
         take.lanes().iter().any(|&lane| self.lane_len(lane) > 0)
     }
 
+    /// Removes every entry of `request`; returns how many there were.
+    pub fn remove_request(&mut self, request: RequestId) -> usize {
+        let before = self.len();
+        for lane in &mut self.lanes {
+            lane.retain(|e| e.metadata.request_id != request);
+        }
+        before - self.len()
+    }
+
     /// Entries skipped because their client went away, since the last call.
     pub fn take_dropped(&mut self) -> u64 {
         std::mem::take(&mut self.dropped)
@@ -169,7 +182,6 @@ impl State {
             batch.token_type_ids.extend(entry.encoding.token_type_ids);
             batch.position_ids.extend(entry.encoding.position_ids);
             batch.cu_seqlens.push(batch.input_ids.len() as u32);
-            batch.max_length = batch.max_length.max(len as u32);
             metadata.push(entry.metadata);
             if Some(metadata.len()) == self.max_batch_requests {
                 break;
@@ -253,6 +265,20 @@ impl Queue {
         self.state().len()
     }
 
+    /// Takes a request whose client has gone out of the queue at once, so `te_queue_size`
+    /// does not count it until the next batch is packed.
+    pub fn remove_request(&self, request: RequestId) {
+        let (removed, len) = {
+            let mut state = self.state();
+            (state.remove_request(request), state.len())
+        };
+        if removed > 0 {
+            let m = &self.inner.metrics;
+            m.gauge_set("te_queue_size", len as f64);
+            m.counter_add("te_request_failure", &[("err", "dropped")], removed as u64);
+        }
+    }
+
     pub fn is_empty(&self) -> bool {
         self.state().is_empty()
     }
@@ -268,9 +294,11 @@ impl Queue {
         if dropped > 0 {
             m.counter_add("te_request_failure", &[("err", "dropped")], dropped);
         }
+        if dropped > 0 || next.is_some() {
+            m.gauge_set("te_queue_size", len as f64);
+        }
         if let Some(next) = &next {
             let lane = [("lane", next.lane.as_str())];
-            m.gauge_set("te_queue_size", len as f64);
             m.observe("te_batch_next_size", &lane, next.metadata.len() as f64);
             m.observe(
                 "te_batch_next_tokens",
@@ -325,295 +353,4 @@ impl Queue {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    type Rx = oneshot::Receiver<Result<InferResult, BackendError>>;
-
-    fn entry(len: usize, kind: BatchKind) -> (Entry, Rx) {
-        lane_entry(len, kind, Lane::Bulk)
-    }
-
-    fn lane_entry(len: usize, kind: BatchKind, lane: Lane) -> (Entry, Rx) {
-        let (tx, rx) = oneshot::channel();
-        let entry = Entry {
-            encoding: ValidEncoding {
-                input_ids: (1..=len as u32).collect(),
-                token_type_ids: vec![0; len],
-                position_ids: (0..len as u32).collect(),
-            },
-            kind,
-            lane,
-            metadata: Metadata {
-                response_tx: tx,
-                tokenization: Duration::ZERO,
-                queued_at: Instant::now(),
-            },
-        };
-        (entry, rx)
-    }
-
-    fn fill(state: &mut State, lens: &[usize]) -> Vec<Rx> {
-        lens.iter()
-            .map(|&len| {
-                let (e, rx) = entry(len, BatchKind::Pooled);
-                state.append(e);
-                rx
-            })
-            .collect()
-    }
-
-    fn seq_lens(b: &NextBatch) -> Vec<u32> {
-        b.batch.cu_seqlens.windows(2).map(|w| w[1] - w[0]).collect()
-    }
-
-    fn sizes(state: &mut State) -> Vec<Vec<u32>> {
-        std::iter::from_fn(|| state.next_batch(Lane::Bulk))
-            .map(|b| seq_lens(&b))
-            .collect()
-    }
-
-    /// Appends one entry per `(tokens, lane)`, each with its tokens all equal to its index in
-    /// `spec`, so a batch's contents name the entries it holds.
-    fn fill_lanes(state: &mut State, spec: &[(usize, Lane)]) -> Vec<Rx> {
-        spec.iter()
-            .enumerate()
-            .map(|(i, &(len, lane))| {
-                let (mut e, rx) = lane_entry(len, BatchKind::Pooled, lane);
-                e.encoding.input_ids = vec![i as u32; len];
-                state.append(e);
-                rx
-            })
-            .collect()
-    }
-
-    /// The entry indices (see [`fill_lanes`]) in each batch `take` packs, and its lane.
-    fn drain(state: &mut State, take: Take) -> Vec<(Lane, Vec<u32>)> {
-        std::iter::from_fn(|| state.take_batch(take))
-            .map(|b| {
-                let mut ids = b.batch.input_ids.clone();
-                ids.dedup();
-                (b.lane, ids)
-            })
-            .collect()
-    }
-
-    #[test]
-    fn token_budget_packs_in_order() {
-        let mut state = State::new(10, None);
-        let _rx = fill(&mut state, &[4, 5, 3, 7, 2]);
-        // 4+5 fits, +3 would be 12; 3+7 fits; 2 alone.
-        assert_eq!(sizes(&mut state), vec![vec![4, 5], vec![3, 7], vec![2]]);
-        assert!(state.is_empty());
-    }
-
-    #[test]
-    fn packed_arrays_are_consistent() {
-        let mut state = State::new(100, None);
-        let _rx = fill(&mut state, &[3, 2]);
-        let next = state.next_batch(Lane::Bulk).unwrap();
-        let b = next.batch;
-        assert_eq!(b.input_ids, vec![1, 2, 3, 1, 2]);
-        assert_eq!(b.position_ids, vec![0, 1, 2, 0, 1]);
-        assert_eq!(b.token_type_ids, vec![0; 5]);
-        assert_eq!(b.cu_seqlens, vec![0, 3, 5]);
-        assert_eq!(b.max_length, 3);
-        assert_eq!(next.metadata.len(), 2);
-    }
-
-    #[test]
-    fn max_requests_caps_a_batch() {
-        let mut state = State::new(1000, Some(2));
-        let _rx = fill(&mut state, &[1, 1, 1, 1, 1]);
-        assert_eq!(sizes(&mut state), vec![vec![1, 1], vec![1, 1], vec![1]]);
-    }
-
-    #[test]
-    fn dropped_receivers_are_skipped() {
-        let mut state = State::new(1000, None);
-        let mut rxs = fill(&mut state, &[1, 2, 3, 4]);
-        // The clients of the 2- and 4-token sequences went away.
-        drop(rxs.remove(3));
-        drop(rxs.remove(1));
-        assert_eq!(sizes(&mut state), vec![vec![1, 3]]);
-        assert_eq!(state.take_dropped(), 2);
-        assert_eq!(state.take_dropped(), 0);
-    }
-
-    #[test]
-    fn all_dropped_gives_no_batch() {
-        let mut state = State::new(1000, None);
-        drop(fill(&mut state, &[1, 2]));
-        assert!(state.next_batch(Lane::Bulk).is_none());
-        assert!(state.is_empty());
-    }
-
-    #[test]
-    fn kinds_are_never_mixed_and_order_is_kept() {
-        let mut state = State::new(1000, None);
-        let kinds = [
-            BatchKind::Pooled,
-            BatchKind::Pooled,
-            BatchKind::AllTokens,
-            BatchKind::Pooled,
-        ];
-        let _rx: Vec<_> = kinds
-            .iter()
-            .map(|&k| {
-                let (e, rx) = entry(2, k);
-                state.append(e);
-                rx
-            })
-            .collect();
-        let got: Vec<(BatchKind, usize)> = std::iter::from_fn(|| state.next_batch(Lane::Bulk))
-            .map(|b| (b.kind, b.metadata.len()))
-            .collect();
-        assert_eq!(
-            got,
-            vec![
-                (BatchKind::Pooled, 2),
-                (BatchKind::AllTokens, 1),
-                (BatchKind::Pooled, 1)
-            ]
-        );
-    }
-
-    #[test]
-    fn request_larger_than_a_batch_is_split_in_order() {
-        // One client request of six 4-token inputs against an 8-token budget: three batches,
-        // and the sequences come out in input order so the handler can reassemble them.
-        let mut state = State::new(8, None);
-        let rxs: Vec<_> = (0..6)
-            .map(|i| {
-                let (mut e, rx) = entry(4, BatchKind::Pooled);
-                e.encoding.input_ids = vec![i; 4];
-                state.append(e);
-                rx
-            })
-            .collect();
-        let batches: Vec<Vec<u32>> = std::iter::from_fn(|| state.next_batch(Lane::Bulk))
-            .map(|b| b.batch.input_ids.chunks(4).map(|c| c[0]).collect())
-            .collect();
-        assert_eq!(batches, vec![vec![0, 1], vec![2, 3], vec![4, 5]]);
-        drop(rxs);
-    }
-
-    #[test]
-    fn sequence_over_the_budget_runs_alone() {
-        let mut state = State::new(4, None);
-        let _rx = fill(&mut state, &[2, 6, 1]);
-        assert_eq!(sizes(&mut state), vec![vec![2], vec![6], vec![1]]);
-    }
-
-    #[tokio::test]
-    async fn handle_wakes_the_consumer_and_drains_on_close() {
-        let queue = Queue::new(100, None, Arc::new(Metrics::new(16)));
-        let consumer = {
-            let queue = queue.clone();
-            tokio::spawn(async move {
-                let mut n = 0;
-                while let Some(b) = queue.next_batch(Take::Priority).await {
-                    n += b.metadata.len();
-                }
-                n
-            })
-        };
-        let mut rxs = Vec::new();
-        for _ in 0..3 {
-            let (e, rx) = entry(2, BatchKind::Pooled);
-            queue.append([e]);
-            rxs.push(rx);
-            tokio::task::yield_now().await;
-        }
-        queue.close();
-        assert_eq!(consumer.await.unwrap(), 3);
-    }
-
-    #[test]
-    fn lanes_are_separated_and_keep_their_order() {
-        let mut state = State::new(6, None);
-        let (i, b) = (Lane::Interactive, Lane::Bulk);
-        let _rx = fill_lanes(
-            &mut state,
-            &[(4, b), (2, i), (4, b), (3, i), (2, b), (3, i)],
-        );
-        assert_eq!(
-            (state.lane_len(i), state.lane_len(b), state.len()),
-            (3, 3, 6)
-        );
-        // Each lane packs only its own entries, in arrival order, under the usual budget.
-        assert_eq!(
-            drain(&mut state, Take::Lane(i)),
-            vec![(i, vec![1, 3]), (i, vec![5])]
-        );
-        assert!(!state.has_work(Take::Lane(i)));
-        assert!(state.has_work(Take::Lane(b)) && state.has_work(Take::Priority));
-        assert_eq!(
-            drain(&mut state, Take::Lane(b)),
-            vec![(b, vec![0]), (b, vec![2, 4])]
-        );
-        assert!(state.is_empty());
-    }
-
-    #[test]
-    fn priority_packs_interactive_first_and_never_mixes_lanes() {
-        let mut state = State::new(100, None);
-        let (i, b) = (Lane::Interactive, Lane::Bulk);
-        let _rx = fill_lanes(&mut state, &[(8, b), (8, b), (2, i), (2, i)]);
-        // The queries arrived last but run first, in a batch of their own although the bulk
-        // entries would fit beside them.
-        assert_eq!(
-            drain(&mut state, Take::Priority),
-            vec![(i, vec![2, 3]), (b, vec![0, 1])]
-        );
-    }
-
-    #[test]
-    fn priority_falls_through_to_bulk_when_every_query_was_dropped() {
-        let mut state = State::new(100, None);
-        let (i, b) = (Lane::Interactive, Lane::Bulk);
-        let mut rxs = fill_lanes(&mut state, &[(4, b), (2, i), (2, i)]);
-        drop(rxs.split_off(1));
-        assert_eq!(drain(&mut state, Take::Priority), vec![(b, vec![0])]);
-        assert_eq!(state.take_dropped(), 2);
-    }
-
-    #[test]
-    fn dropped_entries_are_counted_in_either_lane() {
-        let mut state = State::new(100, None);
-        let (i, b) = (Lane::Interactive, Lane::Bulk);
-        let mut rxs = fill_lanes(&mut state, &[(1, i), (1, b), (1, i), (1, b)]);
-        drop(rxs.remove(3));
-        drop(rxs.remove(0));
-        assert_eq!(drain(&mut state, Take::Lane(i)), vec![(i, vec![2])]);
-        assert_eq!(state.take_dropped(), 1);
-        assert_eq!(drain(&mut state, Take::Lane(b)), vec![(b, vec![1])]);
-        assert_eq!(state.take_dropped(), 1);
-    }
-
-    #[tokio::test]
-    async fn each_lane_wakes_only_its_own_consumer() {
-        let metrics = Arc::new(Metrics::new(16));
-        let queue = Queue::new(100, None, metrics.clone());
-        let (e, _rx) = lane_entry(2, BatchKind::Pooled, Lane::Bulk);
-        queue.append([e]);
-        let interactive = tokio::time::timeout(
-            Duration::from_millis(50),
-            queue.wait_ready(Take::Lane(Lane::Interactive)),
-        );
-        assert!(interactive.await.is_err(), "woke for a bulk entry");
-        assert!(queue.wait_ready(Take::Lane(Lane::Bulk)).await);
-        let next = queue.try_next_batch(Take::Lane(Lane::Bulk)).unwrap();
-        assert_eq!(next.lane, Lane::Bulk);
-        let text = metrics.render();
-        assert!(
-            text.contains("te_batch_next_size_count{lane=\"bulk\"} 1"),
-            "{text}"
-        );
-        assert!(text.contains("te_queue_size 0"), "{text}");
-        // Closing wakes every consumer, with nothing left to take.
-        queue.close();
-        assert!(!queue.wait_ready(Take::Lane(Lane::Interactive)).await);
-        assert!(!queue.wait_ready(Take::Priority).await);
-    }
-}
+mod tests;

@@ -1,0 +1,80 @@
+//! Which routes the loaded model serves, and the errors that send clients to the right one.
+
+use super::error::{ApiError, ErrorType};
+use crate::backend::ModelType;
+
+/// Which routes a model serves, for errors that tell the client where to go instead.
+pub fn served_routes(model_type: ModelType) -> &'static str {
+    match model_type {
+        ModelType::Embedding => "/embed, /embed_all, /similarity, /v1/embeddings",
+        ModelType::Classifier => "/predict",
+        ModelType::Reranker => "/rerank, /predict",
+    }
+}
+
+fn describe(model_type: ModelType) -> &'static str {
+    match model_type {
+        ModelType::Embedding => "an embedding model",
+        ModelType::Classifier => "a classifier",
+        ModelType::Reranker => "a reranker",
+    }
+}
+
+/// What a route needs of the model.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Needs {
+    Embedding,
+    /// A classifier or a reranker (`/predict`).
+    Classifier,
+    Reranker,
+}
+
+impl Needs {
+    fn accepts(self, model_type: ModelType) -> bool {
+        match self {
+            Needs::Embedding => model_type == ModelType::Embedding,
+            Needs::Classifier => model_type != ModelType::Embedding,
+            Needs::Reranker => model_type == ModelType::Reranker,
+        }
+    }
+}
+
+/// `Ok` when `route` fits the model, else a 424 (TEI) / 400 (OpenAI) naming what it serves.
+pub fn require(model_type: ModelType, needs: Needs, route: &str) -> Result<(), ApiError> {
+    if needs.accepts(model_type) {
+        return Ok(());
+    }
+    Err(unavailable(route, describe(model_type), model_type))
+}
+
+/// `/embed_sparse`: the runtime serves no SPLADE models.
+pub fn not_a_sparse_model(model_type: ModelType) -> ApiError {
+    unavailable("/embed_sparse", "not a SPLADE model", model_type)
+}
+
+fn unavailable(route: &str, what: &str, model_type: ModelType) -> ApiError {
+    ApiError::new(
+        ErrorType::ModelType,
+        format!(
+            "`{route}` is not available: the model is {what} and serves {}",
+            served_routes(model_type)
+        ),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn routes_fit_model_types() {
+        assert!(require(ModelType::Embedding, Needs::Embedding, "/embed").is_ok());
+        assert!(require(ModelType::Reranker, Needs::Classifier, "/predict").is_ok());
+        let e = require(ModelType::Classifier, Needs::Reranker, "/rerank").unwrap_err();
+        assert_eq!(e.kind, ErrorType::ModelType);
+        assert!(e.message.contains("a classifier"), "{}", e.message);
+        assert!(e.message.contains("/predict"), "{}", e.message);
+        let e = not_a_sparse_model(ModelType::Embedding);
+        assert!(e.message.contains("not a SPLADE model"), "{}", e.message);
+    }
+}

@@ -1,0 +1,348 @@
+//! Inference orchestration: admission (permits), tokenization, lane choice, queueing, and the
+//! post-processing the router owns (normalization, Matryoshka truncation, score activations).
+//! The batching tasks that feed the backend threads live in [`batching`].
+
+mod batching;
+
+use crate::backend::{BackendError, BackendHandle, BatchKind, Lane, ModelInfo, ScoreActivation};
+use crate::metrics::Metrics;
+use crate::queue::{Entry, InferResult, Metadata, Queue, RequestId};
+use crate::tokenization::{
+    EncodeOptions, EncodingInput, Tokenization, TokenizationError, ValidEncoding, INLINE_MAX_BYTES,
+};
+use futures_util::future::try_join_all;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::{oneshot, OwnedSemaphorePermit, Semaphore};
+use tokio::task::JoinHandle;
+
+pub use batching::batching_takes;
+
+/// Requests in flight up to which small ones are tokenized inline (see [`Infer::inline_ok`]).
+pub const INLINE_MAX_IN_FLIGHT: usize = 1;
+
+#[derive(Debug, thiserror::Error)]
+pub enum InferError {
+    #[error(transparent)]
+    Tokenization(#[from] TokenizationError),
+    #[error(transparent)]
+    Backend(#[from] BackendError),
+    #[error("Model is overloaded: more than {0} requests are in flight, retry later")]
+    Overloaded(usize),
+}
+
+/// Per-sequence accounting, summed or averaged into the response headers.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct InferMetadata {
+    pub prompt_tokens: usize,
+    pub tokenization: Duration,
+    pub queue: Duration,
+    pub inference: Duration,
+}
+
+/// The queueing and admission settings from the flags.
+#[derive(Debug, Clone, Copy)]
+pub struct InferConfig {
+    pub max_batch_tokens: usize,
+    pub max_batch_requests: Option<usize>,
+    pub max_concurrent_requests: usize,
+    /// Requests of at most this many tokens in all are interactive; 0: all are bulk.
+    pub interactive_max_tokens: usize,
+}
+
+/// One client request's inputs and how to encode them. `batched` says whether the client sent
+/// a list (the `method` label of `te_request_count`).
+pub struct InferRequest {
+    pub inputs: Vec<EncodingInput>,
+    pub opts: EncodeOptions,
+    pub batched: bool,
+}
+
+#[derive(Clone)]
+pub struct Infer {
+    tokenization: Tokenization,
+    queue: Queue,
+    backend: BackendHandle,
+    permits: Arc<Semaphore>,
+    max_concurrent_requests: usize,
+    interactive_max_tokens: usize,
+    next_request_id: Arc<AtomicU64>,
+    info: Arc<ModelInfo>,
+    metrics: Arc<Metrics>,
+}
+
+/// A request's lane, from the tokens of all its inputs together: a query's latency is what
+/// the interactive lane protects, and a large request split into small inputs is no query.
+pub fn lane_for(total_tokens: usize, interactive_max_tokens: usize) -> Lane {
+    if interactive_max_tokens > 0 && total_tokens <= interactive_max_tokens {
+        Lane::Interactive
+    } else {
+        Lane::Bulk
+    }
+}
+
+pub fn l2_normalize(v: &mut [f32]) {
+    let norm = v
+        .iter()
+        .map(|x| (*x as f64) * (*x as f64))
+        .sum::<f64>()
+        .sqrt();
+    if norm > 0.0 {
+        let scale = (1.0 / norm) as f32;
+        v.iter_mut().for_each(|x| *x *= scale);
+    }
+}
+
+pub fn activate(scores: &mut [f32], activation: ScoreActivation) {
+    match activation {
+        ScoreActivation::Sigmoid => scores
+            .iter_mut()
+            .for_each(|s| *s = 1.0 / (1.0 + (-*s).exp())),
+        ScoreActivation::Softmax => {
+            let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let mut sum = 0.0;
+            for s in scores.iter_mut() {
+                *s = (*s - max).exp();
+                sum += *s;
+            }
+            scores.iter_mut().for_each(|s| *s /= sum);
+        }
+    }
+}
+
+/// Takes a request's sequences out of the queue when its handler is dropped before they ran
+/// (the client went away, or the shutdown deadline answered it), so they cost no compute and
+/// `te_queue_size` stops counting them at once.
+struct Abandoned<'a> {
+    queue: &'a Queue,
+    request: RequestId,
+    finished: bool,
+}
+
+impl Drop for Abandoned<'_> {
+    fn drop(&mut self) {
+        if !self.finished {
+            self.queue.remove_request(self.request);
+        }
+    }
+}
+
+impl Infer {
+    /// Starts the batching tasks; the returned task ends after [`Infer::shutdown`] once they
+    /// have drained the queue.
+    pub fn new(
+        tokenization: Tokenization,
+        backend: BackendHandle,
+        info: Arc<ModelInfo>,
+        config: InferConfig,
+        metrics: Arc<Metrics>,
+    ) -> (Self, JoinHandle<()>) {
+        let queue = Queue::new(
+            config.max_batch_tokens,
+            config.max_batch_requests,
+            metrics.clone(),
+        );
+        let tasks = batching::spawn_tasks(
+            &queue,
+            &backend,
+            config.interactive_max_tokens,
+            &info,
+            &metrics,
+        );
+        let infer = Self {
+            tokenization,
+            queue,
+            backend,
+            permits: Arc::new(Semaphore::new(config.max_concurrent_requests)),
+            max_concurrent_requests: config.max_concurrent_requests,
+            interactive_max_tokens: config.interactive_max_tokens,
+            next_request_id: Arc::default(),
+            info,
+            metrics,
+        };
+        (infer, tasks)
+    }
+
+    pub fn info(&self) -> &ModelInfo {
+        &self.info
+    }
+
+    pub fn tokenization(&self) -> &Tokenization {
+        &self.tokenization
+    }
+
+    /// Admission control: refuse (429) rather than queue without bound.
+    fn admit(&self, batched: bool) -> Result<OwnedSemaphorePermit, InferError> {
+        let method = if batched { "batch" } else { "single" };
+        self.metrics.inc("te_request_count", &[("method", method)]);
+        self.permits
+            .clone()
+            .try_acquire_owned()
+            .map_err(|_| InferError::Overloaded(self.max_concurrent_requests))
+    }
+
+    /// Whether a request whose inputs total `total_bytes` should be tokenized inline on the
+    /// calling tokio worker rather than on the pool: only small requests, and only while the
+    /// server is nearly idle (at most [`INLINE_MAX_IN_FLIGHT`] requests in flight, this one
+    /// included), where the pool's two thread hand-offs are most of the tokenization time.
+    /// Under load the pool keeps tokenization off the workers that serve HTTP.
+    fn inline_ok(&self, total_bytes: usize) -> bool {
+        let in_flight = self.max_concurrent_requests - self.permits.available_permits();
+        total_bytes <= INLINE_MAX_BYTES && in_flight <= INLINE_MAX_IN_FLIGHT
+    }
+
+    pub async fn health(&self) -> Result<(), BackendError> {
+        self.backend.health().await
+    }
+
+    pub fn shutdown(&self) {
+        self.queue.close();
+    }
+
+    /// Admits one request, tokenizes every input, then queues them together in the request's
+    /// lane and waits for all results, in input order. Queueing only once all are tokenized
+    /// is what lets the lane depend on the whole request; it costs a large request at most its
+    /// own tokenization time, small beside its forward passes.
+    async fn run(
+        &self,
+        request: InferRequest,
+        kind: BatchKind,
+    ) -> Result<Vec<(InferResult, InferMetadata)>, InferError> {
+        let _permit = self.admit(request.batched)?;
+        let start = Instant::now();
+        let mut opts = request.opts;
+        opts.inline = self.inline_ok(request.inputs.iter().map(EncodingInput::byte_len).sum());
+        let encodings = try_join_all(
+            request
+                .inputs
+                .into_iter()
+                .map(|input| self.tokenization.encode(input, opts.clone())),
+        )
+        .await?;
+        let total_tokens = encodings.iter().map(|e| e.input_ids.len()).sum();
+        let lane = lane_for(total_tokens, self.interactive_max_tokens);
+        let tokenization = start.elapsed();
+        let request_id = self.next_request_id.fetch_add(1, Ordering::Relaxed);
+        let waiting = self.enqueue(encodings, kind, lane, request_id);
+        let mut abandoned = Abandoned {
+            queue: &self.queue,
+            request: request_id,
+            finished: false,
+        };
+        // The first failure drops the other receivers, which makes the queue skip their
+        // sequences.
+        let results = try_join_all(waiting.into_iter().map(|(prompt_tokens, rx)| async move {
+            let result = rx.await.map_err(|_| BackendError::Stopped)??;
+            let meta = InferMetadata {
+                prompt_tokens,
+                tokenization,
+                queue: result.queue,
+                inference: result.inference,
+            };
+            Ok::<_, InferError>((result, meta))
+        }))
+        .await;
+        abandoned.finished = results.is_ok();
+        results
+    }
+
+    /// Queues one request's sequences in `lane`; returns each one's token count and receiver.
+    fn enqueue(
+        &self,
+        encodings: Vec<ValidEncoding>,
+        kind: BatchKind,
+        lane: Lane,
+        request_id: RequestId,
+    ) -> Vec<(usize, oneshot::Receiver<Result<InferResult, BackendError>>)> {
+        let queued_at = Instant::now();
+        let mut waiting = Vec::with_capacity(encodings.len());
+        let entries: Vec<Entry> = encodings
+            .into_iter()
+            .map(|encoding| {
+                let prompt_tokens = encoding.input_ids.len();
+                self.metrics
+                    .observe("te_request_input_length", &[], prompt_tokens as f64);
+                let (response_tx, rx) = oneshot::channel();
+                waiting.push((prompt_tokens, rx));
+                Entry {
+                    encoding,
+                    kind,
+                    lane,
+                    metadata: Metadata {
+                        response_tx,
+                        request_id,
+                        queued_at,
+                    },
+                }
+            })
+            .collect();
+        self.queue.append(entries);
+        waiting
+    }
+
+    /// Pooled embeddings, one per input: truncated to `dimensions` (Matryoshka) first, then
+    /// normalized.
+    pub async fn embed_pooled(
+        &self,
+        request: InferRequest,
+        normalize: bool,
+        dimensions: Option<usize>,
+    ) -> Result<Vec<(Vec<f32>, InferMetadata)>, InferError> {
+        let results = self.run(request, BatchKind::Pooled).await?;
+        Ok(results
+            .into_iter()
+            .map(|(result, meta)| {
+                let mut values = result.values;
+                if let Some(d) = dimensions {
+                    values.truncate(d);
+                }
+                if normalize {
+                    l2_normalize(&mut values);
+                }
+                (values, meta)
+            })
+            .collect())
+    }
+
+    /// Per-token hidden states, one row per token, for each input.
+    pub async fn embed_all(
+        &self,
+        request: InferRequest,
+    ) -> Result<Vec<(Vec<Vec<f32>>, InferMetadata)>, InferError> {
+        let results = self.run(request, BatchKind::AllTokens).await?;
+        Ok(results
+            .into_iter()
+            .map(|(result, meta)| {
+                let rows = result
+                    .values
+                    .chunks(result.cols.max(1))
+                    .map(<[f32]>::to_vec)
+                    .collect();
+                (rows, meta)
+            })
+            .collect())
+    }
+
+    /// Classification scores, one per label, activated unless `raw_scores`, for each input.
+    pub async fn predict(
+        &self,
+        request: InferRequest,
+        raw_scores: bool,
+    ) -> Result<Vec<(Vec<f32>, InferMetadata)>, InferError> {
+        let results = self.run(request, BatchKind::Predict).await?;
+        Ok(results
+            .into_iter()
+            .map(|(result, meta)| {
+                let mut scores = result.values;
+                if !raw_scores {
+                    activate(&mut scores, self.info.activation());
+                }
+                (scores, meta)
+            })
+            .collect())
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,202 @@
+use super::*;
+use crate::queue::Take;
+use crate::backend::fake::{FakeBackend, Gate, SeenBatch, HOLD_ID};
+use crate::tokenization::tests::test_tokenization;
+use std::sync::Mutex;
+
+#[test]
+fn normalization_and_activations() {
+    let mut v = vec![3.0, 4.0];
+    l2_normalize(&mut v);
+    assert_eq!(v, vec![0.6, 0.8]);
+    let mut zero = vec![0.0, 0.0];
+    l2_normalize(&mut zero);
+    assert_eq!(zero, vec![0.0, 0.0]);
+
+    let mut s = vec![0.0];
+    activate(&mut s, ScoreActivation::Sigmoid);
+    assert_eq!(s, vec![0.5]);
+    let mut s = vec![1.0, 1.0, 1000.0];
+    activate(&mut s, ScoreActivation::Softmax);
+    assert!((s.iter().sum::<f32>() - 1.0).abs() < 1e-6);
+    assert!(s[2] > 0.999 && s[0].is_finite());
+}
+
+#[test]
+fn lane_is_chosen_by_the_whole_request_and_zero_turns_it_off() {
+    assert_eq!(lane_for(1, 256), Lane::Interactive);
+    assert_eq!(lane_for(256, 256), Lane::Interactive);
+    assert_eq!(lane_for(257, 256), Lane::Bulk);
+    assert_eq!(lane_for(1, 0), Lane::Bulk);
+}
+
+/// An `Infer` over the fake backend, whose batches holding [`HOLD_ID`] ("g") wait at
+/// `gate`.
+struct Harness {
+    infer: Infer,
+    seen: Arc<Mutex<Vec<SeenBatch>>>,
+    gate: Arc<Gate>,
+    metrics: Arc<Metrics>,
+}
+
+fn harness(interactive_lane: bool, interactive_max_tokens: usize) -> Harness {
+    let gate = Arc::new(Gate::default());
+    let mut fake = FakeBackend::new(ModelInfo {
+        interactive_lane,
+        ..FakeBackend::info()
+    });
+    fake.gate = Some(gate.clone());
+    let seen = fake.seen.clone();
+    let (backend, info, _threads) = BackendHandle::spawn(fake.into_factory()).unwrap();
+    let metrics = Arc::new(Metrics::new(info.max_input_length));
+    let config = InferConfig {
+        // Two 9-token requests never share a batch.
+        max_batch_tokens: 16,
+        max_batch_requests: None,
+        max_concurrent_requests: 64,
+        interactive_max_tokens,
+    };
+    let (infer, _task) = Infer::new(
+        test_tokenization(16, 0),
+        backend,
+        Arc::new(info),
+        config,
+        metrics.clone(),
+    );
+    Harness {
+        infer,
+        seen,
+        gate,
+        metrics,
+    }
+}
+
+impl Harness {
+    /// Embeds `texts` as one request, on its own task.
+    fn embed(&self, texts: &[&str]) -> JoinHandle<Result<usize, InferError>> {
+        let infer = self.infer.clone();
+        let inputs = texts
+            .iter()
+            .map(|t| EncodingInput::Single(t.to_string()))
+            .collect();
+        tokio::spawn(async move {
+            let request = InferRequest {
+                inputs,
+                opts: EncodeOptions::default(),
+                batched: true,
+            };
+            let out = infer.embed_pooled(request, true, None).await?;
+            Ok(out.len())
+        })
+    }
+
+    /// (thread, first word's id) of every forward pass so far, in the order they began.
+    fn passes(&self) -> Vec<(String, Option<u32>)> {
+        let seen = self.seen.lock().unwrap();
+        seen.iter()
+            .map(|b| (b.thread.clone(), b.first_id))
+            .collect()
+    }
+
+    fn packed(&self, lane: Lane, n: usize) -> bool {
+        let line = format!(
+            "te_batch_next_size_count{{lane=\"{}\"}} {n}\n",
+            lane.as_str()
+        );
+        self.metrics.render().contains(&line)
+    }
+}
+
+async fn until(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !done() {
+        assert!(Instant::now() < deadline, "timed out waiting until {what}");
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+}
+
+// In the test tokenizer every word is one token and `[CLS]`/`[SEP]` add two: "g a b c d e
+// f" is 9 tokens (bulk under an 8-token limit, held at the gate), "hello" is 3.
+const HELD_BULK: &str = "g a b c d e f";
+
+#[tokio::test]
+async fn a_query_finishes_while_a_bulk_batch_still_runs() {
+    let h = harness(true, 8);
+    let bulk = h.embed(&[HELD_BULK]);
+    until("the bulk batch runs", || h.gate.held() == 1).await;
+    let query = h.embed(&["hello"]);
+    let answered = tokio::time::timeout(Duration::from_secs(5), query).await;
+    let answered = answered.expect("the query waited for the bulk batch");
+    assert_eq!(answered.unwrap().unwrap(), 1);
+    assert!(!bulk.is_finished(), "the bulk batch ended before the query");
+
+    h.gate.open();
+    assert_eq!(bulk.await.unwrap().unwrap(), 1);
+    assert_eq!(
+        h.passes(),
+        [
+            ("model-backend".into(), Some(HOLD_ID)),
+            ("model-interactive".into(), Some(4)),
+        ]
+    );
+    assert!(h.packed(Lane::Interactive, 1) && h.packed(Lane::Bulk, 1));
+}
+
+#[tokio::test]
+async fn the_lane_counts_every_input_of_a_request() {
+    let h = harness(true, 8);
+    // 3 + 3 tokens: a query. Three 4-token inputs: 12 tokens, bulk although each is small.
+    assert_eq!(h.embed(&["hello", "world"]).await.unwrap().unwrap(), 2);
+    assert_eq!(h.embed(&["a b", "a b", "a b"]).await.unwrap().unwrap(), 3);
+    assert_eq!(
+        h.passes(),
+        [
+            ("model-interactive".into(), Some(4)),
+            ("model-backend".into(), Some(12)),
+        ]
+    );
+}
+
+#[tokio::test]
+async fn one_thread_serves_both_lanes_queries_first() {
+    let h = harness(false, 8);
+    assert_eq!(
+        batching_takes(&h.infer.backend, 8),
+        [Take::Priority],
+        "one backend thread, one batching task"
+    );
+    // A runs (held); B is packed into the prefetch slot; C, then the query, wait.
+    let a = h.embed(&[HELD_BULK]);
+    until("A runs", || h.gate.held() == 1).await;
+    let b = h.embed(&["b a b c d e f"]);
+    until("B is prefetched", || h.packed(Lane::Bulk, 2)).await;
+    let c = h.embed(&["c a b c d e f"]);
+    until("C is queued", || h.infer.queue.len() == 1).await;
+    let query = h.embed(&["hello"]);
+    until("the query is queued", || h.infer.queue.len() == 2).await;
+
+    h.gate.open();
+    for task in [a, b, c, query] {
+        assert_eq!(task.await.unwrap().unwrap(), 1);
+    }
+    let one_thread = |id| ("model-backend".to_string(), Some(id));
+    // The query overtook C, which was queued before it, but not what was already packed.
+    assert_eq!(
+        h.passes(),
+        [
+            one_thread(HOLD_ID),
+            one_thread(13),
+            one_thread(4),
+            one_thread(14)
+        ]
+    );
+}
+
+#[tokio::test]
+async fn zero_sends_everything_to_bulk_even_with_an_interactive_lane() {
+    let h = harness(true, 0);
+    assert_eq!(batching_takes(&h.infer.backend, 0), [Take::Priority]);
+    assert_eq!(h.embed(&["hello"]).await.unwrap().unwrap(), 1);
+    assert_eq!(h.passes(), [("model-backend".into(), Some(4))]);
+    assert!(h.packed(Lane::Bulk, 1));
+}

@@ -1,0 +1,58 @@
+//! The `trt_tei_runtime._router` extension module: `run(argv)` serves the router with the
+//! Python backend. It ties the flags (`cli`) and the process (`server`) to the PyO3 backend,
+//! so the backend layer itself depends on neither.
+
+use crate::backend::python::PythonBackendOptions;
+use crate::cli::Args;
+use pyo3::prelude::*;
+
+/// What the Python backend's constructor needs, from the flags.
+pub fn backend_options(args: &Args) -> PythonBackendOptions {
+    let mut env = Vec::new();
+    if let Some(token) = &args.hf_token {
+        env.push(("HF_TOKEN".to_string(), token.clone()));
+    }
+    if let Some(cache) = &args.huggingface_hub_cache {
+        env.push(("HF_HUB_CACHE".to_string(), cache.clone()));
+    }
+    PythonBackendOptions {
+        class_path: args.python_backend_class.clone(),
+        model_id: args.model_id.clone(),
+        revision: args.revision.clone(),
+        dtype: args.dtype.clone(),
+        pooling: args.pooling.clone(),
+        device: args.device.clone(),
+        task: args.task.clone(),
+        max_batch_tokens: args.max_batch_tokens,
+        max_batch_requests: args.max_batch_requests,
+        interactive_lane: args.interactive_max_tokens > 0,
+        env,
+    }
+}
+
+/// Runs the server with `argv` (as `sys.argv`) and returns the exit code.
+#[pyfunction]
+fn run(py: Python<'_>, argv: Vec<String>) -> i32 {
+    // Detach for the whole server life: the backend threads attach for each call, and
+    // nothing else in the process needs the interpreter.
+    py.detach(move || {
+        let make: crate::server::MakeBackend =
+            Box::new(|args: &Args| Ok(backend_options(args).factory()));
+        crate::server::main_with_args(argv, make)
+    })
+}
+
+/// The fields of `Backend.info()` the router reads: the contract, as the router defines it
+/// (tests compare the runtime's `info()` with it).
+#[pyfunction]
+fn model_info_fields() -> Vec<&'static str> {
+    crate::backend::ModelInfo::FIELDS.to_vec()
+}
+
+#[pymodule]
+fn _router(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(run, m)?)?;
+    m.add_function(wrap_pyfunction!(model_info_fields, m)?)?;
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    Ok(())
+}
