@@ -1,7 +1,10 @@
 //! Accepting and serving HTTP/1.1 connections, with the limits that keep slow or idle clients
 //! from holding the server: a deadline for a request's headers, an idle keep-alive timeout, a
 //! cap on open connections (past it, a new connection gets a 503 and is closed at once), and
-//! the connection side of the shutdown sequence (see [`crate::shutdown`]).
+//! the connection side of the shutdown sequence (see [`crate::shutdown`]): while draining,
+//! connections are still accepted and new requests answered 503 (by the HTTP layer) until no
+//! accepted request is left; then the listeners close, and each connection closes once it has
+//! nothing accepted to finish.
 //!
 //! hyper's own header timer also closes idle keep-alive connections (it starts whenever hyper
 //! waits for a request head), so the two deadlines are kept here instead, from what the
@@ -117,25 +120,61 @@ impl AsyncWrite for Watched {
     }
 }
 
+/// Requests in a handler across every connection: the drain ends when none is left.
+#[derive(Debug, Default)]
+struct InFlight {
+    count: std::sync::atomic::AtomicUsize,
+    none_left: tokio::sync::Notify,
+}
+
+impl InFlight {
+    async fn wait_until_none(&self) {
+        loop {
+            let notified = self.none_left.notified();
+            if self.count.load(std::sync::atomic::Ordering::Acquire) == 0 {
+                return;
+            }
+            notified.await;
+        }
+    }
+}
+
 /// Marks a request's handler as running until dropped (also when the client goes away).
-struct InHandler(SharedActivity);
+struct InHandler {
+    activity: SharedActivity,
+    in_flight: Arc<InFlight>,
+}
 
 impl InHandler {
-    fn begin(activity: &SharedActivity) -> Self {
+    fn begin(activity: &SharedActivity, in_flight: &Arc<InFlight>) -> Self {
         let mut a = lock(activity);
         a.in_handler += 1;
         a.head_started = None;
         a.requests += 1;
         drop(a);
-        Self(activity.clone())
+        in_flight
+            .count
+            .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        Self {
+            activity: activity.clone(),
+            in_flight: in_flight.clone(),
+        }
     }
 }
 
 impl Drop for InHandler {
     fn drop(&mut self) {
-        let mut a = lock(&self.0);
+        let mut a = lock(&self.activity);
         a.in_handler -= 1;
         a.idle_since = Instant::now();
+        drop(a);
+        let before = self
+            .in_flight
+            .count
+            .fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+        if before == 1 {
+            self.in_flight.none_left.notify_waiters();
+        }
     }
 }
 
@@ -203,6 +242,7 @@ struct Shared {
     metrics: Arc<Metrics>,
     open: Arc<Semaphore>,
     refusals: Mutex<RefusalLog>,
+    in_flight: Arc<InFlight>,
 }
 
 impl Shared {
@@ -253,12 +293,24 @@ pub async fn serve(
         metrics,
         open: Arc::new(Semaphore::new(limits.max_connections)),
         refusals: Mutex::default(),
+        in_flight: Arc::default(),
     });
     let mut connections = JoinSet::new();
+    // While draining, connections are still accepted (a load balancer's health check sees
+    // 503, a late request is answered 503 rather than refused), until no accepted request is
+    // left or the deadline comes.
+    let drained = async {
+        shutdown.reached(Phase::Draining).await;
+        tokio::select! {
+            _ = shared.in_flight.wait_until_none() => {},
+            _ = shutdown.reached(Phase::Deadline) => {},
+        }
+    };
+    tokio::pin!(drained);
     loop {
         let accepted = tokio::select! {
             accepted = accept_any(&listeners) => accepted,
-            _ = shutdown.reached(Phase::Draining) => break,
+            _ = &mut drained => break,
             Some(_) = connections.join_next(), if !connections.is_empty() => continue,
         };
         match accepted {
@@ -346,8 +398,9 @@ async fn serve_connection(stream: TcpStream, shared: Arc<Shared>, permit: OwnedS
     });
     let app = shared.app.clone();
     let service_activity = activity.clone();
+    let in_flight = shared.in_flight.clone();
     let service = service_fn(move |req: hyper::Request<Incoming>| {
-        let in_handler = InHandler::begin(&service_activity);
+        let in_handler = InHandler::begin(&service_activity, &in_flight);
         let app = app.clone();
         async move {
             let response = app.oneshot(req.map(axum::body::Body::new)).await;

@@ -15,6 +15,8 @@ mod test_util;
 mod tests;
 #[cfg(test)]
 mod tests_errors;
+#[cfg(test)]
+mod tests_hardening;
 
 use crate::backend::ModelType;
 use crate::infer::{Infer, InferMetadata};
@@ -113,6 +115,23 @@ async fn record_failures(State(state): State<AppState>, req: Request, next: Next
         }
     }
     response
+}
+
+/// Once the server is draining, a request that arrives is answered 503 at once: the work
+/// accepted before the signal finishes, nothing new starts (the client retries elsewhere,
+/// as the load balancer does once `/health` says 503).
+async fn refuse_when_draining(State(state): State<AppState>, req: Request, next: Next) -> Response {
+    if !state.shutdown.is_draining() {
+        return next.run(req).await;
+    }
+    let openai = is_openai_path(req.uri().path());
+    ApiError::new(
+        ErrorType::ShuttingDown,
+        "The server is shutting down and takes no new requests; retry on another replica",
+    )
+    .openai(openai)
+    .close_connection()
+    .into_response()
 }
 
 /// At the shutdown deadline, answers whatever is still running with 503 instead of letting
@@ -282,7 +301,11 @@ pub fn app(state: AppState) -> Router {
         .route("/decode", post(meta::decode))
         .route("/v1/embeddings", post(openai::embeddings))
         .route("/embeddings", post(openai::embeddings))
-        .route_layer(middleware::from_fn_with_state(state.clone(), auth));
+        .route_layer(middleware::from_fn_with_state(state.clone(), auth))
+        .route_layer(middleware::from_fn_with_state(
+            state.clone(),
+            refuse_when_draining,
+        ));
     // Probes and scrapers must work without the key.
     let public = Router::new()
         .route("/", get(meta::health))

@@ -58,6 +58,7 @@ impl Default for Options {
     }
 }
 
+#[derive(Clone)]
 pub struct TestApp {
     pub router: Router,
     pub seen: Arc<Mutex<Vec<SeenBatch>>>,

@@ -200,3 +200,84 @@ async fn zero_sends_everything_to_bulk_even_with_an_interactive_lane() {
     assert_eq!(h.passes(), [("model-backend".into(), Some(4))]);
     assert!(h.packed(Lane::Bulk, 1));
 }
+
+/// Holds two bulk batches (one running, one prefetched) so that the requests queued next are
+/// packed into one batch once the gate opens.
+async fn hold_two_batches(h: &Harness) -> [JoinHandle<Result<usize, InferError>>; 2] {
+    let first = h.embed(&[HELD_BULK]);
+    until("the first held batch runs", || h.gate.held() == 1).await;
+    let second = h.embed(&["g b c d e f h"]);
+    until("the second is prefetched", || h.packed(Lane::Bulk, 2)).await;
+    [first, second]
+}
+
+fn counter(h: &Harness, line: &str) -> bool {
+    h.metrics.render().lines().any(|l| l == line)
+}
+
+#[tokio::test]
+async fn a_failing_request_does_not_fail_its_batch_neighbours() {
+    let h = harness(false, 0);
+    let held = hold_two_batches(&h).await;
+    let bad = h.embed(&["poison"]);
+    until("the poisoned request is queued first", || h.infer.queue.len() == 1).await;
+    let good = [h.embed(&["hello"]), h.embed(&["world"])];
+    until("all three are queued", || h.infer.queue.len() == 3).await;
+    h.gate.open();
+    for task in held {
+        assert_eq!(task.await.unwrap().unwrap(), 1);
+    }
+    let err = bad.await.unwrap().unwrap_err();
+    assert!(err.to_string().contains("poison token"), "{err}");
+    for task in good {
+        assert_eq!(task.await.unwrap().unwrap(), 1, "a neighbour got the error");
+    }
+    // The batch of three failed; its halves ran apart: the poisoned one alone, then the rest.
+    let seen = h.seen.lock().unwrap();
+    let after_held: Vec<(usize, bool)> = seen[2..]
+        .iter()
+        .map(|b| (b.num_seqs, b.first_id == Some(20)))
+        .collect();
+    assert_eq!(after_held, [(3, true), (1, true), (2, false)]);
+    drop(seen);
+    assert!(counter(&h, "te_batch_isolation_pass 2"), "{}", h.metrics.render());
+}
+
+#[tokio::test]
+async fn a_non_finite_output_fails_only_its_request() {
+    let h = harness(false, 0);
+    let held = hold_two_batches(&h).await;
+    let nan = h.embed(&["nan"]);
+    let good = [h.embed(&["hello"]), h.embed(&["world"])];
+    until("all three are queued", || h.infer.queue.len() == 3).await;
+    h.gate.open();
+    for task in held {
+        task.await.unwrap().unwrap();
+    }
+    let err = nan.await.unwrap().unwrap_err();
+    assert!(matches!(err, InferError::Backend(BackendError::NonFinite)), "{err}");
+    for task in good {
+        assert_eq!(task.await.unwrap().unwrap(), 1);
+    }
+    // One forward pass served all three: no re-runs.
+    assert_eq!(h.passes().len(), 3);
+    assert!(counter(&h, "te_inference_non_finite 1"), "{}", h.metrics.render());
+}
+
+#[tokio::test]
+async fn a_request_whose_client_left_leaves_the_queue_at_once() {
+    let h = harness(false, 0);
+    let held = hold_two_batches(&h).await;
+    let gone = h.embed(&["a b c d", "a b c d"]);
+    until("it is queued", || h.infer.queue.len() == 2).await;
+    assert!(counter(&h, "te_queue_size 2"));
+    gone.abort();
+    until("its entries are gone", || h.infer.queue.is_empty()).await;
+    assert!(counter(&h, "te_queue_size 0"), "{}", h.metrics.render());
+    assert!(counter(&h, "te_request_failure{err=\"dropped\"} 2"));
+    h.gate.open();
+    for task in held {
+        task.await.unwrap().unwrap();
+    }
+    assert_eq!(h.passes().len(), 2, "the abandoned request ran");
+}
