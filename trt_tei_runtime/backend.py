@@ -53,6 +53,7 @@ class Backend:
             task=task,
             max_num_tokens=max_batch_tokens,
             max_batch_size=max_batch_requests,
+            full_length_must_fit=max_batch_tokens is not None,
         )
         if self.model.interactive is not None:
             sys.setswitchinterval(LANE_SWITCH_INTERVAL_S)

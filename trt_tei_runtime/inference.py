@@ -291,8 +291,12 @@ def load_inference_model(
     cuda_graphs: bool | None = None,
     max_num_tokens: int | None = None,
     max_batch_size: int | None = None,
+    full_length_must_fit: bool = False,
 ) -> InferenceModel:
     """Loads a checkpoint folder, hub id or engine directory.
+
+    `full_length_must_fit` (the router's case: it never splits a sequence) refuses a
+    `max_num_tokens` below the model's input limit, before the slow part of loading.
 
     On CUDA, CUDA graphs are captured for batches of up to `max_num_tokens` tokens and
     `max_batch_size` sequences (an engine's manifest gives both) unless `cuda_graphs` is
@@ -329,10 +333,12 @@ def load_inference_model(
         )
         network = arch.from_checkpoint(config, reader, model_dir)
         reader.finish()
+        checkpoint_tensors = reader.taken
     dense = [DenseLayer(spec).eval() for spec in st.dense]
     info = _model_info(arch_name, network, model_dir, st, dense, pooling)
     # Before the slow part (moving to the GPU, warming up, capturing graphs).
-    if max_num_tokens is not None and info.max_input_length > max_num_tokens:
+    too_small = max_num_tokens is not None and info.max_input_length > max_num_tokens
+    if full_length_must_fit and too_small:
         raise InputError(
             f"max_batch_tokens ({max_num_tokens}) must be at least the model's max input "
             f"length ({info.max_input_length}): one full-length input must fit in a batch"

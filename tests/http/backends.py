@@ -17,13 +17,31 @@ from trt_tei_runtime.backend import Backend
 
 class FaultyBackend(Backend):
     """The runtime's Backend, except that a batch holding the token id `$TEST_POISON_ID`
-    raises, and every batch first sleeps `$TEST_BATCH_DELAY_S` seconds (keeping requests in
-    flight long enough to overload or interrupt the server)."""
+    raises, a sequence holding `$TEST_NAN_ID` comes back as NaN (as a float16 overflow would)
+    while the rest of its batch stays right, and every batch first sleeps
+    `$TEST_BATCH_DELAY_S` seconds (keeping requests in flight long enough to overload or
+    interrupt the server)."""
 
     def __init__(self, *args, **kwargs):  # type: ignore[no-untyped-def]
         super().__init__(*args, **kwargs)
         self._poison = int(os.environ.get("TEST_POISON_ID", "-1"))
+        self._nan = int(os.environ.get("TEST_NAN_ID", "-1"))
         self._delay = float(os.environ.get("TEST_BATCH_DELAY_S", "0"))
+
+    def _nan_rows(self, out, input_ids, cu_seqlens, per_token: bool):  # type: ignore[no-untyped-def]
+        if self._nan < 0:
+            return out
+        ids = np.frombuffer(input_ids, dtype="<u4")
+        cu = np.frombuffer(cu_seqlens, dtype="<u4")
+        out = np.array(out, copy=True)
+        for i in range(len(cu) - 1):
+            a, b = int(cu[i]), int(cu[i + 1])
+            if self._nan in ids[a:b]:
+                if per_token:
+                    out[a:b] = np.nan
+                else:
+                    out[i] = np.nan
+        return out
 
     def _before(self, input_ids) -> None:  # type: ignore[no-untyped-def]
         if isinstance(input_ids, (bytes, bytearray)):
@@ -37,12 +55,15 @@ class FaultyBackend(Backend):
 
     def embed(self, input_ids, *args, **kwargs):  # type: ignore[no-untyped-def]
         self._before(input_ids)
-        return super().embed(input_ids, *args, **kwargs)
+        out = super().embed(input_ids, *args, **kwargs)
+        return self._nan_rows(out, input_ids, args[2], per_token=False)
 
     def embed_all(self, input_ids, *args, **kwargs):  # type: ignore[no-untyped-def]
         self._before(input_ids)
-        return super().embed_all(input_ids, *args, **kwargs)
+        out = super().embed_all(input_ids, *args, **kwargs)
+        return self._nan_rows(out, input_ids, args[2], per_token=True)
 
     def predict(self, input_ids, *args, **kwargs):  # type: ignore[no-untyped-def]
         self._before(input_ids)
-        return super().predict(input_ids, *args, **kwargs)
+        out = super().predict(input_ids, *args, **kwargs)
+        return self._nan_rows(out, input_ids, args[2], per_token=False)

@@ -199,7 +199,7 @@ def test_headers_info_metrics_docs(server):
         assert name in metrics
     spec = server.get("/api-doc/openapi.json").json()
     assert "/embed" in spec["paths"] and "/v1/embeddings" in spec["paths"]
-    assert "swagger" in server.get("/docs").text.lower()
+    assert "swagger" in server.get("/docs", follow_redirects=True).text.lower()
     assert server.get("/health").status_code == 200
 
 

@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
-from router_harness import openai_sdk
+from router_harness import cosine, openai_sdk
 
 pytestmark = pytest.mark.integration
 
@@ -25,6 +25,16 @@ def poison_id(minilm_dir) -> int:
 
     tok = Tokenizer.from_file(str(minilm_dir / "tokenizer.json"))
     token_id = tok.token_to_id("poison")
+    assert token_id is not None
+    return int(token_id)
+
+
+@pytest.fixture(scope="module")
+def nan_id(minilm_dir) -> int:
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(minilm_dir / "tokenizer.json"))
+    token_id = tok.token_to_id("infinity")
     assert token_id is not None
     return int(token_id)
 
@@ -97,6 +107,59 @@ def test_raising_backend_fails_only_its_batch(faulty):
     assert any("Traceback" in line.get("message", "") for line in lines)
 
 
+def test_one_bad_input_fails_only_its_own_request(start_server, minilm_dir, poison_id, nan_id):
+    """Requests batched together: one raises, one comes back NaN; only those two fail, each
+    with its own message, and the neighbours get the right vectors."""
+    from sentence_transformers import SentenceTransformer
+
+    server = start_server(
+        minilm_dir,
+        *BACKEND,
+        env={
+            "TEST_POISON_ID": str(poison_id),
+            "TEST_NAN_ID": str(nan_id),
+            # The first batch holds the backend while the others queue up behind it.
+            "TEST_BATCH_DELAY_S": "0.5",
+        },
+    )
+    good = [f"a good sentence number {i}" for i in range(6)]
+    texts = ["poison in this one", *good[:3], "an infinity here", *good[3:]]
+
+    def one(text: str) -> tuple[str, httpx.Response]:
+        route, body = ("/v1/embeddings", {"input": text}) if "infinity" in text else (
+            "/embed",
+            {"inputs": text},
+        )
+        return text, server.post(route, body)
+
+    with ThreadPoolExecutor(len(texts) + 2) as pool:
+        # Two holders: one runs, one waits in the prefetch slot; the rest queue behind them
+        # and are packed into one batch.
+        holders = []
+        for i in range(2):
+            holders.append(pool.submit(one, f"holder {i}"))
+            time.sleep(0.15)
+        results = dict(pool.map(one, texts))
+        assert all(h.result()[1].status_code == 200 for h in holders)
+    poisoned, overflowed = results.pop(texts[0]), results.pop("an infinity here")
+    assert poisoned.status_code == 424, poisoned.text
+    assert "poison token" in poisoned.json()["error"]
+    assert overflowed.status_code == 500, overflowed.text
+    error = overflowed.json()["error"]
+    assert error["type"] == "backend" and "NaN or infinite" in error["message"], error
+    assert "poison" not in error["message"]
+    st = SentenceTransformer(str(minilm_dir), device="cpu").float()
+    reference = dict(zip(good, st.encode(good)))
+    for text, r in results.items():
+        assert r.status_code == 200, (text, r.text)
+        assert cosine(r.json()[0], reference[text]) > 0.99999
+    metrics = server.get("/metrics").text
+    assert "te_inference_non_finite 1" in metrics
+    # The failed batch held several requests and was re-run apart.
+    assert re.search(r"^te_batch_isolation_pass [1-9]", metrics, re.M), metrics
+    assert server.stop() == 0
+
+
 def test_sigterm_drains_accepted_requests_then_exits_0(start_server, minilm_dir):
     server = start_server(
         minilm_dir,
@@ -135,8 +198,10 @@ def test_sigterm_drains_accepted_requests_then_exits_0(start_server, minilm_dir)
     assert admitted >= n
     server.proc.send_signal(signal.SIGTERM)
     time.sleep(0.2)
-    with pytest.raises(httpx.ConnectError):
-        httpx.post(f"{server.url}/embed", json={"inputs": "late"}, timeout=5)
+    # Draining: the probe says so at once, and a new request is turned away, not reset.
+    assert server.get("/health").status_code == 503
+    late = httpx.post(f"{server.url}/embed", json={"inputs": "late"}, timeout=5)
+    assert late.status_code == 503 and late.json()["error_type"] == "shutting_down"
     for t in threads:
         t.join(timeout=60)
     assert server.proc.wait(timeout=60) == 0, server.logs()
