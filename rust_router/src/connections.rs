@@ -325,8 +325,7 @@ pub async fn serve(
     // Connections the kernel completed before the listeners close are served like the others
     // (a client whose connect succeeded must not see a reset).
     for listener in &listeners {
-        while let Some(Ok((stream, _))) = futures_util::FutureExt::now_or_never(listener.accept())
-        {
+        while let Some(Ok((stream, _))) = futures_util::FutureExt::now_or_never(listener.accept()) {
             admit(stream, &shared, &mut connections);
         }
     }
@@ -408,12 +407,14 @@ async fn serve_connection(stream: TcpStream, shared: Arc<Shared>, permit: OwnedS
             response
         }
     });
-    let conn = http1::Builder::new()
-        .timer(TokioTimer::new())
-        .header_read_timeout(None)
-        .keep_alive(true)
-        .serve_connection(io, service);
-    tokio::pin!(conn);
+    // Boxed so that dropping it closes the socket before the connection's permit is released.
+    let mut conn = Box::pin(
+        http1::Builder::new()
+            .timer(TokioTimer::new())
+            .header_read_timeout(None)
+            .keep_alive(true)
+            .serve_connection(io, service),
+    );
     let limits = shared.limits;
     let shutdown = &shared.shutdown;
     let mut drain_started = None;

@@ -19,24 +19,23 @@ pytestmark = pytest.mark.integration
 BACKEND = ["--python-backend-class", "backends:FaultyBackend"]
 
 
-@pytest.fixture(scope="module")
-def poison_id(minilm_dir) -> int:
+def token_id(minilm_dir, word: str) -> int:  # type: ignore[no-untyped-def]
     from tokenizers import Tokenizer
 
-    tok = Tokenizer.from_file(str(minilm_dir / "tokenizer.json"))
-    token_id = tok.token_to_id("poison")
-    assert token_id is not None
-    return int(token_id)
+    found = Tokenizer.from_file(str(minilm_dir / "tokenizer.json")).token_to_id(word)
+    assert found is not None, word
+    return int(found)
+
+
+@pytest.fixture(scope="module")
+def poison_id(minilm_dir) -> int:
+    return token_id(minilm_dir, "poison")
 
 
 @pytest.fixture(scope="module")
 def nan_id(minilm_dir) -> int:
-    from tokenizers import Tokenizer
-
-    tok = Tokenizer.from_file(str(minilm_dir / "tokenizer.json"))
-    token_id = tok.token_to_id("infinity")
-    assert token_id is not None
-    return int(token_id)
+    """A sequence holding it comes back as NaN from the faulty backend."""
+    return token_id(minilm_dir, "infinity")
 
 
 @pytest.fixture(scope="module")
@@ -126,9 +125,13 @@ def test_one_bad_input_fails_only_its_own_request(start_server, minilm_dir, pois
     texts = ["poison in this one", *good[:3], "an infinity here", *good[3:]]
 
     def one(text: str) -> tuple[str, httpx.Response]:
-        route, body = ("/v1/embeddings", {"input": text}) if "infinity" in text else (
-            "/embed",
-            {"inputs": text},
+        route, body = (
+            ("/v1/embeddings", {"input": text})
+            if "infinity" in text
+            else (
+                "/embed",
+                {"inputs": text},
+            )
         )
         return text, server.post(route, body)
 
