@@ -307,7 +307,10 @@ mod tests {
         assert_eq!(a.shutdown_timeout, Duration::from_secs(30));
         let b = parse(&["--keep-alive-timeout", "0.5", "--shutdown-timeout", "3"]).unwrap();
         assert_eq!(b.keep_alive_timeout, Duration::from_millis(500));
-        assert_eq!(b.connection_limits().keep_alive_timeout, Duration::from_millis(500));
+        assert_eq!(
+            b.connection_limits().keep_alive_timeout,
+            Duration::from_millis(500)
+        );
         for bad in ["0", "-1", "soon", "inf"] {
             assert!(parse(&["--header-read-timeout", bad]).is_err(), "{bad}");
         }

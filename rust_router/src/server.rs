@@ -5,11 +5,11 @@ use crate::backend::wait::WaitPolicy;
 use crate::backend::{BackendFactory, BackendHandle, ModelInfo, ModelType};
 use crate::cli::Args;
 use crate::connections;
-use crate::shutdown::{Phase, Shutdown};
 use crate::http::types::{ClassifierModel, EmbeddingModel, Info, ModelTypeInfo};
 use crate::http::{app, AppState, ServeConfig};
 use crate::infer::Infer;
 use crate::metrics::Metrics;
+use crate::shutdown::{Phase, Shutdown};
 use crate::tokenization::{load_tokenizer, Tokenization, TokenizerConfig};
 use clap::Parser;
 use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
@@ -466,8 +466,14 @@ mod tests {
 
     #[test]
     fn requests_are_answered_before_the_shutdown_timeout_ends() {
-        assert_eq!(answer_deadline(Duration::from_secs(30)), Duration::from_secs(28));
-        assert_eq!(answer_deadline(Duration::from_secs(4)), Duration::from_secs(3));
+        assert_eq!(
+            answer_deadline(Duration::from_secs(30)),
+            Duration::from_secs(28)
+        );
+        assert_eq!(
+            answer_deadline(Duration::from_secs(4)),
+            Duration::from_secs(3)
+        );
         assert!(check_batch_tokens(512, 512).is_ok());
         let err = check_batch_tokens(256, 512).unwrap_err();
         assert!(err.contains("--max-batch-tokens"), "{err}");

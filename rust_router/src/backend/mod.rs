@@ -50,7 +50,8 @@ impl Batch {
         for &i in seqs {
             let (a, b) = (self.cu_seqlens[i] as usize, self.cu_seqlens[i + 1] as usize);
             out.input_ids.extend_from_slice(&self.input_ids[a..b]);
-            out.token_type_ids.extend_from_slice(&self.token_type_ids[a..b]);
+            out.token_type_ids
+                .extend_from_slice(&self.token_type_ids[a..b]);
             out.position_ids.extend_from_slice(&self.position_ids[a..b]);
             out.cu_seqlens.push(out.input_ids.len() as u32);
         }

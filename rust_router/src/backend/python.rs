@@ -97,7 +97,10 @@ fn set_environment(py: Python<'_>, env: &[(String, String)]) -> PyResult<()> {
 }
 
 /// The `module:Class` of `--python-backend-class`, with a message that names the flag.
-fn backend_class<'py>(py: Python<'py>, class_path: &str) -> Result<Bound<'py, PyAny>, BackendError> {
+fn backend_class<'py>(
+    py: Python<'py>,
+    class_path: &str,
+) -> Result<Bound<'py, PyAny>, BackendError> {
     let (module, class) = class_path.split_once(':').unwrap_or((class_path, ""));
     let fail = |e: PyErr| {
         BackendError::Start(format!(
@@ -105,7 +108,10 @@ fn backend_class<'py>(py: Python<'py>, class_path: &str) -> Result<Bound<'py, Py
             summary(py, &e)
         ))
     };
-    py.import(module).map_err(fail)?.getattr(class).map_err(fail)
+    py.import(module)
+        .map_err(fail)?
+        .getattr(class)
+        .map_err(fail)
 }
 
 fn load(opts: &PythonBackendOptions) -> Result<LoadedBackend, BackendError> {

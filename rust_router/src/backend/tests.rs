@@ -47,11 +47,7 @@ async fn thread_runs_batches_and_survives_failures() {
 }
 
 /// Sends one pooled batch through `lane` and hands back the reply's receiver.
-async fn send(
-    handle: &BackendHandle,
-    lane: Lane,
-    b: Batch,
-) -> oneshot::Receiver<Ran> {
+async fn send(handle: &BackendHandle, lane: Lane, b: Batch) -> oneshot::Receiver<Ran> {
     let (tx, rx) = oneshot::channel();
     handle
         .reserve(lane)
@@ -167,7 +163,12 @@ fn select_repacks_the_chosen_sequences() {
 #[test]
 fn the_contract_lists_every_field_and_only_three_are_required() {
     let json = serde_json::to_value(FakeBackend::info()).unwrap();
-    let keys: Vec<&str> = json.as_object().unwrap().keys().map(String::as_str).collect();
+    let keys: Vec<&str> = json
+        .as_object()
+        .unwrap()
+        .keys()
+        .map(String::as_str)
+        .collect();
     let mut fields = ModelInfo::FIELDS.to_vec();
     fields.sort();
     let mut keys = keys.clone();

@@ -1,13 +1,13 @@
 //! HTTP errors: one table from error kind to status code, two body shapes (TEI and OpenAI).
 
+use super::AppState;
 use crate::backend::BackendError;
+use crate::connections::DRAIN_GRACE;
 use crate::infer::InferError;
+use crate::shutdown::Phase;
 use crate::tokenization::TokenizationError;
 use axum::body::Bytes;
 use axum::extract::{FromRequest, Request};
-use super::AppState;
-use crate::connections::DRAIN_GRACE;
-use crate::shutdown::Phase;
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;

@@ -324,7 +324,10 @@ pub fn app(state: AppState) -> Router {
             state.clone(),
             answer_at_deadline,
         ))
-        .layer(middleware::from_fn_with_state(state.clone(), record_failures))
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
+            record_failures,
+        ))
         .with_state(state)
         .layer(DefaultBodyLimit::max(payload_limit))
         .layer(cors)

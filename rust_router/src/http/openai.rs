@@ -3,13 +3,13 @@
 use super::embed::{check_inputs, embed_inputs, encode_options};
 use super::error::{ApiError, OpenAIErrorResponse, OpenAIJson};
 use super::model_routes::Needs;
-use crate::infer::InferError;
-use crate::tokenization::TokenizationError;
 use super::types::{
     Embedding, EncodingFormat, OpenAICompatEmbedding, OpenAICompatRequest, OpenAICompatResponse,
     OpenAICompatUsage,
 };
 use super::{AppState, ResponseMeta};
+use crate::infer::InferError;
+use crate::tokenization::TokenizationError;
 use crate::tokenization::TruncationDirection;
 use axum::extract::State;
 use axum::response::Response;
@@ -61,10 +61,9 @@ pub async fn embeddings(
         let chars = check_inputs(&state, &inputs, "input")?;
         state.check_dimensions(req.dimensions)?;
         let opts = encode_options(&state, None, TruncationDirection::Right, None);
-        let (embeddings, metas) =
-            embed_inputs(&state, inputs, batched, opts, true, req.dimensions)
-                .await
-                .map_err(openai_error)?;
+        let (embeddings, metas) = embed_inputs(&state, inputs, batched, opts, true, req.dimensions)
+            .await
+            .map_err(openai_error)?;
         let meta = ResponseMeta::new(start, chars, &metas);
         let data = embeddings
             .into_iter()

@@ -373,7 +373,11 @@ async fn info_health_metrics_and_docs() {
     assert_eq!(page.status, 200);
     assert!(page.text.contains("swagger-ui"), "{}", page.text);
     assert!(!page.text.contains("https://"), "{}", page.text);
-    for asset in ["swagger-ui.css", "swagger-ui-bundle.js", "swagger-initializer.js"] {
+    for asset in [
+        "swagger-ui.css",
+        "swagger-ui-bundle.js",
+        "swagger-initializer.js",
+    ] {
         let r = app.get(&format!("/docs/{asset}")).await;
         assert_eq!(r.status, 200, "{asset}");
         assert!(!r.text.contains("cdn."), "{asset} loads from a CDN");

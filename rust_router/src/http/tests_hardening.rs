@@ -40,7 +40,9 @@ async fn every_failure_is_counted_whichever_layer_answers() {
     assert_eq!(failures(&app, "not_found"), 1);
     // The probe at the base URL needs no key; the inference route there does.
     assert_eq!(app.get("/").await.status, 200);
-    let r = app.post_raw("/", json!({"inputs": "a"}).to_string(), &[]).await;
+    let r = app
+        .post_raw("/", json!({"inputs": "a"}).to_string(), &[])
+        .await;
     assert_eq!(r.status, 401);
 }
 
@@ -50,7 +52,9 @@ async fn decode_refuses_ids_outside_the_vocabulary() {
     let r = app.post("/decode", json!({"ids": [4, 999]})).await;
     assert_eq!(r.status, 422, "{}", r.text);
     assert!(r.json["error"].as_str().unwrap().contains("token id 999"));
-    let r = app.post("/decode", json!({"ids": [4, 4294967296u64]})).await;
+    let r = app
+        .post("/decode", json!({"ids": [4, 4294967296u64]}))
+        .await;
     assert_eq!(r.status, 422);
     let message = r.json["error"].as_str().unwrap();
     assert!(message.contains("from 0 to 4294967295"), "{message}");
@@ -82,7 +86,9 @@ async fn root_takes_the_sentence_similarity_body() {
     let direct = app.post("/similarity", body).await;
     assert_eq!(root.json, direct.json);
     assert!((root.json[0].as_f64().unwrap() - 1.0).abs() < 1e-5);
-    let bad = app.post("/", json!({"inputs": {"source_sentence": "a"}})).await;
+    let bad = app
+        .post("/", json!({"inputs": {"source_sentence": "a"}}))
+        .await;
     assert_eq!(bad.status, 422, "{}", bad.text);
 }
 
@@ -140,7 +146,9 @@ async fn a_half_sent_body_is_answered_503_when_draining() {
         shutdown: shutdown.clone(),
         ..Default::default()
     });
-    let req = Request::post("/v1/embeddings").body(stalled_body()).unwrap();
+    let req = Request::post("/v1/embeddings")
+        .body(stalled_body())
+        .unwrap();
     let pending = tokio::spawn(async move { app.send(req).await });
     tokio::time::sleep(Duration::from_millis(50)).await;
     shutdown.advance(Phase::Draining);
@@ -173,5 +181,8 @@ async fn work_still_running_at_the_deadline_is_answered_503() {
         .unwrap();
     assert_eq!(r.status, 503);
     assert_eq!(r.json["error_type"], "shutting_down");
-    assert!(r.json["error"].as_str().unwrap().contains("--shutdown-timeout"));
+    assert!(r.json["error"]
+        .as_str()
+        .unwrap()
+        .contains("--shutdown-timeout"));
 }

@@ -361,9 +361,7 @@ fn token_ids(v: &[Value]) -> Result<Vec<u32>, String> {
         .map(|x| {
             x.as_u64()
                 .and_then(|n| u32::try_from(n).ok())
-                .ok_or_else(|| {
-                    format!("token ids are integers from 0 to {}, got {x}", u32::MAX)
-                })
+                .ok_or_else(|| format!("token ids are integers from 0 to {}, got {x}", u32::MAX))
         })
         .collect()
 }
@@ -562,7 +560,10 @@ mod tests {
     fn token_id_shapes() {
         let ids = |v| InputIds::try_from(v);
         assert_eq!(ids(json!([1, 2])), Ok(InputIds::Single(vec![1, 2])));
-        assert_eq!(ids(json!([[1], [2, 3]])), Ok(InputIds::Batch(vec![vec![1], vec![2, 3]])));
+        assert_eq!(
+            ids(json!([[1], [2, 3]])),
+            Ok(InputIds::Batch(vec![vec![1], vec![2, 3]]))
+        );
         let too_big = ids(json!([4294967296u64])).unwrap_err();
         assert!(too_big.contains("from 0 to 4294967295"), "{too_big}");
         assert!(ids(json!([-1])).is_err());

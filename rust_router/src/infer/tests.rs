@@ -1,6 +1,6 @@
 use super::*;
-use crate::queue::Take;
 use crate::backend::fake::{FakeBackend, Gate, SeenBatch, HOLD_ID};
+use crate::queue::Take;
 use crate::tokenization::tests::test_tokenization;
 use std::sync::Mutex;
 
@@ -220,7 +220,10 @@ async fn a_failing_request_does_not_fail_its_batch_neighbours() {
     let h = harness(false, 0);
     let held = hold_two_batches(&h).await;
     let bad = h.embed(&["poison"]);
-    until("the poisoned request is queued first", || h.infer.queue.len() == 1).await;
+    until("the poisoned request is queued first", || {
+        h.infer.queue.len() == 1
+    })
+    .await;
     let good = [h.embed(&["hello"]), h.embed(&["world"])];
     until("all three are queued", || h.infer.queue.len() == 3).await;
     h.gate.open();
@@ -240,7 +243,11 @@ async fn a_failing_request_does_not_fail_its_batch_neighbours() {
         .collect();
     assert_eq!(after_held, [(3, true), (1, true), (2, false)]);
     drop(seen);
-    assert!(counter(&h, "te_batch_isolation_pass 2"), "{}", h.metrics.render());
+    assert!(
+        counter(&h, "te_batch_isolation_pass 2"),
+        "{}",
+        h.metrics.render()
+    );
 }
 
 #[tokio::test]
@@ -255,13 +262,20 @@ async fn a_non_finite_output_fails_only_its_request() {
         task.await.unwrap().unwrap();
     }
     let err = nan.await.unwrap().unwrap_err();
-    assert!(matches!(err, InferError::Backend(BackendError::NonFinite)), "{err}");
+    assert!(
+        matches!(err, InferError::Backend(BackendError::NonFinite)),
+        "{err}"
+    );
     for task in good {
         assert_eq!(task.await.unwrap().unwrap(), 1);
     }
     // One forward pass served all three: no re-runs.
     assert_eq!(h.passes().len(), 3);
-    assert!(counter(&h, "te_inference_non_finite 1"), "{}", h.metrics.render());
+    assert!(
+        counter(&h, "te_inference_non_finite 1"),
+        "{}",
+        h.metrics.render()
+    );
 }
 
 #[tokio::test]

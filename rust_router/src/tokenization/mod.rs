@@ -342,7 +342,9 @@ impl Worker {
         if let Some(&id) = ids.iter().find(|&&id| id as usize >= vocab_size) {
             return Err(TokenizationError::IdOutOfRange { id, vocab_size });
         }
-        self.tokenizer.decode(ids, skip_special_tokens).map_err(tok_err)
+        self.tokenizer
+            .decode(ids, skip_special_tokens)
+            .map_err(tok_err)
     }
 
     fn set_truncation(&mut self, want: Option<TruncationParams>) -> Result<(), TokenizationError> {
