@@ -38,7 +38,8 @@ class InstantBackend(Backend):
     def health(self) -> None:
         pass
 
-    def embed(self, input_ids, token_type_ids, position_ids, cu_seqlens, max_length, **kw):  # type: ignore[no-untyped-def]
+    # `*_`: routers before the four-array contract also sent max_length.
+    def embed(self, input_ids, token_type_ids, position_ids, cu_seqlens, *_, **kw):  # type: ignore[no-untyped-def]
         return np.zeros((len(cu_seqlens) // 4 - 1, self._hidden), np.float32)
 
 

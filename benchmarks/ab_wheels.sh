@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Runs the same benchmark under two builds of the project, interleaved (old new new old), so
+# that a change is compared within one device session.
+#
+#   benchmarks/ab_wheels.sh OLD.whl NEW.whl -- python3 benchmarks/bench_router.py --shapes bert-large ...
+#
+# Each wheel is installed with --no-deps into its own folder under $AB_ROOT (default
+# /tmp/ab); the command runs with that folder first on PYTHONPATH and its bin/ first on PATH
+# (the `text-embeddings-router` console script). Output lines are prefixed with the build.
+set -euo pipefail
+
+if [[ $# -lt 4 || $3 != "--" ]]; then
+    echo "usage: $0 OLD.whl NEW.whl -- COMMAND..." >&2
+    exit 2
+fi
+old_wheel=$1
+new_wheel=$2
+shift 3
+root=${AB_ROOT:-/tmp/ab}
+
+for build in old new; do
+    wheel=$old_wheel
+    [[ $build == new ]] && wheel=$new_wheel
+    python3 -m pip install -q --no-deps --upgrade --target "$root/$build" "$wheel"
+done
+
+for build in old new new old; do
+    echo "=== $build"
+    PYTHONPATH="$root/$build${PYTHONPATH:+:$PYTHONPATH}" PATH="$root/$build/bin:$PATH" \
+        "$@" 2>&1 | sed "s/^/[$build] /"
+done
