@@ -100,9 +100,13 @@ fn bad_json(err: serde_json::Error) -> Response {
     responses(
         (status = 200, description = "Embeddings", body = EmbedResponse),
         (status = 400, description = "Empty input", body = ErrorResponse),
-        (status = 422, description = "Invalid input", body = ErrorResponse),
+        (status = 401, description = "Missing or invalid API key (with `--api-key`)", body = ErrorResponse),
+        (status = 408, description = "The request body did not arrive within `--body-read-timeout`", body = ErrorResponse),
+        (status = 413, description = "The request body is over `--payload-limit`", body = ErrorResponse),
+        (status = 422, description = "Invalid input: malformed body, more inputs than `--max-client-batch-size`, an input longer than the model's `max_input_length` tokens without truncation, token ids outside the vocabulary, an unknown `prompt_name` or one with token ids, `dimensions` over `hidden_size`", body = ErrorResponse),
         (status = 424, description = "Inference failed or wrong model type", body = ErrorResponse),
         (status = 429, description = "Model is overloaded", body = ErrorResponse),
+        (status = 503, description = "The model cannot run, or the server is shutting down", body = ErrorResponse),
     )
 )]
 pub async fn embed(State(state): State<AppState>, req: TeiJson<EmbedRequest>) -> Response {
@@ -136,9 +140,13 @@ pub async fn embed(State(state): State<AppState>, req: TeiJson<EmbedRequest>) ->
     responses(
         (status = 200, description = "Embeddings", body = EmbedAllResponse),
         (status = 400, description = "Empty input", body = ErrorResponse),
-        (status = 422, description = "Invalid input", body = ErrorResponse),
+        (status = 401, description = "Missing or invalid API key (with `--api-key`)", body = ErrorResponse),
+        (status = 408, description = "The request body did not arrive within `--body-read-timeout`", body = ErrorResponse),
+        (status = 413, description = "The request body is over `--payload-limit`", body = ErrorResponse),
+        (status = 422, description = "Invalid input: malformed body, more inputs than `--max-client-batch-size`, an input longer than the model's `max_input_length` tokens without truncation, token ids outside the vocabulary, an unknown `prompt_name` or one with token ids", body = ErrorResponse),
         (status = 424, description = "Inference failed or wrong model type", body = ErrorResponse),
         (status = 429, description = "Model is overloaded", body = ErrorResponse),
+        (status = 503, description = "The model cannot run, or the server is shutting down", body = ErrorResponse),
     )
 )]
 pub async fn embed_all(State(state): State<AppState>, req: TeiJson<EmbedAllRequest>) -> Response {
@@ -175,7 +183,11 @@ pub async fn embed_all(State(state): State<AppState>, req: TeiJson<EmbedAllReque
 /// Sparse (SPLADE) embeddings. The runtime serves no SPLADE models, so this always answers 424.
 #[utoipa::path(
     post, path = "/embed_sparse", tag = "Text Embeddings Inference",
-    responses((status = 424, description = "Not a SPLADE model", body = ErrorResponse))
+    responses(
+        (status = 401, description = "Missing or invalid API key (with `--api-key`)", body = ErrorResponse),
+        (status = 424, description = "Not a SPLADE model", body = ErrorResponse),
+        (status = 503, description = "The server is shutting down", body = ErrorResponse),
+    )
 )]
 pub async fn embed_sparse(State(state): State<AppState>) -> Response {
     model_routes::not_a_sparse_model(state.infer.info().model_type).into_response()
@@ -188,9 +200,13 @@ pub async fn embed_sparse(State(state): State<AppState>) -> Response {
     responses(
         (status = 200, description = "Similarities", body = SimilarityResponse),
         (status = 400, description = "Empty input", body = ErrorResponse),
-        (status = 422, description = "Invalid input", body = ErrorResponse),
+        (status = 401, description = "Missing or invalid API key (with `--api-key`)", body = ErrorResponse),
+        (status = 408, description = "The request body did not arrive within `--body-read-timeout`", body = ErrorResponse),
+        (status = 413, description = "The request body is over `--payload-limit`", body = ErrorResponse),
+        (status = 422, description = "Invalid input: malformed body, more inputs than `--max-client-batch-size`, an input longer than the model's `max_input_length` tokens without truncation, an unknown `prompt_name`", body = ErrorResponse),
         (status = 424, description = "Inference failed or wrong model type", body = ErrorResponse),
         (status = 429, description = "Model is overloaded", body = ErrorResponse),
+        (status = 503, description = "The model cannot run, or the server is shutting down", body = ErrorResponse),
     )
 )]
 pub async fn similarity(

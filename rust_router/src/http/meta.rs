@@ -18,7 +18,11 @@ use utoipa::OpenApi;
     responses(
         (status = 200, description = "Tokenized ids", body = TokenizeResponse),
         (status = 400, description = "Empty input", body = ErrorResponse),
-        (status = 422, description = "Invalid input", body = ErrorResponse),
+        (status = 401, description = "Missing or invalid API key (with `--api-key`)", body = ErrorResponse),
+        (status = 408, description = "The request body did not arrive within `--body-read-timeout`", body = ErrorResponse),
+        (status = 413, description = "The request body is over `--payload-limit`", body = ErrorResponse),
+        (status = 422, description = "Invalid input: malformed body, more inputs than `--max-client-batch-size`, an unknown `prompt_name`, or the tokenizer failed", body = ErrorResponse),
+        (status = 503, description = "The tokenization workers have stopped, or the server is shutting down", body = ErrorResponse),
     )
 )]
 pub async fn tokenize(State(state): State<AppState>, req: TeiJson<TokenizeRequest>) -> Response {
@@ -61,7 +65,11 @@ pub async fn tokenize(State(state): State<AppState>, req: TeiJson<TokenizeReques
     responses(
         (status = 200, description = "Decoded texts", body = DecodeResponse),
         (status = 400, description = "Empty input", body = ErrorResponse),
-        (status = 422, description = "Invalid input", body = ErrorResponse),
+        (status = 401, description = "Missing or invalid API key (with `--api-key`)", body = ErrorResponse),
+        (status = 408, description = "The request body did not arrive within `--body-read-timeout`", body = ErrorResponse),
+        (status = 413, description = "The request body is over `--payload-limit`", body = ErrorResponse),
+        (status = 422, description = "Invalid input: malformed body, more lists than `--max-client-batch-size`, token ids outside the vocabulary, or the tokenizer failed", body = ErrorResponse),
+        (status = 503, description = "The tokenization workers have stopped, or the server is shutting down", body = ErrorResponse),
     )
 )]
 pub async fn decode(State(state): State<AppState>, req: TeiJson<DecodeRequest>) -> Response {
@@ -90,7 +98,11 @@ pub async fn decode(State(state): State<AppState>, req: TeiJson<DecodeRequest>) 
 /// Text Embeddings Inference endpoint info.
 #[utoipa::path(
     get, path = "/info", tag = "Text Embeddings Inference",
-    responses((status = 200, description = "Served model info", body = Info))
+    responses(
+        (status = 200, description = "Served model info", body = Info),
+        (status = 401, description = "Missing or invalid API key (with `--api-key`)", body = ErrorResponse),
+        (status = 503, description = "The server is shutting down", body = ErrorResponse),
+    )
 )]
 pub async fn info(State(state): State<AppState>) -> Json<Info> {
     Json(state.info.as_ref().clone())

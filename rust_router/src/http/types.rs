@@ -90,15 +90,49 @@ impl<'de> Deserialize<'de> for Input {
     }
 }
 
-/// Documentation-only mirror of [`Input`]'s accepted shapes.
+// The `*Doc` types below only describe the accepted shapes in the OpenAPI document; their doc
+// comments are the descriptions clients read.
+
+/// A text of at least one character (an empty one is refused with 400).
+#[allow(dead_code)]
+#[derive(ToSchema)]
+#[schema(min_length = 1)]
+pub struct TextDoc(String);
+
+/// Token ids, at least one (an empty list is refused with 400); ids past the model's vocabulary
+/// are refused with 422.
+#[allow(dead_code)]
+#[derive(ToSchema)]
+#[schema(min_items = 1)]
+pub struct TokenIdsDoc(Vec<u32>);
+
+/// One input of a batch: a text or a list of token ids.
+#[allow(dead_code)]
+#[derive(ToSchema)]
+#[serde(untagged)]
+pub enum InputItemDoc {
+    String(#[schema(inline)] TextDoc),
+    Ids(#[schema(inline)] TokenIdsDoc),
+}
+
+/// A batch of at least one input (an empty one is refused with 400) and at most
+/// `--max-client-batch-size` (`max_client_batch_size` of `/info`; more are refused with 422).
+#[allow(dead_code)]
+#[derive(ToSchema)]
+#[schema(min_items = 1)]
+pub struct InputBatchDoc(#[schema(inline)] Vec<InputItemDoc>);
+
+// Mirrors [`Input`].
+/// A text, a list of token ids, or a batch whose items are texts or lists of token ids. Each
+/// input has at most the model's `max_input_length` tokens (`/info`) unless it is truncated;
+/// a longer one is refused with 422.
 #[allow(dead_code)]
 #[derive(ToSchema)]
 #[serde(untagged)]
 pub enum InputDoc {
-    String(String),
-    Ids(Vec<u32>),
-    Strings(Vec<String>),
-    BatchIds(Vec<Vec<u32>>),
+    String(#[schema(inline)] TextDoc),
+    Ids(#[schema(inline)] TokenIdsDoc),
+    Batch(#[schema(inline)] InputBatchDoc),
 }
 
 /// A classification input: one text or a (text, text_pair).
@@ -176,14 +210,27 @@ impl<'de> Deserialize<'de> for PredictInput {
     }
 }
 
-/// Documentation-only mirror of [`PredictInput`].
+/// One sequence: `[text]` or `[text, text_pair]`.
+#[allow(dead_code)]
+#[derive(ToSchema)]
+#[schema(min_items = 1, max_items = 2)]
+pub struct SequenceDoc(#[schema(inline)] Vec<TextDoc>);
+
+/// At least one sequence, at most `--max-client-batch-size` (`/info`).
+#[allow(dead_code)]
+#[derive(ToSchema)]
+#[schema(min_items = 1)]
+pub struct SequenceBatchDoc(#[schema(inline)] Vec<SequenceDoc>);
+
+// Mirrors [`PredictInput`].
+/// A text, one sequence `[text]` or `[text, text_pair]`, or a batch of sequences.
 #[allow(dead_code)]
 #[derive(ToSchema)]
 #[serde(untagged)]
 pub enum PredictInputDoc {
-    Single(String),
-    Pair(Vec<String>),
-    Batch(Vec<Vec<String>>),
+    Single(#[schema(inline)] TextDoc),
+    Pair(#[schema(inline)] SequenceDoc),
+    Batch(#[schema(inline)] SequenceBatchDoc),
 }
 
 #[derive(Debug, Deserialize, ToSchema)]
@@ -196,14 +243,17 @@ pub struct EmbedRequest {
     pub truncate: Option<bool>,
     #[serde(default)]
     pub truncation_direction: TruncationDirection,
-    /// A key of the model's `prompts` (config_sentence_transformers.json) to prepend.
+    /// A key of the model's `prompts` (config_sentence_transformers.json, listed in `/info`)
+    /// to prepend; any other name is refused with 422, and so is a prompt with token ids.
     #[serde(default)]
     pub prompt_name: Option<String>,
     #[serde(default = "default_true")]
     #[schema(default = true)]
     pub normalize: bool,
-    /// Keep the first `dimensions` values (Matryoshka), before normalization.
+    /// Keep the first `dimensions` values (Matryoshka), before normalization: from 1 to the
+    /// model's `hidden_size` (`/info`); more is refused with 422.
     #[serde(default)]
+    #[schema(minimum = 1)]
     pub dimensions: Option<usize>,
 }
 
@@ -219,6 +269,8 @@ pub struct EmbedAllRequest {
     pub truncate: Option<bool>,
     #[serde(default)]
     pub truncation_direction: TruncationDirection,
+    /// A key of the model's `prompts` (listed in `/info`); any other name is refused with 422,
+    /// and so is a prompt with token ids.
     #[serde(default)]
     pub prompt_name: Option<String>,
 }
@@ -259,9 +311,13 @@ pub enum PredictResponse {
 
 #[derive(Debug, Deserialize, ToSchema)]
 pub struct RerankRequest {
-    #[schema(example = "What is Deep Learning?")]
+    #[schema(min_length = 1, example = "What is Deep Learning?")]
     pub query: String,
-    #[schema(example = json!(["Deep Learning is ..."]))]
+    /// At least one non-empty text, at most `--max-client-batch-size` (`/info`).
+    #[schema(
+        value_type = Vec<TextDoc>, inline, min_items = 1,
+        example = json!(["Deep Learning is ..."])
+    )]
     pub texts: Vec<String>,
     #[serde(default)]
     pub truncate: Option<bool>,
@@ -271,7 +327,7 @@ pub struct RerankRequest {
     pub raw_scores: bool,
     #[serde(default)]
     pub return_text: bool,
-    /// Return only the `top_n` best texts.
+    /// Return only the `top_n` best texts (0 returns none).
     #[serde(default)]
     pub top_n: Option<usize>,
 }
@@ -290,9 +346,14 @@ pub struct RerankResponse(pub Vec<Rank>);
 #[derive(Debug, Deserialize, ToSchema)]
 pub struct SimilarityInput {
     /// The sentence the others are compared with.
-    #[schema(example = "What is Deep Learning?")]
+    #[schema(min_length = 1, example = "What is Deep Learning?")]
     pub source_sentence: String,
-    #[schema(example = json!(["What is Machine Learning?"]))]
+    /// At least one non-empty sentence; with `source_sentence`, at most
+    /// `--max-client-batch-size` (`/info`).
+    #[schema(
+        value_type = Vec<TextDoc>, inline, min_items = 1,
+        example = json!(["What is Machine Learning?"])
+    )]
     pub sentences: Vec<String>,
 }
 
@@ -302,6 +363,7 @@ pub struct SimilarityParameters {
     pub truncate: Option<bool>,
     #[serde(default)]
     pub truncation_direction: TruncationDirection,
+    /// A key of the model's `prompts` (listed in `/info`); any other name is refused with 422.
     #[serde(default)]
     pub prompt_name: Option<String>,
 }
@@ -317,13 +379,21 @@ pub struct SimilarityRequest {
 #[schema(example = json!([0.0, 1.0, 0.5]))]
 pub struct SimilarityResponse(pub Vec<f32>);
 
-/// `inputs` of `/tokenize`: one string or a list of strings.
+/// `inputs` of `/tokenize`: one string or a list of strings (an empty string is tokenized).
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(untagged)]
 pub enum TokenizeInput {
     Single(String),
+    #[schema(value_type = TokenizeBatchDoc)]
     Batch(Vec<String>),
 }
+
+/// At least one string (an empty list is refused with 400), at most `--max-client-batch-size`
+/// (`/info`).
+#[allow(dead_code)]
+#[derive(ToSchema)]
+#[schema(min_items = 1)]
+pub struct TokenizeBatchDoc(Vec<String>);
 
 #[derive(Debug, Deserialize, ToSchema)]
 pub struct TokenizeRequest {
@@ -331,6 +401,7 @@ pub struct TokenizeRequest {
     #[serde(default = "default_true")]
     #[schema(default = true)]
     pub add_special_tokens: bool,
+    /// A key of the model's `prompts` (listed in `/info`); any other name is refused with 422.
     #[serde(default)]
     pub prompt_name: Option<String>,
 }
@@ -392,13 +463,20 @@ impl<'de> Deserialize<'de> for InputIds {
     }
 }
 
-/// Documentation-only mirror of [`InputIds`].
+/// At least one list of token ids, at most `--max-client-batch-size` (`/info`).
+#[allow(dead_code)]
+#[derive(ToSchema)]
+#[schema(min_items = 1)]
+pub struct TokenIdsBatchDoc(#[schema(inline)] Vec<TokenIdsDoc>);
+
+// Mirrors [`InputIds`].
+/// A list of token ids or a batch of them.
 #[allow(dead_code)]
 #[derive(ToSchema)]
 #[serde(untagged)]
 pub enum InputIdsDoc {
-    Single(Vec<u32>),
-    Batch(Vec<Vec<u32>>),
+    Single(#[schema(inline)] TokenIdsDoc),
+    Batch(#[schema(inline)] TokenIdsBatchDoc),
 }
 
 #[derive(Debug, Deserialize, ToSchema)]
@@ -432,7 +510,10 @@ pub struct OpenAICompatRequest {
     pub model: Option<String>,
     #[serde(default)]
     pub encoding_format: EncodingFormat,
+    /// Keep the first `dimensions` values: from 1 to the model's `hidden_size` (`/info`); more
+    /// is refused with 422.
     #[serde(default)]
+    #[schema(minimum = 1)]
     pub dimensions: Option<usize>,
     #[serde(default)]
     pub user: Option<String>,
