@@ -178,6 +178,38 @@ impl Drop for InHandler {
     }
 }
 
+/// The shutdown deadline as one connection's requests see it: set by the connection's own
+/// task, so a request waits on a signal no other connection touches (a server-wide one would
+/// be a shared cache line written by every request on every core).
+#[derive(Debug, Default)]
+struct ConnDeadline {
+    reached: std::sync::atomic::AtomicBool,
+    notify: tokio::sync::Notify,
+}
+
+impl ConnDeadline {
+    fn reach(&self) {
+        self.reached
+            .store(true, std::sync::atomic::Ordering::Release);
+        self.notify.notify_waiters();
+    }
+
+    /// `work`'s output, or `None` once the deadline is reached first.
+    async fn race<T>(&self, work: impl std::future::Future<Output = T>) -> Option<T> {
+        let notified = self.notify.notified();
+        tokio::pin!(notified);
+        // Registered before the check, so a deadline between the two still wakes us.
+        notified.as_mut().enable();
+        if self.reached.load(std::sync::atomic::Ordering::Acquire) {
+            return None;
+        }
+        tokio::select! {
+            output = work => Some(output),
+            _ = notified => None,
+        }
+    }
+}
+
 /// Why a connection was closed by the server.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Close {
@@ -398,13 +430,27 @@ async fn serve_connection(stream: TcpStream, shared: Arc<Shared>, permit: OwnedS
     let app = shared.app.clone();
     let service_activity = activity.clone();
     let in_flight = shared.in_flight.clone();
+    let deadline = Arc::new(ConnDeadline::default());
+    let service_deadline = deadline.clone();
     let service = service_fn(move |req: hyper::Request<Incoming>| {
         let in_handler = InHandler::begin(&service_activity, &in_flight);
         let app = app.clone();
+        let deadline = service_deadline.clone();
         async move {
-            let response = app.oneshot(req.map(axum::body::Body::new)).await;
+            let openai = crate::http::is_openai_path(req.uri().path());
+            let answered = deadline
+                .race(app.oneshot(req.map(axum::body::Body::new)))
+                .await;
             drop(in_handler);
-            response
+            Ok::<_, std::convert::Infallible>(match answered {
+                Some(Ok(response)) => response,
+                Some(Err(never)) => match never {},
+                None => crate::http::shutting_down(
+                    openai,
+                    "The server is shutting down: the request did not finish within \
+                     --shutdown-timeout",
+                ),
+            })
         }
     });
     // Boxed so that dropping it closes the socket before the connection's permit is released.
@@ -450,6 +496,15 @@ async fn serve_connection(stream: TcpStream, shared: Arc<Shared>, permit: OwnedS
             }
             _ = shutdown.reached(Phase::Deadline), if deadline_at.is_none() => {
                 deadline_at = Some(Instant::now());
+                let unfinished = lock(&activity).in_handler;
+                if unfinished > 0 {
+                    shared.metrics.counter_add(
+                        "te_request_failure",
+                        &[("err", "shutting_down")],
+                        unfinished as u64,
+                    );
+                }
+                deadline.reach();
             }
         }
     };
@@ -556,5 +611,89 @@ mod tests {
                 Err(Close::Draining)
             );
         }
+    }
+
+    /// The server on a loopback port over the fake backend, whose forward passes take
+    /// `delay`.
+    async fn serve_fake(
+        delay: Duration,
+    ) -> (std::net::SocketAddr, Shutdown, tokio::task::JoinHandle<()>) {
+        use crate::http::test_util::{test_app, Options};
+        let shutdown = Shutdown::default();
+        let app = test_app(Options {
+            shutdown: shutdown.clone(),
+            delay,
+            ..Default::default()
+        });
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server = tokio::spawn(serve(
+            vec![listener],
+            app.router.clone(),
+            limits(),
+            shutdown.clone(),
+            app.metrics.clone(),
+        ));
+        (addr, shutdown, server)
+    }
+
+    async fn post_embed(addr: std::net::SocketAddr) -> TcpStream {
+        use tokio::io::AsyncWriteExt;
+        let body = r#"{"inputs": "hello"}"#;
+        let mut stream = TcpStream::connect(addr).await.unwrap();
+        let head = format!(
+            "POST /embed HTTP/1.1\r\nhost: t\r\ncontent-type: application/json\r\n\
+             content-length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        stream.write_all(head.as_bytes()).await.unwrap();
+        stream
+    }
+
+    async fn read_to_close(mut stream: TcpStream) -> String {
+        use tokio::io::AsyncReadExt;
+        let mut out = Vec::new();
+        let read = stream.read_to_end(&mut out);
+        tokio::time::timeout(Duration::from_secs(5), read)
+            .await
+            .expect("the connection stayed open")
+            .unwrap();
+        String::from_utf8_lossy(&out).into_owned()
+    }
+
+    #[tokio::test]
+    async fn a_request_still_running_at_the_deadline_is_answered_503() {
+        let (addr, shutdown, server) = serve_fake(Duration::from_secs(3)).await;
+        let stream = post_embed(addr).await;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        shutdown.advance(Phase::Draining);
+        shutdown.advance(Phase::Deadline);
+        let answer = read_to_close(stream).await;
+        assert!(answer.starts_with("HTTP/1.1 503"), "{answer}");
+        assert!(answer.contains("shutting_down"), "{answer}");
+        assert!(answer.contains("--shutdown-timeout"), "{answer}");
+        tokio::time::timeout(DEADLINE_FLUSH * 3, server)
+            .await
+            .expect("serve outlived the deadline")
+            .unwrap();
+    }
+
+    #[tokio::test]
+    async fn draining_finishes_accepted_requests_then_stops_accepting() {
+        let (addr, shutdown, server) = serve_fake(Duration::from_millis(300)).await;
+        let stream = post_embed(addr).await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        shutdown.advance(Phase::Draining);
+        // A late request on a new connection is answered, not refused or reset.
+        let late = read_to_close(post_embed(addr).await).await;
+        assert!(late.starts_with("HTTP/1.1 503"), "{late}");
+        let answer = read_to_close(stream).await;
+        assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+        assert!(answer.contains("connection: close"), "{answer}");
+        tokio::time::timeout(Duration::from_secs(3), server)
+            .await
+            .expect("serve did not end once the accepted request was answered")
+            .unwrap();
+        assert!(TcpStream::connect(addr).await.is_err(), "still listening");
     }
 }

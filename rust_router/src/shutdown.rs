@@ -6,36 +6,57 @@
 //! requests finish → (`--shutdown-timeout` later) `Deadline`: requests still running are
 //! answered 503 and every connection is closed.
 
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+#[repr(u8)]
 pub enum Phase {
-    Running,
-    Draining,
-    Deadline,
+    Running = 0,
+    Draining = 1,
+    Deadline = 2,
 }
 
-/// A cloneable view of the phase, with a way to move it forward.
+/// A cloneable view of the phase, with a way to move it forward. Cloning is one reference
+/// count and reading the phase one atomic load: every request reads it.
 #[derive(Debug, Clone)]
 pub struct Shutdown {
-    tx: std::sync::Arc<watch::Sender<Phase>>,
-    rx: watch::Receiver<Phase>,
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    phase: AtomicU8,
+    /// Wakes the tasks waiting in [`Shutdown::reached`].
+    tx: watch::Sender<Phase>,
 }
 
 impl Default for Shutdown {
     fn default() -> Self {
-        let (tx, rx) = watch::channel(Phase::Running);
         Self {
-            tx: std::sync::Arc::new(tx),
-            rx,
+            inner: Arc::new(Inner {
+                phase: AtomicU8::new(Phase::Running as u8),
+                tx: watch::channel(Phase::Running).0,
+            }),
+        }
+    }
+}
+
+impl Phase {
+    fn from_u8(v: u8) -> Self {
+        match v {
+            0 => Phase::Running,
+            1 => Phase::Draining,
+            _ => Phase::Deadline,
         }
     }
 }
 
 impl Shutdown {
     pub fn phase(&self) -> Phase {
-        *self.rx.borrow()
+        Phase::from_u8(self.inner.phase.load(Ordering::Acquire))
     }
 
     pub fn is_draining(&self) -> bool {
@@ -44,7 +65,8 @@ impl Shutdown {
 
     /// Moves to `phase` (never backwards).
     pub fn advance(&self, phase: Phase) {
-        self.tx.send_if_modified(|current| {
+        self.inner.phase.fetch_max(phase as u8, Ordering::AcqRel);
+        self.inner.tx.send_if_modified(|current| {
             let later = phase > *current;
             if later {
                 *current = phase;
@@ -55,12 +77,9 @@ impl Shutdown {
 
     /// Resolves once the phase is at least `phase`.
     pub async fn reached(&self, phase: Phase) {
-        let mut rx = self.rx.clone();
-        // The sender lives as long as any `Shutdown`, so this only fails if none is left, in
-        // which case nothing can advance the phase: wait for ever.
-        if rx.wait_for(|p| *p >= phase).await.is_err() {
-            std::future::pending::<()>().await;
-        }
+        let mut rx = self.inner.tx.subscribe();
+        // The sender lives as long as `self`, so this cannot fail while we wait.
+        let _ = rx.wait_for(|p| *p >= phase).await;
     }
 
     /// Runs the whole sequence: waits for SIGINT/SIGTERM, drains, and moves to `Deadline`

@@ -10,7 +10,7 @@ mod openai;
 pub mod types;
 
 #[cfg(test)]
-mod test_util;
+pub(crate) mod test_util;
 #[cfg(test)]
 mod tests;
 #[cfg(test)]
@@ -21,7 +21,7 @@ mod tests_hardening;
 use crate::backend::ModelType;
 use crate::infer::{Infer, InferMetadata};
 use crate::metrics::Metrics;
-use crate::shutdown::{Phase, Shutdown};
+use crate::shutdown::Shutdown;
 use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::http::{header, HeaderMap, HeaderValue, Method};
 use axum::middleware::{self, Next};
@@ -100,13 +100,16 @@ impl AppState {
 }
 
 /// Counts every error answer in `te_request_failure{err=...}` and logs it, whichever layer
-/// produced it (a handler, the body extractor, auth, the router's fallback).
-async fn record_failures(State(state): State<AppState>, req: Request, next: Next) -> Response {
+/// produced it (a handler, the body extractor, auth, the router's fallback). Its state is
+/// the metrics alone: a middleware's state is cloned for every request.
+async fn record_failures(
+    State(metrics): State<Arc<Metrics>>,
+    req: Request,
+    next: Next,
+) -> Response {
     let response = next.run(req).await;
     if let Some(kind) = response.extensions().get::<ErrorType>().copied() {
-        state
-            .metrics
-            .inc("te_request_failure", &[("err", kind.metric_label())]);
+        metrics.inc("te_request_failure", &[("err", kind.metric_label())]);
         let status = response.status().as_u16();
         if response.status().is_server_error() || kind == ErrorType::Backend {
             tracing::error!(status, error_type = kind.metric_label(), "request failed");
@@ -120,35 +123,26 @@ async fn record_failures(State(state): State<AppState>, req: Request, next: Next
 /// Once the server is draining, a request that arrives is answered 503 at once: the work
 /// accepted before the signal finishes, nothing new starts (the client retries elsewhere,
 /// as the load balancer does once `/health` says 503).
-async fn refuse_when_draining(State(state): State<AppState>, req: Request, next: Next) -> Response {
-    if !state.shutdown.is_draining() {
+async fn refuse_when_draining(
+    State(shutdown): State<Shutdown>,
+    req: Request,
+    next: Next,
+) -> Response {
+    if !shutdown.is_draining() {
         return next.run(req).await;
     }
-    let openai = is_openai_path(req.uri().path());
-    ApiError::new(
-        ErrorType::ShuttingDown,
+    shutting_down(
+        is_openai_path(req.uri().path()),
         "The server is shutting down and takes no new requests; retry on another replica",
     )
-    .openai(openai)
-    .close_connection()
-    .into_response()
 }
 
-/// At the shutdown deadline, answers whatever is still running with 503 instead of letting
-/// the connection close under it.
-async fn answer_at_deadline(State(state): State<AppState>, req: Request, next: Next) -> Response {
-    let openai = is_openai_path(req.uri().path());
-    tokio::select! {
-        response = next.run(req) => response,
-        _ = state.shutdown.reached(Phase::Deadline) => ApiError::new(
-            ErrorType::ShuttingDown,
-            "The server is shutting down: the request did not finish within \
-             --shutdown-timeout",
-        )
+/// A 503 `shutting_down` answer that closes the connection.
+pub(crate) fn shutting_down(openai: bool, message: &str) -> Response {
+    ApiError::new(ErrorType::ShuttingDown, message)
         .openai(openai)
         .close_connection()
-        .into_response(),
-    }
+        .into_response()
 }
 
 /// Timings of one HTTP request, reported in headers, logs and metrics.
@@ -253,7 +247,7 @@ async fn auth(State(state): State<AppState>, req: Request, next: Next) -> Respon
         .into_response()
 }
 
-fn is_openai_path(path: &str) -> bool {
+pub(crate) fn is_openai_path(path: &str) -> bool {
     path.starts_with("/v1/") || path == "/embeddings"
 }
 
@@ -303,7 +297,7 @@ pub fn app(state: AppState) -> Router {
         .route("/embeddings", post(openai::embeddings))
         .route_layer(middleware::from_fn_with_state(state.clone(), auth))
         .route_layer(middleware::from_fn_with_state(
-            state.clone(),
+            state.shutdown.clone(),
             refuse_when_draining,
         ));
     // Probes and scrapers must work without the key.
@@ -321,11 +315,7 @@ pub fn app(state: AppState) -> Router {
         .merge(public)
         .fallback(not_found)
         .layer(middleware::from_fn_with_state(
-            state.clone(),
-            answer_at_deadline,
-        ))
-        .layer(middleware::from_fn_with_state(
-            state.clone(),
+            state.metrics.clone(),
             record_failures,
         ))
         .with_state(state)

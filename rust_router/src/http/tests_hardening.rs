@@ -159,30 +159,3 @@ async fn a_half_sent_body_is_answered_503_when_draining() {
     assert_eq!(r.status, 503);
     assert_eq!(r.json["error"]["type"], "shutting_down");
 }
-
-#[tokio::test]
-async fn work_still_running_at_the_deadline_is_answered_503() {
-    let shutdown = Shutdown::default();
-    let app = test_app(Options {
-        shutdown: shutdown.clone(),
-        delay: Duration::from_secs(3),
-        ..Default::default()
-    });
-    let pending = tokio::spawn({
-        let app = app.clone();
-        async move { app.post("/embed", json!({"inputs": "hello"})).await }
-    });
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    shutdown.advance(Phase::Draining);
-    shutdown.advance(Phase::Deadline);
-    let r = tokio::time::timeout(Duration::from_secs(2), pending)
-        .await
-        .expect("the deadline did not answer the running request")
-        .unwrap();
-    assert_eq!(r.status, 503);
-    assert_eq!(r.json["error_type"], "shutting_down");
-    assert!(r.json["error"]
-        .as_str()
-        .unwrap()
-        .contains("--shutdown-timeout"));
-}
