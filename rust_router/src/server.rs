@@ -6,7 +6,7 @@ use crate::backend::{BackendFactory, BackendHandle, ModelInfo, ModelType};
 use crate::cli::Args;
 use crate::connections;
 use crate::http::types::{ClassifierModel, EmbeddingModel, Info, ModelTypeInfo};
-use crate::http::{app, AppState, ServeConfig};
+use crate::http::{app, AppContext, AppState, ServeConfig};
 use crate::infer::Infer;
 use crate::metrics::Metrics;
 use crate::shutdown::{Phase, Shutdown};
@@ -335,7 +335,7 @@ async fn serve(serving: Serving, signal_at: Arc<OnceLock<Instant>>) -> Result<()
         metrics.clone(),
     );
     let shutdown = Shutdown::default();
-    let state = AppState {
+    let state = AppState::new(AppContext {
         infer: infer.clone(),
         info: Arc::new(info_body.clone()),
         metrics: metrics.clone(),
@@ -350,7 +350,7 @@ async fn serve(serving: Serving, signal_at: Arc<OnceLock<Instant>>) -> Result<()
             body_read_timeout: args.body_read_timeout,
         }),
         shutdown: shutdown.clone(),
-    };
+    });
     let listeners = listeners
         .into_iter()
         .map(tokio::net::TcpListener::from_std)

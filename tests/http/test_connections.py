@@ -196,3 +196,21 @@ def test_sigterm_with_16_clients_answers_every_accepted_request(
     assert 200 in statuses
     # Requests sent after the signal were answered (503) or never accepted (refused).
     assert 503 in statuses or any(o[0] == "refused" for o in outcomes)
+
+
+def test_a_request_still_running_at_the_deadline_is_answered_503(start_server, minilm_dir):
+    server = start_server(
+        minilm_dir, *BACKEND, "--shutdown-timeout", "3", env={"TEST_BATCH_DELAY_S": "20"}
+    )
+    with ThreadPoolExecutor(1) as pool:
+        pending = pool.submit(server.post, "/v1/embeddings", {"input": "a slow one"})
+        time.sleep(0.5)
+        start = time.monotonic()
+        server.proc.send_signal(signal.SIGTERM)
+        r = pending.result(timeout=10)
+    assert r.status_code == 503, r.text
+    assert r.json()["error"]["type"] == "shutting_down"
+    # The forward pass never returned, and still the process exits 0 by the deadline.
+    assert server.proc.wait(timeout=10) == 0, server.logs()
+    assert time.monotonic() - start < 4
+    assert "did not stop by the shutdown deadline" in server.logs()

@@ -1,6 +1,6 @@
 //! A full app over the fake backend and a word-level tokenizer, driven with `oneshot`.
 
-use super::{app, AppState, ServeConfig};
+use super::{app, AppContext, AppState, ServeConfig};
 use crate::backend::fake::{FakeBackend, Gate, SeenBatch};
 use crate::backend::{BackendHandle, ModelInfo};
 use crate::cli::Args;
@@ -96,7 +96,7 @@ pub fn test_app(opts: Options) -> TestApp {
         metrics.clone(),
     );
     let metrics_handle = metrics.clone();
-    let state = AppState {
+    let state = AppState::new(AppContext {
         infer,
         info: Arc::new(body),
         metrics,
@@ -111,7 +111,7 @@ pub fn test_app(opts: Options) -> TestApp {
             body_read_timeout: opts.body_read_timeout,
         }),
         shutdown: opts.shutdown.clone(),
-    };
+    });
     TestApp {
         router: app(state),
         seen,
