@@ -258,17 +258,15 @@ fn run(mut args: Args, make_backend: MakeBackend) -> Result<(), String> {
         .map_err(|e| format!("cannot start the async runtime: {e}"))?;
     let shutdown_timeout = args.shutdown_timeout;
     let signal_at = Arc::new(OnceLock::new());
-    let result = runtime.block_on(serve(
-        Serving {
-            args,
-            info,
-            tokenization,
-            backend,
-            workers,
-            listeners,
-        },
-        signal_at.clone(),
-    ));
+    let serving = Serving {
+        args,
+        info,
+        tokenization,
+        backend,
+        workers,
+        listeners,
+    };
+    let result = runtime.block_on(serving.serve(signal_at.clone()));
     // Every backend handle is gone once the runtime is dropped; the threads then drop the
     // model and end. Join them so nothing runs during interpreter teardown, but never past
     // the shutdown deadline: a forward pass that does not return must not keep the process.
@@ -314,80 +312,75 @@ struct Serving {
     listeners: Vec<std::net::TcpListener>,
 }
 
-/// Serves until the shutdown sequence ends; notes when the signal came in `signal_at`.
-async fn serve(serving: Serving, signal_at: Arc<OnceLock<Instant>>) -> Result<(), String> {
-    let Serving {
-        args,
-        info,
-        tokenization,
-        backend,
-        workers,
-        listeners,
-    } = serving;
-    let metrics = Arc::new(Metrics::new(info.max_input_length));
-    let info_body = build_info(&args, &info, workers);
-    let compute_type = info.device.clone().unwrap_or_else(|| "cpu".into());
-    let (infer, batching_task) = Infer::new(
-        tokenization,
-        backend,
-        Arc::new(info),
-        args.infer_config(),
-        metrics.clone(),
-    );
-    let shutdown = Shutdown::default();
-    let state = AppState::new(AppContext {
-        infer: infer.clone(),
-        info: Arc::new(info_body.clone()),
-        metrics: metrics.clone(),
-        config: Arc::new(ServeConfig {
-            max_client_batch_size: args.max_client_batch_size,
-            auto_truncate: args.auto_truncate,
-            served_model_name: info_body.served_model_name.clone(),
-            api_key: args.api_key.clone(),
-            payload_limit: args.payload_limit,
-            cors_allow_origin: args.cors_allow_origin.clone(),
-            compute_type,
-            body_read_timeout: args.body_read_timeout,
-        }),
-        shutdown: shutdown.clone(),
-    });
-    let listeners = listeners
-        .into_iter()
-        .map(tokio::net::TcpListener::from_std)
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| format!("cannot listen: {e}"))?;
-    for listener in &listeners {
-        if let Ok(addr) = listener.local_addr() {
-            tracing::info!("listening on {addr}");
+impl Serving {
+    /// Serves until the shutdown sequence ends; notes when the signal came in `signal_at`.
+    async fn serve(self, signal_at: Arc<OnceLock<Instant>>) -> Result<(), String> {
+        let metrics = Arc::new(Metrics::new(self.info.max_input_length));
+        let info_body = build_info(&self.args, &self.info, self.workers);
+        let compute_type = self.info.device.clone().unwrap_or_else(|| "cpu".into());
+        let (infer, batching_task) = Infer::new(
+            self.tokenization,
+            self.backend,
+            Arc::new(self.info),
+            self.args.infer_config(),
+            metrics.clone(),
+        );
+        let shutdown = Shutdown::default();
+        let state = AppState::new(AppContext {
+            infer: infer.clone(),
+            info: Arc::new(info_body.clone()),
+            metrics: metrics.clone(),
+            config: Arc::new(ServeConfig {
+                max_client_batch_size: self.args.max_client_batch_size,
+                auto_truncate: self.args.auto_truncate,
+                served_model_name: info_body.served_model_name.clone(),
+                api_key: self.args.api_key.clone(),
+                payload_limit: self.args.payload_limit,
+                cors_allow_origin: self.args.cors_allow_origin.clone(),
+                compute_type,
+                body_read_timeout: self.args.body_read_timeout,
+            }),
+            shutdown: shutdown.clone(),
+        });
+        let listeners = self
+            .listeners
+            .into_iter()
+            .map(tokio::net::TcpListener::from_std)
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| format!("cannot listen: {e}"))?;
+        for listener in &listeners {
+            if let Ok(addr) = listener.local_addr() {
+                tracing::info!("listening on {addr}");
+            }
         }
+        tracing::info!("Ready");
+        tokio::spawn({
+            let shutdown = shutdown.clone();
+            async move {
+                shutdown.reached(Phase::Draining).await;
+                let _ = signal_at.set(Instant::now());
+            }
+        });
+        tokio::spawn(
+            shutdown
+                .clone()
+                .on_signal(answer_deadline(self.args.shutdown_timeout)),
+        );
+        connections::serve(
+            listeners,
+            app(state),
+            self.args.connection_limits(),
+            shutdown,
+            metrics,
+        )
+        .await;
+        // Every connection is closed and every handler has returned; let the batching tasks finish
+        // and release the self.backend.
+        infer.shutdown();
+        drop(infer);
+        let _ = batching_task.await;
+        Ok(())
     }
-    tracing::info!("Ready");
-    tokio::spawn({
-        let shutdown = shutdown.clone();
-        async move {
-            shutdown.reached(Phase::Draining).await;
-            let _ = signal_at.set(Instant::now());
-        }
-    });
-    tokio::spawn(
-        shutdown
-            .clone()
-            .on_signal(answer_deadline(args.shutdown_timeout)),
-    );
-    connections::serve(
-        listeners,
-        app(state),
-        args.connection_limits(),
-        shutdown,
-        metrics,
-    )
-    .await;
-    // Every connection is closed and every handler has returned; let the batching tasks finish
-    // and release the backend.
-    infer.shutdown();
-    drop(infer);
-    let _ = batching_task.await;
-    Ok(())
 }
 
 /// When, after the signal, still-running requests are answered 503: early enough that the
