@@ -142,8 +142,8 @@ pub struct Args {
     #[arg(long, env = "SHUTDOWN_TIMEOUT", default_value = "30", value_parser = seconds)]
     pub shutdown_timeout: Duration,
 
-    /// Require `Authorization: Bearer <key>` on every route except /health, /ping, /metrics
-    /// and the docs.
+    /// Require `Authorization: Bearer <key>` on every route except the probes (GET /, /health,
+    /// /ping), /metrics and the docs.
     #[arg(long, env = "API_KEY", hide_env_values = true)]
     pub api_key: Option<String>,
 
