@@ -121,19 +121,24 @@ def valid_data_served(ctx, response, case) -> None:
 
 
 def _documented_fields(spec: dict) -> dict[str, set[str]]:
+    """The top-level body fields of each path's request schema (a `$ref`, or the union over
+    the `anyOf` of `POST /` and `/invocations`, which take any route's body)."""
     schemas = spec["components"]["schemas"]
+
+    def fields_of(schema: dict) -> set[str]:
+        if "$ref" in schema:
+            return fields_of(schemas[schema["$ref"].rsplit("/", 1)[1]])
+        out = set(schema.get("properties", {}))
+        for part in schema.get("anyOf", []):
+            out |= fields_of(part)
+        return out
+
     fields: dict[str, set[str]] = {}
     for path, item in spec["paths"].items():
         for op in item.values():
-            ref = (
-                op.get("requestBody", {})
-                .get("content", {})
-                .get("application/json", {})
-                .get("schema", {})
-                .get("$ref", "")
-            )
-            if ref:
-                fields[path] = set(schemas[ref.rsplit("/", 1)[1]].get("properties", {}))
+            body = op.get("requestBody", {}).get("content", {}).get("application/json", {})
+            if "schema" in body:
+                fields[path] = fields_of(body["schema"])
     return fields
 
 
@@ -236,7 +241,7 @@ def test_reranker_conforms_to_its_spec(case):
 # too slowly, and 503, a server shutting down, are provoked, without the spec, in
 # test_connections.py.)
 KEY = "fuzz-key"
-PUBLIC = {("GET", "/health"), ("GET", "/metrics")}  # probes and scrapers need no key
+PUBLIC = {("GET", "/"), ("GET", "/health"), ("GET", "/metrics")}  # probes, scrapers: no key
 
 
 @pytest.fixture(scope="module")

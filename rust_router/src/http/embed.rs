@@ -1,6 +1,6 @@
 //! Embedding routes: `/embed`, `/embed_all`, `/embed_sparse`, `/similarity`.
 
-use super::error::{ApiError, Body, ErrorResponse, TeiJson};
+use super::error::{ApiError, ErrorResponse, TeiJson};
 use super::model_routes::{self, Needs};
 use super::types::{
     EmbedAllRequest, EmbedAllResponse, EmbedRequest, EmbedResponse, InputType, SimilarityRequest,
@@ -12,7 +12,6 @@ use crate::tokenization::{EncodeOptions, EncodingInput};
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use serde_json::Value;
 use std::time::Instant;
 
 /// Validates a list of inputs and counts its characters.
@@ -66,31 +65,6 @@ pub(crate) fn encode_options(
         apply_prompts: true,
         inline: false,
     }
-}
-
-/// `POST /` on an embedding model: `/similarity`'s body (`inputs: {source_sentence,
-/// sentences}`, what `huggingface_hub.InferenceClient.sentence_similarity` posts) goes to
-/// `/similarity`, anything else to `/embed`.
-pub async fn embed_or_similarity(State(state): State<AppState>, req: TeiJson<Value>) -> Response {
-    let body = req.0;
-    let is_similarity = body
-        .get("inputs")
-        .is_some_and(|i| i.is_object() && i.get("source_sentence").is_some());
-    if is_similarity {
-        match serde_json::from_value(body) {
-            Ok(r) => similarity(State(state), Body(r)).await,
-            Err(e) => bad_json(e),
-        }
-    } else {
-        match serde_json::from_value(body) {
-            Ok(r) => embed(State(state), Body(r)).await,
-            Err(e) => bad_json(e),
-        }
-    }
-}
-
-fn bad_json(err: serde_json::Error) -> Response {
-    ApiError::validation(format!("Failed to parse the JSON body: {err}")).into_response()
 }
 
 /// Get embeddings. Returns a 424 status code if the model is not an embedding model.

@@ -2,7 +2,7 @@
 
 use super::error::{ApiError, ErrorResponse, ErrorType, OpenAIErrorResponse, TeiJson};
 use super::types::*;
-use super::{classify, embed, openai, AppState};
+use super::{classify, cloud, embed, openai, AppState};
 use crate::tokenization::TruncationDirection;
 use axum::extract::State;
 use axum::http::{header, StatusCode};
@@ -108,6 +108,18 @@ pub async fn info(State(state): State<AppState>) -> Json<Info> {
     Json(state.info.as_ref().clone())
 }
 
+/// The base URL's probe (load balancers often probe `GET /`): as `/health`.
+#[utoipa::path(
+    get, path = "/", tag = "Text Embeddings Inference",
+    responses(
+        (status = 200, description = "Everything is working fine"),
+        (status = 503, description = "The model cannot run, or the server is shutting down", body = ErrorResponse),
+    )
+)]
+pub async fn root_probe(state: State<AppState>) -> Response {
+    health(state).await
+}
+
 /// Health check: runs the model's own health method on the backend thread.
 #[utoipa::path(
     get, path = "/health", tag = "Text Embeddings Inference",
@@ -153,6 +165,7 @@ pub async fn metrics(State(state): State<AppState>) -> Response {
         info, health, metrics, tokenize, decode,
         embed::embed, embed::embed_all, embed::embed_sparse, embed::similarity,
         classify::predict, classify::rerank, openai::embeddings,
+        cloud::root, cloud::invocations, cloud::vertex, root_probe,
     ),
     components(schemas(
         InputDoc, PredictInputDoc, TruncationDirection, EmbedRequest, EmbedResponse,
@@ -163,6 +176,7 @@ pub async fn metrics(State(state): State<AppState>) -> Response {
         OpenAICompatRequest, Embedding, OpenAICompatEmbedding, OpenAICompatUsage,
         OpenAICompatResponse, Info, ModelTypeInfo, EmbeddingModel, ClassifierModel,
         ErrorResponse, ErrorType, OpenAIErrorResponse,
+        cloud::InvocationDoc, cloud::InvocationAnswerDoc, cloud::VertexRequest, cloud::VertexResponse,
     )),
     tags((name = "Text Embeddings Inference", description = "TEI-compatible API")),
     info(

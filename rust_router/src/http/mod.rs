@@ -2,6 +2,7 @@
 //! tested with `oneshot` and no socket; `server.rs` only binds and serves it.
 
 mod classify;
+mod cloud;
 mod embed;
 pub mod error;
 mod meta;
@@ -14,11 +15,12 @@ pub(crate) mod test_util;
 #[cfg(test)]
 mod tests;
 #[cfg(test)]
+mod tests_cloud;
+#[cfg(test)]
 mod tests_errors;
 #[cfg(test)]
 mod tests_hardening;
 
-use crate::backend::ModelType;
 use crate::infer::{Infer, InferMetadata};
 use crate::metrics::Metrics;
 use crate::shutdown::Shutdown;
@@ -286,13 +288,10 @@ fn cors_layer(origins: Option<&[String]>) -> CorsLayer {
 
 /// The whole HTTP application.
 pub fn app(state: AppState) -> Router {
-    let root = match state.infer.info().model_type {
-        ModelType::Embedding => post(embed::embed_or_similarity),
-        ModelType::Classifier => post(classify::predict),
-        ModelType::Reranker => post(classify::rerank),
-    };
     let protected = Router::new()
-        .route("/", root)
+        .route("/", post(cloud::root))
+        .route("/invocations", post(cloud::invocations))
+        .route("/vertex", post(cloud::vertex))
         .route("/info", get(meta::info))
         .route("/embed", post(embed::embed))
         .route("/embed_all", post(embed::embed_all))
@@ -307,7 +306,7 @@ pub fn app(state: AppState) -> Router {
         .route_layer(middleware::from_fn_with_state(state.clone(), guard));
     // Probes and scrapers must work without the key.
     let public = Router::new()
-        .route("/", get(meta::health))
+        .route("/", get(meta::root_probe))
         .route("/health", get(meta::health))
         .route("/ping", get(meta::health))
         .route("/metrics", get(meta::metrics))

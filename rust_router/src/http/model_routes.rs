@@ -44,7 +44,12 @@ pub fn require(model_type: ModelType, needs: Needs, route: &str) -> Result<(), A
     if needs.accepts(model_type) {
         return Ok(());
     }
-    Err(unavailable(route, describe(model_type), model_type))
+    Err(not_served(model_type, route))
+}
+
+/// `route` is not one the model serves: 424 (TEI) / 400 (OpenAI), naming what it serves.
+pub fn not_served(model_type: ModelType, route: &str) -> ApiError {
+    unavailable(route, describe(model_type), model_type)
 }
 
 /// `/embed_sparse`: the runtime serves no SPLADE models.

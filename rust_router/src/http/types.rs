@@ -50,10 +50,18 @@ impl Input {
 const INPUT_SHAPES: &str =
     "a string, a list of strings, a list of token ids or a list of lists of token ids";
 
+/// A token id: an integer from 0 to `u32::MAX`, written as `7` or `7.0` (JSON Schema calls
+/// both integers, and some clients serialize whole numbers as floats).
+fn token_id(x: &Value) -> Option<u32> {
+    x.as_u64().and_then(|n| u32::try_from(n).ok()).or_else(|| {
+        x.as_f64()
+            .filter(|f| f.fract() == 0.0 && (0.0..=u32::MAX as f64).contains(f))
+            .map(|f| f as u32)
+    })
+}
+
 fn ids_from(v: &[Value]) -> Option<Vec<u32>> {
-    v.iter()
-        .map(|x| x.as_u64().and_then(|n| u32::try_from(n).ok()))
-        .collect()
+    v.iter().map(token_id).collect()
 }
 
 impl TryFrom<Value> for Input {
@@ -430,8 +438,7 @@ const IDS_SHAPES: &str = "a list of token ids or a list of lists of token ids";
 fn token_ids(v: &[Value]) -> Result<Vec<u32>, String> {
     v.iter()
         .map(|x| {
-            x.as_u64()
-                .and_then(|n| u32::try_from(n).ok())
+            token_id(x)
                 .ok_or_else(|| format!("token ids are integers from 0 to {}, got {x}", u32::MAX))
         })
         .collect()
@@ -603,6 +610,8 @@ mod tests {
         use InputType::*;
         assert_eq!(input(json!("a")), Ok(Input::Single(String("a".into()))));
         assert_eq!(input(json!([1, 2])), Ok(Input::Single(Ids(vec![1, 2]))));
+        assert_eq!(input(json!([1.0, 2])), Ok(Input::Single(Ids(vec![1, 2]))));
+        assert!(input(json!([1.5])).is_err());
         assert_eq!(
             input(json!(["a", [3]])),
             Ok(Input::Batch(vec![String("a".into()), Ids(vec![3])]))

@@ -1,0 +1,219 @@
+//! Routes that take the body of whichever route the model serves: `POST /`, SageMaker's
+//! `POST /invocations` (with `GET /ping`, the health probe) and Vertex AI's `POST /vertex`
+//! (`{"instances": [body, ...]}` → `{"predictions": [answer, ...]}`).
+
+use super::classify::{predict, rerank};
+use super::embed::{embed, similarity};
+use super::error::{ApiError, Body, ErrorResponse, TeiJson};
+use super::model_routes::{not_served, require, Needs};
+use super::types::{EmbedRequest, PredictRequest};
+use super::AppState;
+use crate::backend::ModelType;
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use futures_util::future::join_all;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use utoipa::openapi::schema::{AnyOfBuilder, Ref, Schema};
+use utoipa::openapi::RefOr;
+use utoipa::ToSchema;
+
+/// `anyOf` the named component schemas: one body can fit several of them
+/// (`{"inputs": "text"}` is an `/embed` and a `/predict` body), which `oneOf` would forbid.
+fn any_of(names: &[&str]) -> RefOr<Schema> {
+    names
+        .iter()
+        .fold(AnyOfBuilder::new(), |any, name| {
+            any.item(Ref::from_schema_name(*name))
+        })
+        .into()
+}
+
+/// Documentation-only: the body of `/embed`, `/similarity`, `/predict` or `/rerank`.
+pub struct InvocationDoc;
+
+impl utoipa::PartialSchema for InvocationDoc {
+    fn schema() -> RefOr<Schema> {
+        any_of(&[
+            "EmbedRequest",
+            "SimilarityRequest",
+            "PredictRequest",
+            "RerankRequest",
+        ])
+    }
+}
+
+impl ToSchema for InvocationDoc {}
+
+/// Documentation-only: the answer of that route.
+pub struct InvocationAnswerDoc;
+
+impl utoipa::PartialSchema for InvocationAnswerDoc {
+    fn schema() -> RefOr<Schema> {
+        any_of(&[
+            "EmbedResponse",
+            "SimilarityResponse",
+            "PredictResponse",
+            "RerankResponse",
+        ])
+    }
+}
+
+impl ToSchema for InvocationAnswerDoc {}
+
+#[derive(Debug, Deserialize, ToSchema)]
+pub struct VertexRequest {
+    /// One body per instance, each as `POST /` takes it.
+    #[schema(value_type = Vec<InvocationDoc>, min_items = 1)]
+    pub instances: Vec<Value>,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct VertexResponse {
+    /// One answer per instance, in order.
+    #[schema(value_type = Vec<InvocationAnswerDoc>)]
+    pub predictions: Vec<Value>,
+}
+
+fn bad_json(err: serde_json::Error) -> Response {
+    ApiError::validation(format!("Failed to parse the JSON body: {err}")).into_response()
+}
+
+/// Runs `body` on the route it is shaped for. A rerank body (`query` + `texts`) and a
+/// similarity body (`inputs: {source_sentence, ...}`) are told by their fields; any other
+/// body is the model's own route's (`/embed`, or `/predict` for classifiers and rerankers).
+/// A body of a route the model does not serve is 424, like that route itself.
+pub(crate) async fn dispatch(state: AppState, body: Value) -> Response {
+    let model = state.infer.info().model_type;
+    let is_rerank = body.get("query").is_some() && body.get("texts").is_some();
+    let is_similarity = body
+        .get("inputs")
+        .is_some_and(|i| i.is_object() && i.get("source_sentence").is_some());
+    if is_rerank {
+        if let Err(e) = require(model, Needs::Reranker, "/rerank") {
+            return e.into_response();
+        }
+        return match serde_json::from_value(body) {
+            Ok(r) => rerank(State(state), Body(r)).await,
+            Err(e) => bad_json(e),
+        };
+    }
+    if is_similarity {
+        if let Err(e) = require(model, Needs::Embedding, "/similarity") {
+            return e.into_response();
+        }
+        return match serde_json::from_value(body) {
+            Ok(r) => similarity(State(state), Body(r)).await,
+            Err(e) => bad_json(e),
+        };
+    }
+    if model == ModelType::Embedding {
+        match serde_json::from_value::<EmbedRequest>(body.clone()) {
+            Ok(r) => embed(State(state), Body(r)).await,
+            Err(_) if serde_json::from_value::<PredictRequest>(body).is_ok() => {
+                not_served(model, "/predict").into_response()
+            }
+            Err(e) => bad_json(e),
+        }
+    } else {
+        match serde_json::from_value::<PredictRequest>(body.clone()) {
+            Ok(r) => predict(State(state), Body(r)).await,
+            Err(_) if serde_json::from_value::<EmbedRequest>(body).is_ok() => {
+                not_served(model, "/embed").into_response()
+            }
+            Err(e) => bad_json(e),
+        }
+    }
+}
+
+/// The body of `/embed`, `/similarity`, `/predict` or `/rerank`, by model type.
+#[utoipa::path(
+    post, path = "/", tag = "Text Embeddings Inference",
+    request_body = InvocationDoc,
+    responses(
+        (status = 200, description = "The answer of the route the body is for", body = InvocationAnswerDoc),
+        (status = 400, description = "Empty input", body = ErrorResponse),
+        (status = 401, description = "Missing or invalid API key (with `--api-key`)", body = ErrorResponse),
+        (status = 408, description = "The request body did not arrive within `--body-read-timeout`", body = ErrorResponse),
+        (status = 413, description = "The request body is over `--payload-limit`", body = ErrorResponse),
+        (status = 422, description = "Invalid input (as the route the body is for)", body = ErrorResponse),
+        (status = 424, description = "Inference failed, or the body is for a route the model does not serve", body = ErrorResponse),
+        (status = 429, description = "Model is overloaded", body = ErrorResponse),
+        (status = 503, description = "The model cannot run, or the server is shutting down", body = ErrorResponse),
+    )
+)]
+pub async fn root(State(state): State<AppState>, req: TeiJson<Value>) -> Response {
+    dispatch(state, req.0).await
+}
+
+/// SageMaker's inference route: the same as `POST /`.
+#[utoipa::path(
+    post, path = "/invocations", tag = "Text Embeddings Inference",
+    request_body = InvocationDoc,
+    responses(
+        (status = 200, description = "The answer of the route the body is for", body = InvocationAnswerDoc),
+        (status = 400, description = "Empty input", body = ErrorResponse),
+        (status = 401, description = "Missing or invalid API key (with `--api-key`)", body = ErrorResponse),
+        (status = 408, description = "The request body did not arrive within `--body-read-timeout`", body = ErrorResponse),
+        (status = 413, description = "The request body is over `--payload-limit`", body = ErrorResponse),
+        (status = 422, description = "Invalid input (as the route the body is for)", body = ErrorResponse),
+        (status = 424, description = "Inference failed, or the body is for a route the model does not serve", body = ErrorResponse),
+        (status = 429, description = "Model is overloaded", body = ErrorResponse),
+        (status = 503, description = "The model cannot run, or the server is shutting down", body = ErrorResponse),
+    )
+)]
+pub async fn invocations(State(state): State<AppState>, req: TeiJson<Value>) -> Response {
+    dispatch(state, req.0).await
+}
+
+/// Vertex AI's prediction route: each instance runs as `POST /` would run it (at the same
+/// time, so they batch together); the first failing instance's error is the answer.
+#[utoipa::path(
+    post, path = "/vertex", tag = "Text Embeddings Inference",
+    request_body = VertexRequest,
+    responses(
+        (status = 200, description = "One prediction per instance", body = VertexResponse),
+        (status = 400, description = "No instances, or an empty input", body = ErrorResponse),
+        (status = 401, description = "Missing or invalid API key (with `--api-key`)", body = ErrorResponse),
+        (status = 408, description = "The request body did not arrive within `--body-read-timeout`", body = ErrorResponse),
+        (status = 413, description = "The request body is over `--payload-limit`", body = ErrorResponse),
+        (status = 422, description = "Invalid input: more instances than `--max-client-batch-size`, or an invalid instance", body = ErrorResponse),
+        (status = 424, description = "Inference failed, or an instance is for a route the model does not serve", body = ErrorResponse),
+        (status = 429, description = "Model is overloaded", body = ErrorResponse),
+        (status = 503, description = "The model cannot run, or the server is shutting down", body = ErrorResponse),
+    )
+)]
+pub async fn vertex(State(state): State<AppState>, req: TeiJson<VertexRequest>) -> Response {
+    let instances = req.0.instances;
+    if let Err(e) = state.check_batch(instances.len(), "instances") {
+        return e.into_response();
+    }
+    let answers = join_all(
+        instances
+            .into_iter()
+            .map(|body| dispatch(state.clone(), body)),
+    )
+    .await;
+    let mut predictions = Vec::with_capacity(answers.len());
+    for answer in answers {
+        if !answer.status().is_success() {
+            return answer;
+        }
+        let bytes = match axum::body::to_bytes(answer.into_body(), usize::MAX).await {
+            Ok(bytes) => bytes,
+            Err(e) => {
+                return ApiError::new(super::error::ErrorType::Backend, e.to_string())
+                    .into_response()
+            }
+        };
+        match serde_json::from_slice(&bytes) {
+            Ok(value) => predictions.push(value),
+            Err(e) => {
+                return ApiError::new(super::error::ErrorType::Backend, e.to_string())
+                    .into_response()
+            }
+        }
+    }
+    Json(VertexResponse { predictions }).into_response()
+}
