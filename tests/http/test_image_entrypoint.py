@@ -17,7 +17,6 @@ import time
 from pathlib import Path
 
 import httpx
-import pytest
 from containerfile import read_image_config
 from router_harness import free_port
 
