@@ -72,8 +72,8 @@ def test_truncate_false_reports_limit_and_length(st_model):  # type: ignore[no-u
 def test_empty_and_bad_inputs(st_model):  # type: ignore[no-untyped-def]
     assert st_model.embed([]).shape == (0, 16)
     assert st_model.embed("one text").shape == (1, 16)
-    with pytest.raises(InputError, match="embed takes strings"):
-        st_model.embed([1, 2])  # type: ignore[list-item]
+    with pytest.raises(InputError, match="input 1 must be a string, got int"):
+        st_model.embed(["fine", 2])  # type: ignore[list-item]
     with pytest.raises(InputError, match="dimensions must be between 1 and 16"):
         st_model.embed(TEXTS, dimensions=17)
 
@@ -117,3 +117,16 @@ def test_token_budget_batches_longest_first_within_budget():
     # A sequence over the budget still runs, alone.
     assert token_budget_batches([12, 1], 10) == [[0], [1]]
     assert token_budget_batches([], 10) == []
+
+
+def test_embed_ids_on_tokenize_equals_embed(st_model):  # type: ignore[no-untyped-def]
+    ids = st_model.tokenize(TEXTS)
+    np.testing.assert_allclose(st_model.embed_ids(ids), st_model.embed(TEXTS), atol=1e-6)
+    np.testing.assert_allclose(
+        st_model.embed_ids(ids, dimensions=8, normalize=False),
+        st_model.embed(TEXTS, dimensions=8, normalize=False),
+        atol=1e-6,
+    )
+    assert st_model.embed_ids([]).shape == (0, 16)
+    with pytest.raises(InputError, match="input 1 is empty after tokenization"):
+        st_model.embed_ids([ids[0], []])

@@ -21,3 +21,9 @@ class UnsupportedArchitectureError(CheckpointError):
 
 class InputError(RuntimeErrorBase, ValueError):
     """A caller passed bad input (too long with truncation off, bad dimensions, ...)."""
+
+
+class DeviceError(RuntimeErrorBase, RuntimeError):
+    """The device itself failed (a CUDA error, a lost GPU), not the input: the batch it was
+    running is lost and the device should take no more work. The router marks the device
+    unhealthy when it sees this class."""

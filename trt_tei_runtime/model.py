@@ -78,11 +78,45 @@ class Model:
             raise InputError(
                 f"dimensions must be between 1 and {self.info.hidden_size}, got {dimensions}"
             )
+        ids = self.tokenize(texts, prompt_name=prompt_name, truncate=truncate)
+        return self.embed_ids(
+            ids, normalize=normalize, dimensions=dimensions, show_progress_bar=show_progress_bar
+        )
+
+    def tokenize(
+        self,
+        texts: str | Sequence[str],
+        *,
+        prompt_name: str | None = None,
+        truncate: bool = True,
+    ) -> list[list[int]]:
+        """Token ids of each text as `embed` feeds them to the model (prompt and special
+        tokens included, truncated to the model's limit unless `truncate=False`)."""
+        texts = [texts] if isinstance(texts, str) else list(texts)
         prompt = self._prompt(prompt_name)
-        if any(not isinstance(t, str) for t in texts):
-            raise InputError("embed takes strings")
-        outputs = self._run(
-            [prompt + t for t in texts], truncate, show_progress_bar, self._model.embed
+        for i, text in enumerate(texts):
+            if not isinstance(text, str):
+                raise InputError(f"input {i} must be a string, got {type(text).__name__}")
+        return [
+            e.ids for e in self.tokenizer.encode([prompt + t for t in texts], truncate=truncate)
+        ]
+
+    def embed_ids(
+        self,
+        ids: Sequence[Sequence[int]],
+        normalize: bool = True,
+        dimensions: int | None = None,
+        show_progress_bar: bool | None = None,
+    ) -> np.ndarray:
+        """`embed` on token ids from `tokenize` (or any tokenizer of the model's vocabulary):
+        `(n, dim)` float32. Every sequence needs at least one token."""
+        if dimensions is not None and not 0 < dimensions <= self.info.hidden_size:
+            raise InputError(
+                f"dimensions must be between 1 and {self.info.hidden_size}, got {dimensions}"
+            )
+        ids = [list(seq) for seq in ids]
+        outputs = self._run_ids(
+            ids, [[0] * len(seq) for seq in ids], show_progress_bar, self._model.embed
         )
         if outputs is None:
             return np.zeros((0, dimensions or self.info.hidden_size), dtype=np.float32)
@@ -152,14 +186,20 @@ class Model:
             if suffix:
                 ids[i] = self._with_suffix(ids[i], suffix, truncate, i)
                 type_ids[i] = [0] * len(ids[i])
+        return self._run_ids(ids, type_ids, show_progress_bar, forward)
+
+    def _run_ids(self, ids, type_ids, show_progress_bar, forward):  # type: ignore[no-untyped-def]
+        """Runs token-budget batches longest first; rows come back in input order."""
+        if not ids:
+            return None
         lengths = [len(s) for s in ids]
         for i, n in enumerate(lengths):
             if n == 0:
                 raise InputError(f"input {i} is empty after tokenization")
         batches = token_budget_batches(lengths, self.max_batch_tokens)
-        results: list[torch.Tensor | None] = [None] * len(items)
+        results: list[torch.Tensor | None] = [None] * len(ids)
         progress = tqdm(
-            total=len(items),
+            total=len(ids),
             disable=(not show_progress_bar)
             if show_progress_bar is not None
             else (len(batches) < 2 or None),
