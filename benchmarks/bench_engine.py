@@ -24,9 +24,9 @@ import torch
 from shapes import BF16_LIMIT_TOKENS_PER_S, write_random_checkpoint
 
 from trt_tei_runtime.batch import PackedBatch, token_budget_batches
-from trt_tei_runtime.inference import load_inference_model
 from trt_tei_runtime.layers import triton_attention
 from trt_tei_runtime.layers.fp8 import quantize_linears
+from trt_tei_runtime.runtime import Executor, load_model
 
 H200_BF16_GEMM_TFLOPS = 795.0  # BENCHMARKS.md's ceiling, which the limits assume
 
@@ -149,19 +149,19 @@ def bench_shape(  # type: ignore[no-untyped-def]
         reference_out = None
         for label, graphs, quantize, fa2 in variants:
             with flash_attention_2() if fa2 else contextlib.nullcontext():
-                model = load_inference_model(
+                loaded = load_model(
                     folder,
                     device="cuda",
                     dtype=dtype,
                     pooling="mean",
-                    cuda_graphs=False,
                     max_num_tokens=max_batch_tokens,
                 )
                 if quantize:
-                    quantize_linears(model.network)
-                if graphs:
-                    model.enable_cuda_graphs(max_batch_tokens, 256)
-                vocab = model.network.vocab_size
+                    quantize_linears(loaded.network)
+                model = Executor(
+                    loaded, cuda_graphs=graphs, max_num_tokens=max_batch_tokens, max_batch_size=256
+                )
+                vocab = loaded.network.vocab_size
                 docs = random_ids(backfill_lengths(shape), vocab)
                 tokens = sum(len(d) for d in docs)
                 query = PackedBatch.from_sequences(
@@ -184,7 +184,7 @@ def bench_shape(  # type: ignore[no-untyped-def]
                         min_cos_vs_bf16=float(cosine.min()),
                     )
                 )
-            del model, fill, outputs
+            del model, loaded, fill, outputs
             torch.cuda.empty_cache()
 
         hf = (

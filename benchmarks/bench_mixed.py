@@ -10,7 +10,7 @@ queries alone (p50/p99), then both at once under each schedule:
 - `lanes`: what the router does when the runtime has an interactive lane — queries on
   their own thread, their own CUDA graphs and a highest-priority CUDA stream, while the
   backfill keeps running but pauses between layers while a query is in flight
-  (`engine.preemption`);
+  (`runtime.preemption`);
 - `ungated`: the same without the pause between layers (stream priority alone).
 Every batch's result is read back to the host, as the router does. Targets: query p99
 under load ≤ 3× idle p50, backfill ≥ 90 % of its solo tokens/s. Reports only; CUDA only.
@@ -33,8 +33,8 @@ from shapes import write_random_checkpoint
 
 from trt_tei_runtime.backend import LANE_SWITCH_INTERVAL_S
 from trt_tei_runtime.batch import PackedBatch, token_budget_batches
-from trt_tei_runtime.engine.preemption import LayerGate
-from trt_tei_runtime.inference import InferenceModel, InteractiveLane, load_inference_model
+from trt_tei_runtime.runtime import Executor, InteractiveLane, load_executor
+from trt_tei_runtime.runtime.preemption import LayerGate
 
 QUERY_TOKENS = 24
 QUERY_INTERVAL_S = 0.020
@@ -43,7 +43,7 @@ QUERY_INTERVAL_S = 0.020
 class Backfill:
     """Cycles over the backfill's batches, counting real tokens."""
 
-    def __init__(self, model: InferenceModel, docs: list[list[int]], batch_tokens: int) -> None:
+    def __init__(self, model: Executor, docs: list[list[int]], batch_tokens: int) -> None:
         groups = token_budget_batches([len(d) for d in docs], batch_tokens)
         offset = model.info.position_offset
         self.batches = [
@@ -69,10 +69,11 @@ def solo_backfill(backfill: Backfill, seconds: float) -> float:
     return backfill.tokens / (time.perf_counter() - start)
 
 
-def query_fn(model: InferenceModel, query: PackedBatch, interactive: bool) -> Callable[[], None]:
+def query_fn(model: Executor, query: PackedBatch, interactive: bool) -> Callable[[], None]:
     def run() -> None:
-        with model.lane(interactive):
-            model.embed(query, interactive=interactive).cpu()
+        lane = model.lane(interactive)
+        with lane.active():
+            model.embed(query, lane).cpu()
 
     return run
 
@@ -139,18 +140,21 @@ def bench(shape: str, batch_tokens: list[int], seconds: float) -> list[dict]:
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         folder = write_random_checkpoint(shape, Path(tmp) / shape)
-        model = load_inference_model(
+        model = load_executor(
             folder, device="cuda", dtype="bfloat16", max_num_tokens=max(batch_tokens)
         )
         assert model.interactive is not None
-        vocab = model.network.vocab_size
+        vocab = model.model.network.vocab_size
         docs = random_ids(backfill_lengths(shape), vocab)
         query = PackedBatch.from_sequences(
             random_ids([QUERY_TOKENS], vocab, seed=2), position_offset=model.info.position_offset
         )
         gated = model.interactive
         # A gate attached to no layer never pauses the backfill.
-        ungated = InteractiveLane(gated.stream, gated.graphs, LayerGate())
+        assert gated.graphs is not None
+        ungated = InteractiveLane(
+            model.model.network, model.device, graphs=gated.graphs, gate=LayerGate()
+        )
         idle = query_latencies(query_fn(model, query, True), 200)
         for budget in batch_tokens:
             backfill = Backfill(model, docs, budget)

@@ -23,7 +23,7 @@ from shapes import write_random_checkpoint
 from torch.profiler import ProfilerActivity, profile
 
 from trt_tei_runtime.batch import PackedBatch
-from trt_tei_runtime.inference import load_inference_model
+from trt_tei_runtime.runtime import load_executor
 
 # First match wins; kernel names as CUDA reports them.
 FAMILIES = [
@@ -85,10 +85,10 @@ def main() -> None:
     for shape in args.shapes.split(","):
         with tempfile.TemporaryDirectory() as tmp:
             folder = write_random_checkpoint(shape, Path(tmp) / shape)
-            model = load_inference_model(
+            model = load_executor(
                 folder, device="cuda", dtype="bfloat16", max_num_tokens=args.batch_tokens
             )
-            vocab = model.network.vocab_size
+            vocab = model.model.network.vocab_size
             offset = model.info.position_offset
             lengths, total = [], 0
             gen = torch.Generator().manual_seed(0)

@@ -6,7 +6,7 @@ The router's inference time for one 24-token query is more than the GPU time of 
 graph. This splits it, with the Backend the router uses (interactive lane included):
 - `Backend.embed` as the router calls it (uint32 buffers in, float32 numpy out), on the
   interactive lane and on the bulk lane;
-- `InferenceModel.embed` plus the read back, without the Backend;
+- `Executor.embed` plus the read back, without the Backend;
 - the bulk lane's graph replay alone, until the GPU is done, and its GPU time from CUDA
   events.
 Medians of `--reps` calls made in turn, in µs. Reports only; CUDA only.
@@ -59,7 +59,7 @@ def profile(name: str, folder: Path, reps: int) -> dict[str, float]:
         24,
     )
     batch = PackedBatch.from_arrays(*arrays)
-    graphs = model.graphs
+    graphs = model.bulk.graphs
     assert graphs is not None
 
     def replay_and_wait() -> None:
@@ -69,13 +69,15 @@ def profile(name: str, folder: Path, reps: int) -> dict[str, float]:
     def lane_replay_and_wait() -> None:
         lane = model.interactive
         assert lane is not None
+        assert lane.graphs is not None
         with torch.cuda.stream(lane.stream):
             lane.graphs.run(batch)
         lane.stream.synchronize()
 
     def model_embed(interactive: bool) -> None:
-        with model.lane(interactive):
-            model.embed(batch, interactive=interactive).cpu()
+        lane = model.lane(interactive)
+        with lane.active():
+            model.embed(batch, lane).cpu()
 
     rows = interleaved_medians_us(
         {

@@ -12,7 +12,7 @@ from safetensors.torch import load_file, save_file
 from tiny_checkpoints import make_checkpoint
 
 from trt_tei_runtime import CheckpointError, Model, UnsupportedArchitectureError, WeightError
-from trt_tei_runtime.inference import load_inference_model
+from trt_tei_runtime.runtime import load_executor
 
 
 @pytest.fixture(scope="module")
@@ -39,31 +39,31 @@ def _edit_config(folder: Path, **changes) -> None:  # type: ignore[no-untyped-de
 
 def test_missing_folder():
     with pytest.raises(CheckpointError, match="model folder './nope/here' does not exist"):
-        load_inference_model("./nope/here")
+        load_executor("./nope/here")
 
 
 def test_missing_config(bad_dir):  # type: ignore[no-untyped-def]
     (bad_dir / "config.json").unlink()
     with pytest.raises(CheckpointError, match="missing file config.json"):
-        load_inference_model(bad_dir)
+        load_executor(bad_dir)
 
 
 def test_malformed_config(bad_dir):  # type: ignore[no-untyped-def]
     (bad_dir / "config.json").write_text("{not json")
     with pytest.raises(CheckpointError, match=r"malformed JSON in .*config\.json"):
-        load_inference_model(bad_dir)
+        load_executor(bad_dir)
 
 
 def test_config_field_of_wrong_type(bad_dir):  # type: ignore[no-untyped-def]
     _edit_config(bad_dir, hidden_size="big")
     with pytest.raises(CheckpointError, match="field 'hidden_size' must be an integer, got 'big'"):
-        load_inference_model(bad_dir)
+        load_executor(bad_dir)
 
 
 def test_unsupported_architecture_lists_supported(bad_dir):  # type: ignore[no-untyped-def]
     _edit_config(bad_dir, architectures=["T5EncoderModel"])
     with pytest.raises(UnsupportedArchitectureError) as err:
-        load_inference_model(bad_dir)
+        load_executor(bad_dir)
     message = str(err.value)
     assert "'T5EncoderModel' is not supported" in message
     assert "BertModel" in message and "XLMRobertaForSequenceClassification" in message
@@ -72,7 +72,7 @@ def test_unsupported_architecture_lists_supported(bad_dir):  # type: ignore[no-u
 def test_missing_weights_file(bad_dir):  # type: ignore[no-untyped-def]
     (bad_dir / "model.safetensors").unlink()
     with pytest.raises(CheckpointError, match="no weights in .*model.safetensors"):
-        load_inference_model(bad_dir)
+        load_executor(bad_dir)
 
 
 def test_missing_tensor_is_named(bad_dir):  # type: ignore[no-untyped-def]
@@ -80,7 +80,7 @@ def test_missing_tensor_is_named(bad_dir):  # type: ignore[no-untyped-def]
     with pytest.raises(
         WeightError, match="missing tensor 'encoder.layer.1.attention.self.key.weight'"
     ):
-        load_inference_model(bad_dir)
+        load_executor(bad_dir)
 
 
 def test_wrong_shape_is_named(bad_dir):  # type: ignore[no-untyped-def]
@@ -93,7 +93,7 @@ def test_wrong_shape_is_named(bad_dir):  # type: ignore[no-untyped-def]
         match=r"tensor 'encoder.layer.0.intermediate.dense.weight' .* has shape \(60, 32\), "
         r"expected \(64, 32\)",
     ):
-        load_inference_model(bad_dir)
+        load_executor(bad_dir)
 
 
 def test_unexpected_tensor_is_named(bad_dir):  # type: ignore[no-untyped-def]
@@ -103,7 +103,7 @@ def test_unexpected_tensor_is_named(bad_dir):  # type: ignore[no-untyped-def]
     with pytest.raises(
         WeightError, match="unexpected tensors .*'encoder.layer.2.output.dense.weight'"
     ):
-        load_inference_model(bad_dir)
+        load_executor(bad_dir)
 
 
 def test_missing_tokenizer(bad_dir):  # type: ignore[no-untyped-def]
@@ -117,14 +117,14 @@ def test_malformed_pooling_config(bad_dir):  # type: ignore[no-untyped-def]
         json.dumps({"pooling_mode_max_tokens": True})
     )
     with pytest.raises(CheckpointError, match=r"1_Pooling/config.json: unsupported pooling"):
-        load_inference_model(bad_dir)
+        load_executor(bad_dir)
 
 
 def test_hub_id_offline_fails_clearly(monkeypatch, tmp_path):  # type: ignore[no-untyped-def]
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
     with pytest.raises(CheckpointError) as err:
-        load_inference_model("some-org/not-cached-model", revision="main")
+        load_executor("some-org/not-cached-model", revision="main")
     message = str(err.value)
     assert "cannot fetch model 'some-org/not-cached-model' at revision 'main'" in message
     assert "HF_HUB_OFFLINE" in message
@@ -167,4 +167,4 @@ def test_sharded_checkpoint_loads(bad_dir):  # type: ignore[no-untyped-def]
     with pytest.raises(
         CheckpointError, match="missing weight file model-00002-of-00002.safetensors"
     ):
-        load_inference_model(bad_dir)
+        load_executor(bad_dir)

@@ -25,8 +25,8 @@ from tokenizers import Tokenizer, models
 from trt_tei_runtime import CheckpointError, InputError, Model, UnsupportedArchitectureError
 from trt_tei_runtime.batch import PackedBatch
 from trt_tei_runtime.errors import WeightError
-from trt_tei_runtime.inference import load_inference_model
 from trt_tei_runtime.models.llama import last_token_indices
+from trt_tei_runtime.runtime import load_executor
 from trt_tei_runtime.templates import QWEN3_RERANKER
 
 LLAMA3_ROPE = {
@@ -79,7 +79,7 @@ def _packed(ids: list[list[int]]) -> PackedBatch:
 def test_hidden_states_match_transformers(checkpoints, case):  # type: ignore[no-untyped-def]
     arch, overrides = EMBEDDER_CASES[case]
     folder = checkpoints(case, arch, **overrides)
-    model = load_inference_model(folder)
+    model = load_executor(folder)
     assert model.info.pooling == "last-token"
     ids = random_ids(LENGTHS, seed=1)
     ours = model.hidden_states(_packed(ids))
@@ -94,7 +94,7 @@ def test_hidden_states_match_transformers(checkpoints, case):  # type: ignore[no
 @pytest.mark.parametrize("case", sorted(EMBEDDER_CASES))
 def test_batch_equals_one_by_one(checkpoints, case):  # type: ignore[no-untyped-def]
     arch, overrides = EMBEDDER_CASES[case]
-    model = load_inference_model(checkpoints(case, arch, **overrides))
+    model = load_executor(checkpoints(case, arch, **overrides))
     ids = random_ids([3, 70], seed=2)
     batch = model.hidden_states(_packed(ids))
     single = torch.cat([model.hidden_states(_packed([s])) for s in ids])
@@ -119,8 +119,8 @@ def test_rope_scaling_and_sliding_window_are_not_ignored(checkpoints):  # type: 
         config["sliding_window"] = None
         config.pop("layer_types", None)
         (plain / "config.json").write_text(json.dumps(config))
-        a = load_inference_model(folder).hidden_states(_packed(ids))
-        b = load_inference_model(plain).hidden_states(_packed(ids))
+        a = load_executor(folder).hidden_states(_packed(ids))
+        b = load_executor(plain).hidden_states(_packed(ids))
         assert (a - b).abs().max() > 1e-3, case
 
 
@@ -147,7 +147,7 @@ def _ids_with_padding() -> list[list[int]]:
 @pytest.mark.parametrize("arch", sorted(CLASSIFIER_CASES))
 def test_classifier_logits_match_transformers(checkpoints, arch):  # type: ignore[no-untyped-def]
     folder = checkpoints(arch, arch, **CLASSIFIER_CASES[arch])
-    model = load_inference_model(folder)
+    model = load_executor(folder)
     labels = CLASSIFIER_CASES[arch]["num_labels"]
     assert model.info.num_labels == labels
     assert model.info.model_type == ("reranker" if labels == 1 else "classifier")
@@ -162,7 +162,7 @@ def test_classifier_logits_match_transformers(checkpoints, arch):  # type: ignor
 
 def test_multi_label_head_scores_with_sigmoid(checkpoints):  # type: ignore[no-untyped-def]
     arch = "Qwen3ForSequenceClassification"
-    model = load_inference_model(checkpoints(arch, arch, **CLASSIFIER_CASES[arch]))
+    model = load_executor(checkpoints(arch, arch, **CLASSIFIER_CASES[arch]))
     assert model.info.score_activation == "sigmoid"
     assert model.info.id2label == {str(i): f"label_{i}" for i in range(4)}
 
@@ -171,7 +171,7 @@ def test_classifier_without_pad_token_reads_last_token(tmp_path):  # type: ignor
     arch = "LlamaForSequenceClassification"
     folder = make_decoder_checkpoint(tmp_path, arch, num_labels=2, pad_token_id=None)
     ids = _ids_with_padding()[:3]
-    ours = load_inference_model(folder).predict(_packed(ids))
+    ours = load_executor(folder).predict(_packed(ids))
     expected = torch.stack(hf_decoder_outputs(folder, ids))
     assert (ours - expected).abs().max() <= 1e-4
 
@@ -311,24 +311,24 @@ def test_unsupported_rope_type_is_named(tmp_path):  # type: ignore[no-untyped-de
     folder = make_decoder_checkpoint(tmp_path, "LlamaModel")
     _edit_config(folder, rope_parameters={"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e4})
     with pytest.raises(CheckpointError, match="rope type 'yarn' is not supported"):
-        load_inference_model(folder)
+        load_executor(folder)
 
 
 def test_llama3_rope_without_factors_is_named(tmp_path):  # type: ignore[no-untyped-def]
     folder = make_decoder_checkpoint(tmp_path, "LlamaModel")
     _edit_config(folder, rope_parameters=None, rope_scaling={"rope_type": "llama3", "factor": 8})
     with pytest.raises(CheckpointError, match="needs a number 'low_freq_factor'"):
-        load_inference_model(folder)
+        load_executor(folder)
 
 
 def test_bad_head_counts_and_layer_types(tmp_path):  # type: ignore[no-untyped-def]
     folder = make_decoder_checkpoint(tmp_path, "Gemma2Model")
     _edit_config(folder, layer_types=["full_attention"])
     with pytest.raises(CheckpointError, match="layer_types has 1 entries for 3 layers"):
-        load_inference_model(folder)
+        load_executor(folder)
     _edit_config(folder, layer_types=None, num_key_value_heads=3)
     with pytest.raises(CheckpointError, match="not a multiple of num_key_value_heads 3"):
-        load_inference_model(folder)
+        load_executor(folder)
 
 
 def test_wrong_family_fails_on_the_missing_tensor(tmp_path):  # type: ignore[no-untyped-def]
@@ -336,18 +336,18 @@ def test_wrong_family_fails_on_the_missing_tensor(tmp_path):  # type: ignore[no-
         make_decoder_checkpoint(tmp_path, "LlamaModel"), architectures=["Qwen3Model"]
     )
     with pytest.raises(WeightError, match="layers.0.self_attn.q_norm.weight"):
-        load_inference_model(folder)
+        load_executor(folder)
 
 
 def test_task_errors(tmp_path, checkpoints):  # type: ignore[no-untyped-def]
     arch, overrides = YES_NO_CASES["qwen3-untied"]
     folder = checkpoints("yes-no-qwen3-untied", arch, **overrides)
     with pytest.raises(InputError, match="unknown task 'rerank'"):
-        load_inference_model(folder, task="rerank")
+        load_executor(folder, task="rerank")
     arch, overrides = EMBEDDER_CASES["qwen3"]
     qwen3_base = checkpoints("qwen3", arch, **overrides)
     with pytest.raises(UnsupportedArchitectureError, match="does not apply to architecture"):
-        load_inference_model(qwen3_base, task="rerank-yes-no")
+        load_executor(qwen3_base, task="rerank-yes-no")
     # A tokenizer without a "yes" token cannot score yes/no.
     no_yes = tmp_path / "no-yes"
     no_yes.mkdir()
@@ -357,4 +357,4 @@ def test_task_errors(tmp_path, checkpoints):  # type: ignore[no-untyped-def]
     word_level = Tokenizer(models.WordLevel({"<unk>": 0, "no": 1, "maybe": 2}, unk_token="<unk>"))
     word_level.save(str(no_yes / "tokenizer.json"))
     with pytest.raises(CheckpointError, match="has no token 'yes'"):
-        load_inference_model(no_yes, task="rerank-yes-no")
+        load_executor(no_yes, task="rerank-yes-no")

@@ -14,7 +14,7 @@ from test_decoders import LLAMA3_ROPE, QUERY, _model_card_ids
 
 from trt_tei_runtime import Model
 from trt_tei_runtime.batch import PackedBatch
-from trt_tei_runtime.inference import load_inference_model
+from trt_tei_runtime.runtime import load_executor
 
 pytestmark = pytest.mark.gpu
 
@@ -44,11 +44,11 @@ CLASSIFIERS = {
 def test_decoder_bf16_hidden_states(tmp_path, case, graphs):  # type: ignore[no-untyped-def]
     arch, overrides = EMBEDDERS[case]
     folder = make_decoder_checkpoint(tmp_path, arch, **overrides)
-    model = load_inference_model(
+    model = load_executor(
         folder, device="cuda", dtype="bfloat16", cuda_graphs=graphs, max_num_tokens=512
     )
-    assert (model.graphs is not None) == graphs
-    assert model._use_flash, "bfloat16 on CUDA must use varlen FlashAttention"
+    assert (model.bulk.graphs is not None) == graphs
+    assert model.bulk.packed_attention, "bfloat16 on CUDA must use varlen FlashAttention"
     ids = random_ids(LENGTHS, seed=1)
     ours = model.hidden_states(PackedBatch.from_sequences(ids)).float().cpu()
     expected = torch.cat(hf_decoder_outputs(folder, ids))
@@ -60,7 +60,7 @@ def test_decoder_bf16_hidden_states(tmp_path, case, graphs):  # type: ignore[no-
 @pytest.mark.parametrize("arch", sorted(CLASSIFIERS))
 def test_decoder_bf16_classifier_logits(tmp_path, arch):  # type: ignore[no-untyped-def]
     folder = make_decoder_checkpoint(tmp_path, arch, num_labels=CLASSIFIERS[arch])
-    model = load_inference_model(folder, device="cuda", dtype="bfloat16")
+    model = load_executor(folder, device="cuda", dtype="bfloat16")
     ids = random_ids(LENGTHS, seed=2)
     ours = model.predict(PackedBatch.from_sequences(ids)).cpu()
     expected = torch.stack(hf_decoder_outputs(folder, ids))
@@ -86,8 +86,8 @@ def test_decoder_fp32_on_gpu_matches_cpu(tmp_path, case):  # type: ignore[no-unt
     arch, overrides = EMBEDDERS[case]
     folder = make_decoder_checkpoint(tmp_path, arch, **overrides)
     ids = random_ids(LENGTHS, seed=3)
-    gpu = load_inference_model(folder, device="cuda", dtype="float32")
-    cpu = load_inference_model(folder, device="cpu")
+    gpu = load_executor(folder, device="cuda", dtype="float32")
+    cpu = load_executor(folder, device="cpu")
     a = gpu.hidden_states(PackedBatch.from_sequences(ids)).cpu()
     b = cpu.hidden_states(PackedBatch.from_sequences(ids))
     assert cosine(a, b).min() >= 0.99999
@@ -112,7 +112,7 @@ def test_triton_attention_matches_padded_reference(head_dim, causal, window, sof
     v = torch.randn(tokens, 2, head_dim, device="cuda", dtype=torch.bfloat16)
     kwargs = dict(causal=causal, sliding_window=window, scale=0.2, softcap=softcap)
     ours = triton_attention(q, k, v, cu, max(lengths), **kwargs).float()
-    meta = attention.AttentionMetadata.build(cu, max(lengths), use_flash=False)
+    meta = attention.AttentionMetadata.build(cu, max(lengths), packed=False)
     ref = attention.varlen_attention(q.float(), k.float(), v.float(), meta, **kwargs)
     assert (ours - ref).abs().max() <= 2e-2
     assert cosine(ours.flatten(1), ref.flatten(1)).min() >= 0.9999

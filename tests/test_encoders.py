@@ -10,7 +10,7 @@ from tiny_checkpoints import make_checkpoint
 
 from trt_tei_runtime import Model
 from trt_tei_runtime.batch import PackedBatch
-from trt_tei_runtime.inference import load_inference_model
+from trt_tei_runtime.runtime import load_executor
 
 TEXTS = [
     "the cat",
@@ -40,7 +40,7 @@ def test_embedder_matches_transformers(embedder_dir, pooling):  # type: ignore[n
 
     # Per-token states of the whole packed batch against each sequence alone.
     batch = PackedBatch.from_sequences(ids, [e.type_ids for e in enc], model.info.position_offset)
-    hidden = model._model.hidden_states(batch)
+    hidden = model.executors[0].hidden_states(batch)
     for i, ref in enumerate(refs):
         ours = hidden[batch.cu_seqlens[i] : batch.cu_seqlens[i + 1]]
         assert cosine(ours, ref).min() >= 0.99999, (i, cosine(ours, ref))
@@ -114,6 +114,6 @@ def test_reranker_cannot_embed_and_embedder_cannot_rerank(tmp_path, embedder_dir
 
 
 def test_position_offset_is_padding_index_plus_one(tmp_path):  # type: ignore[no-untyped-def]
-    model = load_inference_model(make_checkpoint(tmp_path, "XLMRobertaModel"))
+    model = load_executor(make_checkpoint(tmp_path, "XLMRobertaModel"))
     assert model.info.position_offset == 2
     assert model.info.max_input_length == 128  # 130 positions minus the offset

@@ -15,7 +15,7 @@ from trt_tei_runtime import Model
 from trt_tei_runtime.engine import BuilderConfig, BuilderConfigError
 from trt_tei_runtime.engine.build import BuildRefusedError, build_engine
 from trt_tei_runtime.engine.cli import main as build_cli
-from trt_tei_runtime.engine.graphs import bucket_slots
+from trt_tei_runtime.runtime.graphs import bucket_slots
 
 TEXTS = ["the cat", "a dog in paris reads a book by the river", "blue"]
 REPO = Path(__file__).resolve().parents[1]
@@ -103,7 +103,7 @@ def test_engine_round_trip_on_cpu(checkpoint, tmp_path):  # type: ignore[no-unty
     assert "layers.0.qkv.weight" in keys and not any("query" in k for k in keys)
 
     original, engine = Model(checkpoint), Model(engine_dir)
-    assert engine._model.engine_manifest is not None
+    assert engine.loaded_model.engine_manifest is not None
     np.testing.assert_array_equal(engine.embed(TEXTS), original.embed(TEXTS))
     assert engine.info.hidden_size == 16
 
@@ -173,7 +173,7 @@ def test_fp8_fallback_keeps_the_most_sensitive_linears(checkpoint, tmp_path):  #
 
     # The engine loads with exactly those linears in bf16, and gives the gate's figure.
     engine = Model(tmp_path / "mixed")
-    network = engine._model.network
+    network = engine.loaded_model.network
     for name, module in network.named_modules():
         if name.startswith("layers.") and isinstance(module, (Linear, Fp8Linear)):
             assert isinstance(module, Linear if name in kept else Fp8Linear), name

@@ -30,7 +30,7 @@ TEXTS = [
 def test_embedder_half_precision_on_gpu(tmp_path, arch, dtype):  # type: ignore[no-untyped-def]
     folder = make_checkpoint(tmp_path, arch, pooling="mean", hidden_size=64)
     model = Model(folder, device="cuda", dtype=dtype)
-    assert model._model._use_flash, "half precision on CUDA must use varlen FlashAttention"
+    assert model.executors[0].bulk.packed_attention, "half precision on CUDA: packed attention"
     enc = model.tokenizer.encode(TEXTS)
     refs = hf_encoder_outputs(folder, [e.ids for e in enc])
     expected = torch.stack([r.mean(0) for r in refs])

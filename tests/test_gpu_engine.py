@@ -18,8 +18,8 @@ from trt_tei_runtime.batch import PackedBatch
 from trt_tei_runtime.engine import BuilderConfig
 from trt_tei_runtime.engine.build import build_engine
 from trt_tei_runtime.engine.calibration import CALIBRATION_TEXTS
-from trt_tei_runtime.engine.graphs import bucket_ladder
-from trt_tei_runtime.inference import load_inference_model
+from trt_tei_runtime.runtime import load_executor
+from trt_tei_runtime.runtime.graphs import bucket_ladder
 
 pytestmark = pytest.mark.gpu
 MAX_TOKENS = 4096
@@ -44,11 +44,11 @@ def models(tmp_path_factory):  # type: ignore[no-untyped-def]
     folder = make_checkpoint(
         tmp_path_factory.mktemp("bert"), "BertModel", pooling="mean", hidden_size=64
     )
-    graphs = load_inference_model(
+    graphs = load_executor(
         folder, device="cuda", dtype="bfloat16", max_num_tokens=MAX_TOKENS, max_batch_size=64
     )
-    eager = load_inference_model(folder, device="cuda", dtype="bfloat16", cuda_graphs=False)
-    assert graphs.graphs is not None and eager.graphs is None
+    eager = load_executor(folder, device="cuda", dtype="bfloat16", cuda_graphs=False)
+    assert graphs.bulk.graphs is not None and eager.bulk.graphs is None
     return graphs, eager
 
 
@@ -58,8 +58,8 @@ def models(tmp_path_factory):  # type: ignore[no-untyped-def]
 )
 def test_graphs_equal_eager_at_bucket_boundaries(models, tokens):  # type: ignore[no-untyped-def]
     graphs, eager = models
-    batch = _batch(_lengths_for(tokens), graphs.network.vocab_size, seed=tokens)
-    runner = graphs.graphs
+    batch = _batch(_lengths_for(tokens), graphs.model.network.vocab_size, seed=tokens)
+    runner = graphs.bulk.graphs
     assert runner is not None
     # Beyond the graph limit (2,048 tokens) a batch runs eagerly on the warmed-up allocator.
     over = tokens > runner.max_num_tokens or batch.num_seqs > 64
@@ -78,7 +78,7 @@ def test_graphs_with_as_many_sequences_as_tokens(models, sequences):  # type: ig
     """One-token sequences fill a bucket's sequence slots exactly (each graph has only as
     many as its tokens allow), and one more sequence moves the batch to the next bucket."""
     graphs, eager = models
-    batch = _batch([1] * sequences, graphs.network.vocab_size, seed=sequences)
+    batch = _batch([1] * sequences, graphs.model.network.vocab_size, seed=sequences)
     ours, ref = graphs.embed(batch), eager.embed(batch)
     torch.testing.assert_close(ours, ref, rtol=3e-2, atol=3e-2)
 
@@ -88,9 +88,9 @@ def test_interactive_lane_equals_bulk_lane(models):  # type: ignore[no-untyped-d
     lane = graphs.interactive
     assert lane is not None and lane.stream.priority < 0  # the highest priority there is
     for lengths in ([24], [7, 100, 1], [128] * 20):  # the last beyond the lane's graphs
-        batch = _batch(lengths, graphs.network.vocab_size, seed=len(lengths))
-        with graphs.lane(True):
-            ours = graphs.embed(batch, interactive=True).cpu()
+        batch = _batch(lengths, graphs.model.network.vocab_size, seed=len(lengths))
+        with lane.active():
+            ours = graphs.embed(batch, lane).cpu()
         torch.testing.assert_close(ours, eager.embed(batch).cpu(), rtol=3e-2, atol=3e-2)
 
 
@@ -98,7 +98,7 @@ def test_lanes_run_concurrently_without_mixing_results(models):  # type: ignore[
     """A bulk thread and an interactive thread at once, as the router drives them: every
     result equals the same batch run alone."""
     graphs, eager = models
-    vocab = graphs.network.vocab_size
+    vocab = graphs.model.network.vocab_size
     # 512 to 3,072 tokens: graph replays and eager batches (over 2,048) on the bulk lane.
     bulk = [_batch([128] * (4 + 4 * i), vocab, seed=100 + i) for i in range(6)]
     queries = [_batch([24 + i], vocab, seed=200 + i) for i in range(20)]
@@ -111,9 +111,10 @@ def test_lanes_run_concurrently_without_mixing_results(models):  # type: ignore[
             results["bulk"] += [graphs.embed(b).cpu() for b in bulk]
 
     def run_queries() -> None:
+        lane = graphs.lane(interactive=True)
         for q in queries:
-            with graphs.lane(True):
-                results["queries"].append(graphs.embed(q, interactive=True).cpu())
+            with lane.active():
+                results["queries"].append(graphs.embed(q, lane).cpu())
 
     threads = [threading.Thread(target=run_bulk), threading.Thread(target=run_queries)]
     for t in threads:
@@ -130,7 +131,7 @@ def test_eager_bulk_batches_pause_while_a_query_is_in_flight(models):  # type: i
     graphs, eager = models
     lane = graphs.interactive
     assert lane is not None
-    bulk = _batch([128] * 24, graphs.network.vocab_size, seed=7)  # 3,072 tokens: eager
+    bulk = _batch([128] * 24, graphs.model.network.vocab_size, seed=7)  # 3,072 tokens: eager
     expected = eager.embed(bulk).cpu()
     results: list[torch.Tensor] = []
     thread = threading.Thread(target=lambda: results.append(graphs.embed(bulk).cpu()))
@@ -145,8 +146,8 @@ def test_eager_bulk_batches_pause_while_a_query_is_in_flight(models):  # type: i
 
 def test_graph_replays_do_not_leak_between_batches(models):  # type: ignore[no-untyped-def]
     graphs, eager = models
-    big = _batch([100, 37, 5], graphs.network.vocab_size, seed=1)
-    small = _batch([3], graphs.network.vocab_size, seed=2)
+    big = _batch([100, 37, 5], graphs.model.network.vocab_size, seed=1)
+    small = _batch([3], graphs.model.network.vocab_size, seed=2)
     graphs.embed(big)
     torch.testing.assert_close(graphs.embed(small), eager.embed(small), rtol=3e-2, atol=3e-2)
 

@@ -118,7 +118,7 @@ def test_packed_attention_takes_triton_and_matches_flash(dtype, causal, lengths,
     cu = torch.tensor([0, *ends, tokens, tokens], device="cuda", dtype=torch.int32)
     q = torch.randn(tokens, 16, 128, device="cuda", dtype=dtype)
     k, v = (torch.randn(tokens, 8, 128, device="cuda", dtype=dtype) for _ in range(2))
-    meta = attention.AttentionMetadata.build(cu, max(lengths), use_flash=True)
+    meta = attention.AttentionMetadata.build(cu, max(lengths), packed=True)
     expected = attention._flash(q, k, v, meta, causal, None, None)
 
     def no_flash(*args):  # type: ignore[no-untyped-def]

@@ -5,23 +5,30 @@ arguments are little-endian uint32 `bytes` (what the router sends) or array-like
 are C-contiguous float32 numpy arrays (the router reads them with `.tobytes()`).
 Normalization, Matryoshka truncation and score activations happen in the router.
 
-Bulk batches come from one router thread. When `info()["interactive_lane"]` is true, a
-second router thread sends small batches with `interactive=True` at the same time; they run
-on the model's interactive lane (`InferenceModel.lane`).
+One executor per device (`devices`, e.g. "all" or "cuda:0,cuda:1"; `info()["devices"]`
+lists them). With several, the router passes `device=i` to every call. Per device, bulk
+batches come from one router thread; when `info()["interactive_lane"]` is true, a second
+router thread sends small batches with `interactive=True` at the same time, and they run on
+that executor's interactive lane (`runtime.lanes`).
+
+A failure of the device itself (a CUDA error) raises `DeviceError`: the router then takes
+that device out of service and the others keep serving.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
 import torch
 
 from .batch import PackedBatch
-from .inference import InferenceModel, load_inference_model
+from .errors import DeviceError, RuntimeErrorBase
+from .runtime import Executor, Lane, load_executors
 
 log = logging.getLogger(__name__)
 
@@ -42,12 +49,17 @@ class Backend:
         task: str | None = None,
         max_batch_tokens: int | None = None,
         max_batch_requests: int | None = None,
+        devices: str | None = None,
     ) -> None:
+        """`device` names one device, `devices` several ("all", "cuda:0,cuda:1", "cpu,cpu");
+        neither: every visible GPU, else the CPU."""
+        if device is not None and devices is not None:
+            raise ValueError("pass device or devices, not both")
         # The router's batch limits size the CUDA graphs: every batch it sends replays one.
-        self.model: InferenceModel = load_inference_model(
+        self.executors: list[Executor] = load_executors(
             model_id,
+            devices=devices if devices is not None else device,
             revision=revision,
-            device=device,
             dtype=dtype,
             pooling=pooling,
             task=task,
@@ -55,6 +67,8 @@ class Backend:
             max_batch_size=max_batch_requests,
             full_length_must_fit=max_batch_tokens is not None,
         )
+        # Every executor holds the same model; the first answers for all in `info()`.
+        self.model = self.executors[0]
         if self.model.interactive is not None:
             sys.setswitchinterval(LANE_SWITCH_INTERVAL_S)
 
@@ -79,38 +93,64 @@ class Backend:
             "pair_template": None if info.pair_template is None else info.pair_template.as_dict(),
             "dtype": str(self.model.dtype).removeprefix("torch."),
             "device": str(self.model.device),
+            "devices": [str(executor.device) for executor in self.executors],
             "interactive_lane": self.model.interactive is not None,
         }
 
-    def health(self) -> None:
-        """Runs one tiny forward pass; raises if the model cannot run."""
-        batch = PackedBatch.from_sequences(
-            [[0, 0]], position_offset=self.model.info.position_offset
-        )
-        self.model.hidden_states(batch)
-        if self.model.device.type == "cuda":
-            torch.cuda.synchronize(self.model.device)
+    def health(self, device: int = 0) -> None:
+        """Runs one tiny forward pass on that device; raises if the model cannot run."""
+        executor = self.executors[device]
+        with _device_failures(executor):
+            executor.health()
 
     # The router calls these with `interactive=True` from its second thread (see above).
     # `arrays`: input_ids, token_type_ids, position_ids, cu_seqlens (the router sends no
     # max_length: the batch computes its longest sequence from cu_seqlens).
 
-    def embed(self, *arrays: Any, interactive: bool = False) -> np.ndarray:
-        return self._run(self.model.embed, arrays, interactive)
+    def embed(self, *arrays: Any, interactive: bool = False, device: int = 0) -> np.ndarray:
+        return self._run(Executor.embed, arrays, interactive, device)
 
-    def embed_all(self, *arrays: Any, interactive: bool = False) -> np.ndarray:
-        return self._run(self.model.embed_tokens, arrays, interactive)
+    def embed_all(self, *arrays: Any, interactive: bool = False, device: int = 0) -> np.ndarray:
+        return self._run(Executor.embed_tokens, arrays, interactive, device)
 
-    def predict(self, *arrays: Any, interactive: bool = False) -> np.ndarray:
-        return self._run(self.model.predict, arrays, interactive)
+    def predict(self, *arrays: Any, interactive: bool = False, device: int = 0) -> np.ndarray:
+        return self._run(Executor.predict, arrays, interactive, device)
 
     def _run(
-        self, method: Callable[..., torch.Tensor], arrays: tuple[Any, ...], interactive: bool
+        self,
+        method: Callable[[Executor, PackedBatch, Lane], torch.Tensor],
+        arrays: tuple[Any, ...],
+        interactive: bool,
+        device: int,
     ) -> np.ndarray:
         batch = PackedBatch.from_arrays(*arrays)
+        executor = self.executors[device]
+        lane = executor.lane(interactive)
         # The copy to the host follows the lane's own work, not the other lane's.
-        with self.model.lane(interactive):
-            return _numpy(method(batch, interactive=interactive))
+        with _device_failures(executor), lane.active():
+            return _numpy(method(executor, batch, lane))
+
+
+@contextlib.contextmanager
+def _device_failures(executor: Executor) -> Iterator[None]:
+    """Raises a CUDA failure as `DeviceError`, naming the device; the runtime's own errors
+    (bad input) and everything on the CPU pass unchanged."""
+    try:
+        yield
+    except RuntimeErrorBase:
+        raise
+    except Exception as exc:
+        if executor.device.type == "cuda" and _is_device_failure(exc):
+            raise DeviceError(f"{executor.device} failed: {type(exc).__name__}: {exc}") from exc
+        raise
+
+
+def _is_device_failure(exc: BaseException) -> bool:
+    accelerator_error = getattr(torch, "AcceleratorError", None)
+    if accelerator_error is not None and isinstance(exc, accelerator_error):
+        return True
+    text = str(exc)
+    return isinstance(exc, RuntimeError) and ("CUDA error" in text or "CUDA driver" in text)
 
 
 def _numpy(tensor: torch.Tensor) -> np.ndarray:

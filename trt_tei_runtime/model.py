@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+import threading
+from collections import Counter
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 import torch
@@ -11,11 +13,21 @@ from tqdm.auto import tqdm
 
 from .batch import PackedBatch, token_budget_batches
 from .errors import InputError
-from .inference import InferenceModel, ModelInfo, load_inference_model
 from .pooling import apply_score_activation, finish_embeddings
+from .runtime import Executor, LoadedModel, ModelInfo, load_executors, parse_device
+from .runtime.devices import DeviceSpec
+from .runtime.dispatch import Job, Method, run_jobs
 from .tokenization import TextOrPair, TextTokenizer
 
 DEFAULT_MAX_BATCH_TOKENS = 16384
+# Inputs tokenized at a time, ahead of the devices: large enough that each chunk fills
+# many batches, small enough that the first batch starts soon.
+TOKENIZE_CHUNK = 2048
+# Fewer inputs than this show no progress bar unless asked.
+PROGRESS_MIN_INPUTS = 256
+
+# (offset of the chunk's first input, token ids, token type ids) per chunk.
+Chunk = tuple[int, list[list[int]], list[list[int]]]
 
 
 class Model:
@@ -24,12 +36,16 @@ class Model:
     >>> model = Model("sentence-transformers/all-MiniLM-L6-v2")
     >>> model.embed(["a query", "a document"]).shape
     (2, 384)
+
+    `device`: one device (default: the first GPU, else the CPU), or several, which then
+    share every call's batches: `"all"` (every visible GPU), `"cuda:0,cuda:1"` or a list.
+    Texts are tokenized on a thread of their own, ahead of the devices.
     """
 
     def __init__(
         self,
         model_id_or_path: str | os.PathLike[str],
-        device: str | torch.device | None = None,
+        device: DeviceSpec = None,
         dtype: str | torch.dtype | None = None,
         pooling: str | None = None,
         *,
@@ -40,28 +56,48 @@ class Model:
     ) -> None:
         if max_batch_tokens <= 0:
             raise InputError(f"max_batch_tokens must be positive, got {max_batch_tokens}")
-        self._model: InferenceModel = load_inference_model(
+        self.executors: list[Executor] = load_executors(
             model_id_or_path,
+            devices=[parse_device(None)] if device is None else device,
             revision=revision,
-            device=device,
             dtype=dtype,
             pooling=pooling,
             task=task,
             cuda_graphs=cuda_graphs,
             max_num_tokens=max_batch_tokens,
         )
-        self.info: ModelInfo = self._model.info
+        self.info: ModelInfo = self.executors[0].info
         self.tokenizer = TextTokenizer(self.info.model_dir, self.info.max_input_length)
         # A batch must hold at least one sequence of the maximum length.
         self.max_batch_tokens = max(max_batch_tokens, self.info.max_input_length)
+        self._tokens: Counter[str] = Counter()
+        self._tokens_lock = threading.Lock()
 
     @property
     def device(self) -> torch.device:
-        return self._model.device
+        """The first device (the only one unless several were asked for)."""
+        return self.executors[0].device
+
+    @property
+    def devices(self) -> list[torch.device]:
+        return [executor.device for executor in self.executors]
 
     @property
     def dtype(self) -> torch.dtype:
-        return self._model.dtype
+        return self.executors[0].dtype
+
+    @property
+    def loaded_model(self) -> LoadedModel:
+        """The network and its weights, for build-time tools that convert it in place
+        (FP8); a model on one device only."""
+        if len(self.executors) != 1:
+            raise InputError("loaded_model needs a model on one device")
+        return self.executors[0].model
+
+    def tokens_per_device(self) -> dict[str, int]:
+        """Tokens run on each device since the model was loaded."""
+        with self._tokens_lock:
+            return dict(self._tokens)
 
     def embed(
         self,
@@ -78,10 +114,19 @@ class Model:
             raise InputError(
                 f"dimensions must be between 1 and {self.info.hidden_size}, got {dimensions}"
             )
-        ids = self.tokenize(texts, prompt_name=prompt_name, truncate=truncate)
-        return self.embed_ids(
-            ids, normalize=normalize, dimensions=dimensions, show_progress_bar=show_progress_bar
-        )
+        texts = [texts] if isinstance(texts, str) else list(texts)
+        self._check_dimensions(dimensions)
+        self._check_strings(texts)
+        prompt = self._prompt(prompt_name)
+
+        def chunks() -> Iterator[Chunk]:
+            for start in range(0, len(texts), TOKENIZE_CHUNK):
+                part = [prompt + t for t in texts[start : start + TOKENIZE_CHUNK]]
+                ids = [e.ids for e in self.tokenizer.encode(part, truncate=truncate)]
+                yield start, ids, [[0] * len(seq) for seq in ids]
+
+        outputs = self._run(len(texts), chunks(), show_progress_bar, Executor.embed)
+        return self._finish(outputs, normalize, dimensions)
 
     def tokenize(
         self,
@@ -110,14 +155,27 @@ class Model:
     ) -> np.ndarray:
         """`embed` on token ids from `tokenize` (or any tokenizer of the model's vocabulary):
         `(n, dim)` float32. Every sequence needs at least one token."""
+        self._check_dimensions(dimensions)
+        rows = [list(seq) for seq in ids]
+        chunk = (0, rows, [[0] * len(seq) for seq in rows])
+        outputs = self._run(len(rows), iter([chunk]), show_progress_bar, Executor.embed)
+        return self._finish(outputs, normalize, dimensions)
+
+    def _check_dimensions(self, dimensions: int | None) -> None:
         if dimensions is not None and not 0 < dimensions <= self.info.hidden_size:
             raise InputError(
                 f"dimensions must be between 1 and {self.info.hidden_size}, got {dimensions}"
             )
-        ids = [list(seq) for seq in ids]
-        outputs = self._run_ids(
-            ids, [[0] * len(seq) for seq in ids], show_progress_bar, self._model.embed
-        )
+
+    @staticmethod
+    def _check_strings(texts: Sequence[object]) -> None:
+        for i, text in enumerate(texts):
+            if not isinstance(text, str):
+                raise InputError(f"input {i} must be a string, got {type(text).__name__}")
+
+    def _finish(
+        self, outputs: torch.Tensor | None, normalize: bool, dimensions: int | None
+    ) -> np.ndarray:
         if outputs is None:
             return np.zeros((0, dimensions or self.info.hidden_size), dtype=np.float32)
         return finish_embeddings(outputs, normalize=normalize, dimensions=dimensions).numpy()
@@ -139,7 +197,12 @@ class Model:
         if template is not None:
             suffixes = [template.suffix_ids if _is_pair(it) else () for it in items]
             items = [template.head(*it) if _is_pair(it) else it for it in items]  # type: ignore[misc]
-        logits = self._run(items, truncate, show_progress_bar, self._model.predict, suffixes)
+        logits = self._run(
+            len(items),
+            self._pair_chunks(items, truncate, suffixes),
+            show_progress_bar,
+            Executor.predict,
+        )
         if logits is None:
             return np.zeros((0, self.info.num_labels), dtype=np.float32)
         if not raw_scores:
@@ -173,49 +236,63 @@ class Model:
             )
         return self.info.prompts[name]
 
-    def _run(self, items, truncate, show_progress_bar, forward, suffixes=None):  # type: ignore[no-untyped-def]
-        """Tokenizes, runs token-budget batches longest first, returns rows in input order.
+    def _pair_chunks(
+        self,
+        items: list[TextOrPair],
+        truncate: bool,
+        suffixes: list[tuple[int, ...]] | None,
+    ) -> Iterator[Chunk]:
+        """Tokenized texts or pairs, a chunk at a time; `suffixes[i]` (token ids) is
+        appended to item i after truncation, which keeps it."""
+        for start in range(0, len(items), TOKENIZE_CHUNK):
+            encodings = self.tokenizer.encode(
+                items[start : start + TOKENIZE_CHUNK], truncate=truncate
+            )
+            ids = [e.ids for e in encodings]
+            type_ids = [e.type_ids for e in encodings]
+            for i, suffix in enumerate((suffixes or [])[start : start + len(ids)]):
+                if suffix:
+                    ids[i] = self._with_suffix(ids[i], suffix, truncate, start + i)
+                    type_ids[i] = [0] * len(ids[i])
+            yield start, ids, type_ids
 
-        `suffixes[i]` (token ids) is appended to item i after truncation, which keeps it."""
-        if not items:
+    def _run(
+        self, count: int, chunks: Iterator[Chunk], show_progress_bar: bool | None, method: Method
+    ) -> torch.Tensor | None:
+        """Runs every chunk's inputs in token-budget batches (longest first within a chunk)
+        on whichever device is free, while the next chunk is tokenized; returns the rows
+        in input order."""
+        if count == 0:
             return None
-        encodings = self.tokenizer.encode(items, truncate=truncate)
-        ids = [e.ids for e in encodings]
-        type_ids = [e.type_ids for e in encodings]
-        for i, suffix in enumerate(suffixes or ()):
-            if suffix:
-                ids[i] = self._with_suffix(ids[i], suffix, truncate, i)
-                type_ids[i] = [0] * len(ids[i])
-        return self._run_ids(ids, type_ids, show_progress_bar, forward)
 
-    def _run_ids(self, ids, type_ids, show_progress_bar, forward):  # type: ignore[no-untyped-def]
-        """Runs token-budget batches longest first; rows come back in input order."""
-        if not ids:
-            return None
-        lengths = [len(s) for s in ids]
-        for i, n in enumerate(lengths):
-            if n == 0:
-                raise InputError(f"input {i} is empty after tokenization")
-        batches = token_budget_batches(lengths, self.max_batch_tokens)
-        results: list[torch.Tensor | None] = [None] * len(ids)
-        progress = tqdm(
-            total=len(ids),
-            disable=(not show_progress_bar)
-            if show_progress_bar is not None
-            else (len(batches) < 2 or None),
-            unit="input",
-        )
+        def jobs() -> Iterator[Job]:
+            for start, ids, type_ids in chunks:
+                lengths = [len(seq) for seq in ids]
+                for i, n in enumerate(lengths):
+                    if n == 0:
+                        raise InputError(f"input {start + i} is empty after tokenization")
+                for batch in token_budget_batches(lengths, self.max_batch_tokens):
+                    packed = PackedBatch.from_sequences(
+                        [ids[i] for i in batch],
+                        [type_ids[i] for i in batch],
+                        self.info.position_offset,
+                    )
+                    yield Job([start + i for i in batch], packed)
+
+        results: list[torch.Tensor | None] = [None] * count
+        # tqdm's None: shown on a terminal only.
+        if show_progress_bar is None:
+            disable = True if count < PROGRESS_MIN_INPUTS else None
+        else:
+            disable = not show_progress_bar
+        progress = tqdm(total=count, disable=disable, unit="input")
         with progress:
-            for indices in batches:
-                batch = PackedBatch.from_sequences(
-                    [ids[i] for i in indices],
-                    [type_ids[i] for i in indices],
-                    self.info.position_offset,
-                )
-                out = forward(batch).cpu()
-                for row, i in enumerate(indices):
+            for job, out, device in run_jobs(self.executors, jobs(), method):
+                for row, i in enumerate(job.key):
                     results[i] = out[row]
-                progress.update(len(indices))
+                with self._tokens_lock:
+                    self._tokens[str(device)] += job.batch.num_tokens
+                progress.update(len(job.key))
         return torch.stack(results)  # type: ignore[arg-type]
 
     def _with_suffix(

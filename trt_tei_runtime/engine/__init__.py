@@ -1,11 +1,8 @@
-"""Ahead-of-time engines: build (convert, fuse, quantize) once, load fast, run with graphs."""
+"""Ahead-of-time engines, build time only: convert, fuse and quantize a checkpoint once and
+write an engine directory. Loading and running one is the runtime's (`runtime/`)."""
 
+from ..runtime.engine_files import ENGINE_FORMAT, ENGINE_VERSION, MANIFEST, WEIGHTS
 from .config import BuilderConfig, BuilderConfigError
-
-ENGINE_FORMAT = "trt-tei-engine"
-ENGINE_VERSION = 1
-MANIFEST = "manifest.json"
-WEIGHTS = "engine.safetensors"
 
 __all__ = [
     "ENGINE_FORMAT",

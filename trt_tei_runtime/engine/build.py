@@ -24,7 +24,6 @@ from ..errors import InputError
 from ..layers.fp8 import quantizable_linears, quantize_linears, set_submodule
 from ..layers.linear import Linear
 from ..model import Model
-from ..models.bert import BertModel
 from . import ENGINE_FORMAT, ENGINE_VERSION, MANIFEST, WEIGHTS
 from .calibration import CALIBRATION_QUERIES, CALIBRATION_TEXTS
 from .config import BuilderConfig
@@ -74,11 +73,13 @@ def build_engine(config: BuilderConfig, output: Path, *, force: bool = False) ->
             max_batch_tokens=config.max_num_tokens,
             cuda_graphs=False,
         )
-        inference = model._model
-        kind = "encoder" if isinstance(inference.network, BertModel) else "decoder"
+        loaded = model.loaded_model
+        kind = loaded.network.base_model
         if kind != config.base_model:
+            article = "an" if kind == "encoder" else "a"
             raise InputError(
-                f"base_model is {config.base_model!r} but {model.info.architecture} is an {kind}"
+                f"base_model is {config.base_model!r} but {model.info.architecture} is "
+                f"{article} {kind}"
             )
         steps.update()
 
@@ -90,9 +91,7 @@ def build_engine(config: BuilderConfig, output: Path, *, force: bool = False) ->
 
         steps.set_postfix_str("write")
         output.mkdir(parents=True, exist_ok=True)
-        tensors = {
-            k: v.detach().contiguous().cpu() for k, v in inference.network.state_dict().items()
-        }
+        tensors = {k: v.detach().contiguous().cpu() for k, v in loaded.network.state_dict().items()}
         save_file(tensors, str(output / WEIGHTS), metadata={"format": ENGINE_FORMAT})
         _copy_model_files(model.info.model_dir, output)
         steps.update()
@@ -103,7 +102,7 @@ def build_engine(config: BuilderConfig, output: Path, *, force: bool = False) ->
             "architecture": model.info.architecture,
             "base_model": config.base_model,
             "model_type": model.info.model_type,
-            "dtype": str(inference.dtype).removeprefix("torch."),
+            "dtype": str(loaded.dtype).removeprefix("torch."),
             "quantization": {"type": config.quantization_type, "quality": quality},
             "max_num_tokens": config.max_num_tokens,
             "max_batch_size": config.max_batch_size,
@@ -114,12 +113,12 @@ def build_engine(config: BuilderConfig, output: Path, *, force: bool = False) ->
                 "revision": config.checkpoint.revision,
                 "source": config.checkpoint.source,
             },
-            "checkpoint_tensors": {k: list(v) for k, v in inference.checkpoint_tensors.items()},
+            "checkpoint_tensors": {k: list(v) for k, v in loaded.checkpoint_tensors.items()},
             "built_with": {
                 "trt_tei_runtime": __version__,
                 "torch": torch.__version__,
                 "python": platform.python_version(),
-                "device": _device_name(inference.device),
+                "device": _device_name(loaded.device),
             },
             "build_seconds": round(time.time() - started, 2),
         }
@@ -137,7 +136,7 @@ def _quantize_under_gate(model: Model, config: BuilderConfig, force: bool) -> di
     set. Under the gate, with `fp8_fallback: auto`, the linears whose quantization costs
     the most keep the model dtype, one at a time, until the gate passes — at most half of
     them, beyond which FP8 would buy little. Still under the gate: refused unless `force`."""
-    network = model._model.network
+    network = model.loaded_model.network
     reference = _calibration_outputs(model)
     originals = quantizable_linears(network)
     quantize_linears(network)
@@ -173,7 +172,7 @@ def _keep_most_sensitive(
 ) -> tuple[list[str], dict[str, Any]]:
     """Ranks the linears by the calibration cosine with only that one back in high
     precision, then puts them back in that order until the gate passes."""
-    network = model._model.network
+    network = model.loaded_model.network
     fp8 = {name: network.get_submodule(name) for name in originals}
     recovered = {}
     for name, linear in tqdm(originals.items(), desc="fp8 sensitivity", unit="linear"):

@@ -41,10 +41,8 @@ class AttentionMetadata:
     key_mask: torch.Tensor | None = None
 
     @classmethod
-    def build(
-        cls, cu_seqlens: torch.Tensor, max_seqlen: int, *, use_flash: bool
-    ) -> AttentionMetadata:
-        if use_flash:
+    def build(cls, cu_seqlens: torch.Tensor, max_seqlen: int, *, packed: bool) -> AttentionMetadata:
+        if packed:
             return cls(cu_seqlens=cu_seqlens, max_seqlen=max_seqlen)
         pad_index, key_mask = _padding(cu_seqlens, max_seqlen)
         return cls(
@@ -75,7 +73,10 @@ def _padding(
     return pad_index, key_mask[:, None, None, :]
 
 
-def flash_available(device: torch.device, dtype: torch.dtype) -> bool:
+def packed_attention_available(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether attention runs on the packed tokens themselves (Triton or FlashAttention:
+    CUDA, half precision), with shapes that do not depend on the batch's lengths, which is
+    what CUDA graphs need; else it pads (`AttentionMetadata.padding`)."""
     return _varlen_attn is not None and device.type == "cuda" and dtype in _FLASH_DTYPES
 
 

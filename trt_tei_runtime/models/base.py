@@ -88,7 +88,7 @@ class TransformerModel(nn.Module):
     vocab_size: int
     max_positions: int  # longest sequence the position embeddings / config allow
     # The transformer blocks, run in order by `forward`; the engine may pause between them
-    # (engine.preemption).
+    # (runtime.preemption).
     layers: nn.ModuleList
     position_offset: int = 0
     type_vocab_size: int = 1
@@ -99,6 +99,9 @@ class TransformerModel(nn.Module):
     unused: ClassVar[tuple[str, ...]] = ()
     # Decoders have no token-type embeddings: their token type ids are ignored, not checked.
     uses_token_types: ClassVar[bool] = True
+    # "encoder" (bidirectional, BERT-like) or "decoder" (Llama-like): what an engine's
+    # builder config names as `base_model`.
+    base_model: ClassVar[str] = "encoder"
     # How (query, document) pairs become one prompt, for models trained on a template.
     pair_template: PairTemplate | None = None
 

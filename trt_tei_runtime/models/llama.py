@@ -328,6 +328,7 @@ class LlamaModel(TransformerModel):
     prefixes: ClassVar[tuple[str, ...]] = ("", "model.")
     unused: ClassVar[tuple[str, ...]] = (r"rotary_emb\.inv_freq$",)
     uses_token_types: ClassVar[bool] = False
+    base_model: ClassVar[str] = "decoder"
     config_cls: ClassVar[type[LlamaConfig]] = LlamaConfig
     layer_cls: ClassVar[type[LlamaDecoderLayer]] = LlamaDecoderLayer
 

@@ -1,5 +1,6 @@
-"""Loading an engine directory: rebuild the module tree from the manifest, then assign the
-stored (already fused and quantized) tensors. No checkpoint conversion happens here."""
+"""The engine directory's format, and loading one: rebuild the module tree from the
+manifest, then assign the stored (already fused and quantized) tensors. No checkpoint
+conversion happens here; `engine.build` writes what this reads."""
 
 from __future__ import annotations
 
@@ -14,7 +15,11 @@ from ..errors import CheckpointError
 from ..layers.fp8 import quantize_linears
 from ..models import TransformerModel
 from ..weights import SkeletonReader
-from . import ENGINE_FORMAT, ENGINE_VERSION, MANIFEST, WEIGHTS
+
+ENGINE_FORMAT = "trt-tei-engine"
+ENGINE_VERSION = 1
+MANIFEST = "manifest.json"
+WEIGHTS = "engine.safetensors"
 
 
 def read_engine_manifest(model_dir: Path) -> dict[str, Any] | None:

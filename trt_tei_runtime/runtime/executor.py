@@ -1,0 +1,207 @@
+"""The executor: runs packed batches of one loaded model on one device, through its lanes.
+
+One executor per device; the router and `Model` hold one per device they serve. Every
+method returns device tensors and takes the lane it runs on (the bulk lane by default);
+run it, and read its result back, inside `lane.active()`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import torch
+
+from ..batch import PackedBatch
+from ..errors import InputError
+from ..layers.attention import packed_attention_available
+from ..models import Task
+from ..pooling import pool
+from .devices import DeviceSpec, parse_devices
+from .graphs import MAX_GRAPH_TOKENS, CudaGraphRunner
+from .lanes import InteractiveLane, Lane, on_device
+from .loader import LoadedModel, ModelInfo, load_model
+from .preemption import LayerGate
+
+log = logging.getLogger(__name__)
+
+# Largest batch the CUDA graphs cover unless an engine manifest or the caller says otherwise.
+DEFAULT_MAX_NUM_TOKENS = 16384
+DEFAULT_MAX_BATCH_SIZE = 256
+
+
+class Executor:
+    def __init__(
+        self,
+        model: LoadedModel,
+        *,
+        cuda_graphs: bool = True,
+        max_num_tokens: int = DEFAULT_MAX_NUM_TOKENS,
+        max_batch_size: int = DEFAULT_MAX_BATCH_SIZE,
+    ) -> None:
+        """With `cuda_graphs` on a device where the attention runs on packed tokens (CUDA,
+        half precision), warms the allocator up, captures each lane's graphs for batches
+        up to these sizes and builds the interactive lane; else one eager lane."""
+        self.model = model
+        self.info: ModelInfo = model.info
+        self.device = model.device
+        self.dtype = model.dtype
+        packed = packed_attention_available(self.device, self.dtype)
+        self.bulk = Lane(model.network, self.device, packed_attention=packed)
+        self.interactive: InteractiveLane | None = None
+        if cuda_graphs and packed:
+            with on_device(self.device):
+                self._build_lanes(max_num_tokens, max_batch_size)
+
+    def _build_lanes(self, max_num_tokens: int, max_batch_size: int) -> None:
+        """Graphs for both lanes, the interactive lane and the gate between them."""
+        model = self.model
+        self._warm_up(max_num_tokens)
+        gate = LayerGate()
+        self.bulk.graphs = self._capture(max_num_tokens, max_batch_size)
+        self.bulk.gate = gate
+        # The same ladder as the bulk lane's: under many concurrent small requests the
+        # interactive batches grow (64 clients of 24 tokens: ~1,500 tokens), and an eager
+        # pass of a small model is launch-bound (measured: MiniLM at 64 clients fell from
+        # 35.7k to 13.6k requests/s with graphs only up to 512 tokens).
+        self.interactive = InteractiveLane(
+            model.network,
+            self.device,
+            graphs=self._capture(max_num_tokens, max_batch_size),
+            gate=gate,
+        )
+        gate.attach(model.network.layers)  # after capture: graphs hold no host-side hooks
+
+    def lane(self, interactive: bool) -> Lane:
+        """The interactive lane when asked for and built, else the bulk lane."""
+        if interactive and self.interactive is not None:
+            return self.interactive
+        return self.bulk
+
+    def _capture(self, max_num_tokens: int, max_batch_size: int) -> CudaGraphRunner:
+        graphs = CudaGraphRunner(
+            self.model.network,
+            self.device,
+            max_num_tokens=min(max_num_tokens, MAX_GRAPH_TOKENS),
+            max_batch_size=max_batch_size,
+            max_seqlen=min(self.info.max_input_length, max_num_tokens),
+        )
+        graphs.capture()
+        return graphs
+
+    def _warm_up(self, max_num_tokens: int) -> None:
+        """One eager pass over the largest batch: the caching allocator then holds every
+        block a batch of up to `max_num_tokens` needs, so no request calls cudaMalloc."""
+        length = min(self.info.max_input_length, max_num_tokens)
+        sequences = [[1] * length] * max(1, max_num_tokens // length)
+        self.hidden_states(
+            PackedBatch.from_sequences(sequences, position_offset=self.info.position_offset)
+        )
+        torch.cuda.synchronize(self.device)
+
+    @torch.inference_mode()
+    def hidden_states(self, batch: PackedBatch, lane: Lane | None = None) -> torch.Tensor:
+        """Per-token last hidden states `[T, H]` in the model dtype."""
+        return self._forward(batch, lane)[0]
+
+    @torch.inference_mode()
+    def embed(self, batch: PackedBatch, lane: Lane | None = None) -> torch.Tensor:
+        """Pooled embeddings `[n, dim]` in float32, not normalized."""
+        if self.info.pooling is None:
+            raise InputError(
+                f"{self.info.architecture} is a {self.info.model_type}: use predict, not embed"
+            )
+        hidden, on_device = self._forward(batch, lane)
+        pooled = pool(hidden, on_device.cu_seqlens, self.info.pooling)
+        for layer in self.model.dense:
+            pooled = layer(pooled)
+        return pooled
+
+    @torch.inference_mode()
+    def embed_tokens(self, batch: PackedBatch, lane: Lane | None = None) -> torch.Tensor:
+        """Per-token embeddings `[T, H]` in float32 (TEI's /embed_all)."""
+        return self._forward(batch, lane)[0].float()
+
+    @torch.inference_mode()
+    def predict(self, batch: PackedBatch, lane: Lane | None = None) -> torch.Tensor:
+        """Raw logits `[n, num_labels]` in float32."""
+        if self.info.task is not Task.CLASSIFICATION:
+            raise InputError(
+                f"{self.info.architecture} is an embedding model: use embed, not predict"
+            )
+        hidden, on_device = self._forward(batch, lane)
+        return self.model.network.logits(hidden, on_device).float()
+
+    def health(self) -> None:
+        """Runs one tiny forward pass to the end; raises if the model cannot run."""
+        batch = PackedBatch.from_sequences([[0, 0]], position_offset=self.info.position_offset)
+        with self.bulk.active():
+            self.hidden_states(batch)
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+
+    def _forward(self, batch: PackedBatch, lane: Lane | None) -> tuple[torch.Tensor, PackedBatch]:
+        self._check_tokens(batch)
+        return (lane or self.bulk).forward(batch)
+
+    def _check_tokens(self, batch: PackedBatch) -> None:
+        # An out-of-range index on the GPU poisons the whole CUDA context: check on the host.
+        net = self.model.network
+        if batch.num_tokens and int(batch.input_ids.max()) >= net.vocab_size:
+            raise InputError(
+                f"token id {int(batch.input_ids.max())} is outside the vocabulary "
+                f"({net.vocab_size})"
+            )
+        if (
+            net.uses_token_types
+            and batch.num_tokens
+            and int(batch.token_type_ids.max()) >= net.type_vocab_size
+        ):
+            raise InputError(
+                f"token type id {int(batch.token_type_ids.max())} is outside the model's "
+                f"{net.type_vocab_size} token types"
+            )
+        if batch.max_seqlen > self.info.max_input_length:
+            raise InputError(
+                f"a sequence of {batch.max_seqlen} tokens exceeds the model's maximum input "
+                f"length {self.info.max_input_length}"
+            )
+
+
+def graphs_enabled(cuda_graphs: bool | None) -> bool:
+    """`cuda_graphs` when given, else on unless TRT_TEI_CUDA_GRAPHS=0."""
+    if cuda_graphs is not None:
+        return cuda_graphs
+    return os.environ.get("TRT_TEI_CUDA_GRAPHS", "1") != "0"
+
+
+def load_executor(
+    model_id: str | os.PathLike[str],
+    *,
+    device: str | torch.device | None = None,
+    cuda_graphs: bool | None = None,
+    max_num_tokens: int | None = None,
+    max_batch_size: int | None = None,
+    **load_options: object,
+) -> Executor:
+    """`load_model` and an executor on one device. Graph sizes: the arguments, else an
+    engine's manifest, else the defaults."""
+    model = load_model(model_id, device=device, max_num_tokens=max_num_tokens, **load_options)  # type: ignore[arg-type]
+    limits = model.engine_manifest or {}
+    return Executor(
+        model,
+        cuda_graphs=graphs_enabled(cuda_graphs),
+        max_num_tokens=max_num_tokens or limits.get("max_num_tokens", DEFAULT_MAX_NUM_TOKENS),
+        max_batch_size=max_batch_size or limits.get("max_batch_size", DEFAULT_MAX_BATCH_SIZE),
+    )
+
+
+def load_executors(
+    model_id: str | os.PathLike[str], *, devices: DeviceSpec = None, **options: object
+) -> list[Executor]:
+    """One executor per device of `devices` (see `devices.parse_devices`), each loading the
+    checkpoint onto its own device."""
+    return [
+        load_executor(model_id, device=device, **options)  # type: ignore[arg-type]
+        for device in parse_devices(devices)
+    ]

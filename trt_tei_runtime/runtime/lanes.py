@@ -1,0 +1,108 @@
+"""Lanes: the two ways a batch goes through the model on one device.
+
+The bulk lane runs large batches on the device's current stream; an eager bulk batch
+passes the preemption gate between layers, so that an interactive batch in flight runs
+without the bulk batch's work queued ahead of it (see `preemption`). The interactive lane
+has a stream of the highest priority and CUDA graphs with their own buffers, so that both
+lanes can replay at the same time, each driven by its own host thread. Where there are no
+graphs (CPU, fp32) there is one lane, the bulk one, and it is not gated.
+
+A caller picks the lane once per call and runs everything of that call inside
+`lane.active()`, reading results back to the host included: the copy must follow the
+lane's own work, not the other lane's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import torch
+
+from ..batch import PackedBatch
+from ..layers import AttentionMetadata
+from ..models import TransformerModel
+from .graphs import CudaGraphRunner
+from .preemption import LayerGate
+
+
+class Lane:
+    """One lane's stream, graphs and place at the gate; `forward` runs the network."""
+
+    name = "bulk"
+
+    def __init__(
+        self,
+        network: TransformerModel,
+        device: torch.device,
+        *,
+        packed_attention: bool,
+        graphs: CudaGraphRunner | None = None,
+        gate: LayerGate | None = None,
+    ) -> None:
+        self.network = network
+        self.device = device
+        self.packed_attention = packed_attention
+        self.graphs = graphs
+        self.gate = gate
+
+    @contextlib.contextmanager
+    def active(self) -> Iterator[None]:
+        """The bulk lane runs on its device's current stream. The device is made current:
+        events, streams and graph captures follow the current device, not the tensors'."""
+        with on_device(self.device):
+            yield
+
+    def forward(self, batch: PackedBatch) -> tuple[torch.Tensor, PackedBatch]:
+        """Hidden states `[T, H]` and the batch as it lies on the device (one copy either
+        way): a graph replay where one covers the batch, else an eager pass."""
+        if self.graphs is not None and self.graphs.can_run(batch):
+            return self.graphs.run(batch)
+        if self.gate is None:
+            return self._eager(batch)
+        with self.gate.bulk():
+            return self._eager(batch)
+
+    def _eager(self, batch: PackedBatch) -> tuple[torch.Tensor, PackedBatch]:
+        batch = batch.to(self.device)
+        meta = AttentionMetadata.build(
+            batch.cu_seqlens, batch.max_seqlen, packed=self.packed_attention
+        )
+        return self.network(batch, meta), batch
+
+
+class InteractiveLane(Lane):
+    """Small latency-bound batches on a highest-priority stream, never gated themselves;
+    while one is in flight, the gate holds eager bulk batches between layers."""
+
+    name = "interactive"
+
+    def __init__(
+        self,
+        network: TransformerModel,
+        device: torch.device,
+        *,
+        graphs: CudaGraphRunner,
+        gate: LayerGate,
+    ) -> None:
+        super().__init__(network, device, packed_attention=True, graphs=graphs, gate=gate)
+        _, highest_priority = torch.cuda.Stream.priority_range()  # type: ignore[call-arg]
+        self.stream = torch.cuda.Stream(device, priority=highest_priority)
+        self._gate = gate
+
+    @contextlib.contextmanager
+    def active(self) -> Iterator[None]:
+        with on_device(self.device), self._gate.interactive(), torch.cuda.stream(self.stream):
+            yield
+
+    def forward(self, batch: PackedBatch) -> tuple[torch.Tensor, PackedBatch]:
+        if self.graphs is not None and self.graphs.can_run(batch):
+            return self.graphs.run(batch)
+        return self._eager(batch)
+
+
+def on_device(device: torch.device) -> contextlib.AbstractContextManager[object]:
+    """Makes a CUDA device current for what runs inside; nothing for other devices."""
+    if device.type == "cuda":
+        return torch.cuda.device(device)
+    return contextlib.nullcontext()

@@ -1,0 +1,186 @@
+"""Loading: a checkpoint folder, hub id or engine directory becomes a `LoadedModel`, the
+network with its weights, pooling and sentence-transformers head on one device. Running it
+is the executor's (`executor.py`)."""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..checkpoint import (
+    SentenceTransformersConfig,
+    read_json,
+    read_sentence_transformers_config,
+    resolve_model_dir,
+)
+from ..dense import DenseLayer
+from ..errors import CheckpointError, InputError
+from ..models import Task, TransformerModel, architecture_class
+from ..pooling import canonical_pooling, score_activation
+from ..templates import PairTemplate
+from ..weights import WeightReader, load_checkpoint_tensors
+from .devices import parse_device, parse_dtype
+from .engine_files import load_engine_network, read_engine_manifest
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ModelInfo:
+    """What callers need to know to feed the model and read its output."""
+
+    architecture: str
+    task: Task
+    model_dir: Path
+    hidden_size: int  # of the pooled embedding, after any Dense module
+    max_input_length: int
+    position_offset: int
+    pooling: str | None
+    num_labels: int = 0
+    id2label: dict[str, str] = field(default_factory=dict)
+    score_activation: str = "softmax"
+    prompts: dict[str, str] = field(default_factory=dict)
+    default_prompt_name: str | None = None
+    # Set for models trained on one prompt per (query, document) pair (yes/no rerankers).
+    pair_template: PairTemplate | None = None
+
+    @property
+    def model_type(self) -> str:
+        if self.task is Task.EMBEDDING:
+            return "embedding"
+        return "reranker" if self.num_labels == 1 else "classifier"
+
+
+@dataclass
+class LoadedModel:
+    """A network with its weights on `device`, ready for an executor."""
+
+    network: TransformerModel
+    info: ModelInfo
+    dense: list[DenseLayer]
+    device: torch.device
+    dtype: torch.dtype
+    # Name → shape of every checkpoint tensor the network was built from (an engine
+    # records it), and the engine manifest when loaded from an engine directory.
+    checkpoint_tensors: dict[str, tuple[int, ...]]
+    engine_manifest: dict[str, Any] | None = None
+
+
+def load_model(
+    model_id: str | os.PathLike[str],
+    *,
+    revision: str | None = None,
+    device: str | torch.device | None = None,
+    dtype: str | torch.dtype | None = None,
+    pooling: str | None = None,
+    task: str | None = None,
+    max_num_tokens: int | None = None,
+    full_length_must_fit: bool = False,
+) -> LoadedModel:
+    """Loads a checkpoint folder, hub id or engine directory.
+
+    `full_length_must_fit` (the router's case: it never splits a sequence) refuses a
+    `max_num_tokens` below the model's input limit, before the slow part of loading.
+    `task` loads a checkpoint for a task other than its architecture's (see
+    `models.TASKS`), e.g. "rerank-yes-no" for Qwen3-Reranker's `Qwen3ForCausalLM`."""
+    model_dir = resolve_model_dir(model_id, revision)
+    config = read_json(model_dir / "config.json")
+    assert config is not None
+    architectures = config.get("architectures")
+    if not isinstance(architectures, list) or not architectures:
+        raise CheckpointError(f"config.json in {model_dir}: missing field 'architectures'")
+    arch_name = str(architectures[0])
+    arch = architecture_class(arch_name, task)
+    st = read_sentence_transformers_config(model_dir)
+    torch_device = parse_device(device)
+    torch_dtype = parse_dtype(dtype, torch_device, config.get("torch_dtype") or config.get("dtype"))
+
+    manifest = read_engine_manifest(model_dir)
+    if manifest is not None:
+        # An engine is built for one dtype (and maybe FP8): it loads as it was built.
+        built = parse_dtype(manifest["dtype"], torch_device, None)
+        if dtype is not None and parse_dtype(dtype, torch_device, None) != built:
+            raise InputError(f"engine {model_dir} was built for {manifest['dtype']}, not {dtype}")
+        torch_dtype = built
+        network = load_engine_network(arch, config, model_dir, manifest, torch_device)
+        checkpoint_tensors = {k: tuple(v) for k, v in manifest["checkpoint_tensors"].items()}
+    else:
+        reader = WeightReader(
+            load_checkpoint_tensors(model_dir),
+            prefixes=arch.prefixes,
+            ignore=arch.unused,
+            source=str(model_dir),
+        )
+        network = arch.from_checkpoint(config, reader, model_dir)
+        reader.finish()
+        checkpoint_tensors = reader.taken
+    dense = [DenseLayer(spec).eval() for spec in st.dense]
+    info = _model_info(arch_name, network, model_dir, st, dense, pooling)
+    # Before the slow part (moving to the GPU, warming up, capturing graphs).
+    too_small = max_num_tokens is not None and info.max_input_length > max_num_tokens
+    if full_length_must_fit and too_small:
+        raise InputError(
+            f"max_batch_tokens ({max_num_tokens}) must be at least the model's max input "
+            f"length ({info.max_input_length}): one full-length input must fit in a batch"
+        )
+    if manifest is None:
+        network.to(device=torch_device, dtype=torch_dtype).eval()
+    dense = [layer.to(torch_device, torch.float32) for layer in dense]
+    log.info(
+        "loaded %s (%s) from %s on %s in %s",
+        arch_name,
+        info.model_type,
+        model_dir,
+        torch_device,
+        torch_dtype,
+    )
+    return LoadedModel(
+        network, info, dense, torch_device, torch_dtype, checkpoint_tensors, manifest
+    )
+
+
+def _model_info(
+    arch_name: str,
+    network: TransformerModel,
+    model_dir: Path,
+    st: SentenceTransformersConfig,
+    dense: list[DenseLayer],
+    pooling: str | None,
+) -> ModelInfo:
+    max_length = network.max_positions
+    if st.max_seq_length is not None:
+        max_length = min(max_length, st.max_seq_length)
+    else:
+        tok_cfg = read_json(model_dir / "tokenizer_config.json", required=False) or {}
+        limit = tok_cfg.get("model_max_length")
+        if isinstance(limit, int) and 0 < limit < max_length:
+            max_length = limit
+    info = ModelInfo(
+        architecture=arch_name,
+        task=network.task,
+        model_dir=model_dir,
+        hidden_size=dense[-1].linear.out_features if dense else network.hidden_size,
+        max_input_length=max_length,
+        position_offset=network.position_offset,
+        pooling=None,
+        prompts=st.prompts,
+        default_prompt_name=st.default_prompt_name,
+        pair_template=network.pair_template,
+    )
+    if network.task is Task.EMBEDDING:
+        info.pooling = canonical_pooling(pooling or st.pooling or network.default_pooling)
+    else:
+        if pooling is not None:
+            raise InputError(f"{arch_name} is a classifier: pooling does not apply to it")
+        assert network.classifier is not None
+        info.num_labels = network.classifier.num_labels
+        info.id2label = network.classifier.id2label
+        info.score_activation = score_activation(
+            network.classifier.num_labels, network.classifier.problem_type
+        )
+    return info
