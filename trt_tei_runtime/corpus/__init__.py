@@ -1,0 +1,20 @@
+"""Corpus jobs: embed a whole Parquet, JSONL or CSV file into resumable Parquet shards.
+
+`trt-tei-embed` (cli.py) runs a job on one machine (job.py) or on a Ray cluster
+(ray_job.py). Both read the input in a stream (reader.py), screen and tokenize rows ahead of
+the model (rows.py, ahead.py), and commit shards and the manifest atomically (store.py,
+shards.py, manifest.py), so a run killed at any point resumes without losing or
+duplicating a row.
+"""
+
+from .errors import BadRowError, CorpusError, OutputMismatchError
+from .options import JobOptions
+
+__all__ = ["BadRowError", "CorpusError", "JobOptions", "OutputMismatchError", "run_job"]
+
+
+def run_job(options: JobOptions) -> dict[str, object]:
+    """Runs a corpus job and returns its summary (what the manifest's `last_run` holds)."""
+    from .cli import execute
+
+    return execute(options).as_dict()

@@ -1,0 +1,183 @@
+"""`trt-tei-embed`: embed a corpus file into Parquet shards, resumably.
+
+Exit status: 0 done; 1 the job failed (a bad row under --on-bad-row fail, a model or device
+error; finished shards are kept and a rerun resumes); 2 bad arguments or input (nothing was
+written); 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any, NoReturn, Optional
+
+from ..errors import RuntimeErrorBase
+from .errors import CorpusError
+from .options import BAD_ROW_POLICIES, DTYPES, VERIFY_MODES, JobOptions
+from .progress import Progress, Summary
+
+PROG = "trt-tei-embed"
+
+DESCRIPTION = """\
+Embed every row of a Parquet, JSONL or CSV file with one model and write the vectors as
+Parquet shards plus a manifest.json to --output. Shard i holds input rows
+[i*shard_rows, (i+1)*shard_rows) (less bad rows) with the columns id, embedding (a
+fixed-size list of float32, L2-normalized) and num_tokens. Shards and the manifest are
+written atomically: run the same command again after a crash and it checks the finished
+shards and embeds only the rest. The input is read as a stream; tokenizing runs ahead of
+the model in a thread."""
+
+EPILOG = """\
+examples:
+  trt-tei-embed sentence-transformers/all-MiniLM-L6-v2 --input corpus.parquet --output out/
+  trt-tei-embed BAAI/bge-m3 --input docs.jsonl --id-column doc_id --devices all \\
+      --dtype float16 --output out/ --on-bad-row skip
+  trt-tei-embed MODEL --input corpus.parquet --output out/ --ray auto   # on a Ray cluster
+
+exit status: 0 done, 1 job failed (rerun to resume), 2 bad arguments or input, 130 interrupted
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog=PROG,
+        description=DESCRIPTION,
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("model", help="hub id or local folder (checkpoint or engine)")
+    p.add_argument(
+        "--input",
+        required=True,
+        type=Path,
+        help="corpus file: .parquet/.pq, .jsonl/.ndjson (one JSON object a line; blank lines "
+        "are not rows) or .csv (with a header)",
+    )
+    p.add_argument("--output", required=True, type=Path, help="output directory (created)")
+    p.add_argument("--text-column", default="text", help="column (key) holding the text")
+    p.add_argument(
+        "--id-column",
+        help="column written as `id`; without it the id is the row's ordinal in the input "
+        "(0-based, blank JSONL lines not counted)",
+    )
+    p.add_argument(
+        "--devices",
+        help="passed to Model(device=...): e.g. cuda, cuda:1, cpu, all (default: the GPU if "
+        "any, else the CPU). Not with --ray (each Ray actor takes one GPU)",
+    )
+    p.add_argument(
+        "--dimensions", type=int, help="Matryoshka: keep the first N dimensions, then normalize"
+    )
+    p.add_argument("--prompt-name", help="named prompt from config_sentence_transformers.json")
+    p.add_argument(
+        "--dtype",
+        choices=DTYPES,
+        help="the model's COMPUTE dtype, as Model(dtype=...) (default: float32 on CPU, the "
+        "checkpoint's half type on GPU). Stored vectors are float32 whatever it is",
+    )
+    p.add_argument(
+        "--shard-rows", type=int, default=100_000, help="input rows per shard (default 100000)"
+    )
+    p.add_argument(
+        "--on-bad-row",
+        choices=BAD_ROW_POLICIES,
+        default="fail",
+        help="a row with a missing, null, non-string or empty text (or none left after "
+        "tokenizing): fail the job naming its id (default), or skip it; either way it is "
+        "reported on stderr and counted (and listed, up to 1000) in the manifest",
+    )
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="delete the job in --output and start over (needed when the model, input or an "
+        "output-affecting option differs from the existing job's)",
+    )
+    p.add_argument(
+        "--verify",
+        choices=VERIFY_MODES,
+        default="full",
+        help="how a resumed run checks finished shards: full = size, row count and sha256 "
+        "(reads every shard once), size = size and row count only (default: full)",
+    )
+    p.add_argument(
+        "--chunk-rows",
+        type=int,
+        default=4096,
+        help="rows per model call; the tokenizer runs two chunks ahead (default 4096)",
+    )
+    p.add_argument(
+        "--ray",
+        metavar="ADDRESS",
+        help="run on a Ray cluster (`auto`, or ray://host:10001, or host:6379): one model per "
+        "actor, one task per unfinished shard; this process reads the input and commits "
+        "shards. Needs the `ray` extra",
+    )
+    p.add_argument(
+        "--ray-actors",
+        type=int,
+        help="model actors on the cluster (default: one per GPU, or one per node without GPUs)",
+    )
+    return p
+
+
+def parse_options(argv: Optional[list[str]] = None) -> JobOptions:
+    args = build_parser().parse_args(argv)
+    return JobOptions(
+        model=args.model,
+        input=args.input,
+        output=args.output,
+        text_column=args.text_column,
+        id_column=args.id_column,
+        devices=args.devices,
+        dimensions=args.dimensions,
+        prompt_name=args.prompt_name,
+        dtype=args.dtype,
+        shard_rows=args.shard_rows,
+        on_bad_row=args.on_bad_row,
+        overwrite=args.overwrite,
+        verify=args.verify,
+        chunk_rows=args.chunk_rows,
+        ray_address=args.ray,
+        ray_actors=args.ray_actors,
+    )
+
+
+def execute(options: JobOptions, progress: Optional[Progress] = None, model: Any = None) -> Summary:
+    """Runs a job in this process; `model`: an already loaded `Model` (local jobs only)."""
+    try:
+        import pyarrow  # noqa: F401
+    except ImportError as exc:
+        raise CorpusError("trt-tei-embed needs pyarrow: pip install pyarrow") from exc
+    progress = progress or Progress(interval_s=options.progress_interval_s)
+    if options.ray_address is not None:
+        if options.devices is not None:
+            raise CorpusError("--devices does not apply with --ray: each actor takes one GPU")
+        from .ray_job import run_ray
+
+        return run_ray(options, progress)
+    from .job import run_local
+
+    return run_local(options, progress, model)
+
+
+def main(argv: Optional[list[str]] = None) -> None:
+    options = parse_options(argv)
+    try:
+        summary = execute(options)
+    except CorpusError as exc:
+        _fail(str(exc), 2)
+    except KeyboardInterrupt:
+        _fail("interrupted; finished shards are kept, run again to resume", 130)
+    except RuntimeErrorBase as exc:
+        _fail(str(exc), 1)
+    sys.exit(0 if summary.complete else 1)
+
+
+def _fail(message: str, status: int) -> NoReturn:
+    print(f"{PROG}: error: {message}", file=sys.stderr, flush=True)
+    sys.exit(status)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,185 @@
+"""Rows to vectors in three steps, each where it runs best: `screen` (no model: the Ray
+driver runs it), `tokenize` (the thread running ahead of the model) and `embed` (the model's
+own thread). Shared by the local job, the Ray job and the Ray Data callable."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Optional, Protocol
+
+import numpy as np
+import pyarrow as pa
+
+from .reader import Rows
+
+MAX_BAD_ROW_SAMPLES = 1000  # bad rows listed by id in the manifest; the count is exact
+
+
+class EmbeddingModel(Protocol):
+    """What a corpus job needs of `trt_tei_runtime.Model`."""
+
+    def tokenize(
+        self, texts: Sequence[str], *, prompt_name: Optional[str] = None, truncate: bool = True
+    ) -> list[list[int]]: ...
+
+    def embed_ids(
+        self,
+        ids: Sequence[Sequence[int]],
+        normalize: bool = True,
+        dimensions: Optional[int] = None,
+    ) -> np.ndarray: ...
+
+
+@dataclass(frozen=True)
+class BadRow:
+    row: int  # ordinal in the input
+    id: Any  # the row's id as JSON (None when the id itself is missing)
+    reason: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"row": self.row, "id": self.id, "reason": self.reason}
+
+    def describe(self) -> str:
+        who = f"id {self.id!r} (row {self.row})" if self.id is not None else f"row {self.row}"
+        return f"bad row {who}: {self.reason}"
+
+
+@dataclass
+class Screened:
+    """Input rows `start .. stop` split into the usable ones (ids, texts and input ordinals)
+    and the bad ones."""
+
+    start: int
+    stop: int
+    ids: pa.Array
+    texts: list[str]
+    rows: list[int]
+    bad: list[BadRow] = field(default_factory=list)
+
+    def chunks(self, size: int) -> Iterator[Screened]:
+        """Pieces of at most `size` usable rows (bad rows stay with this one)."""
+        for a in range(0, len(self.texts), size):
+            b = min(a + size, len(self.texts))
+            yield Screened(
+                self.rows[a],
+                self.rows[b - 1] + 1,
+                self.ids.slice(a, b - a),
+                self.texts[a:b],
+                self.rows[a:b],
+            )
+
+    @classmethod
+    def concat(cls, parts: Sequence[Screened]) -> Screened:
+        return cls(
+            parts[0].start,
+            parts[-1].stop,
+            pa.concat_arrays([p.ids for p in parts]),
+            [t for p in parts for t in p.texts],
+            [r for p in parts for r in p.rows],
+            [b for p in parts for b in p.bad],
+        )
+
+
+@dataclass
+class Tokenized:
+    start: int
+    stop: int
+    ids: pa.Array
+    token_ids: list[list[int]]
+    bad: list[BadRow] = field(default_factory=list)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(len(t) for t in self.token_ids)
+
+
+def output_schema(id_type: pa.DataType, dim: int) -> pa.Schema:
+    """A shard's columns: the input's id, the vector (float32 whatever the compute dtype),
+    and the tokens the model read (prompt and special tokens included, after truncation)."""
+    return pa.schema(
+        [
+            pa.field("id", id_type),
+            pa.field("embedding", pa.list_(pa.float32(), dim), nullable=False),
+            pa.field("num_tokens", pa.int32(), nullable=False),
+        ]
+    )
+
+
+def json_id(value: Any) -> Any:
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    return str(value)
+
+
+def text_problem(text: Any) -> Optional[str]:
+    if text is None:
+        return "missing or null text"
+    if not isinstance(text, str):
+        return f"text is a {type(text).__name__}, not a string"
+    if not text.strip():
+        return "empty text" if not text else "text is only whitespace"
+    return None
+
+
+def screen(rows: Rows) -> Screened:
+    good: list[int] = []
+    bad: list[BadRow] = []
+    id_values: Optional[list[Any]] = None
+    for k, text in enumerate(rows.texts):
+        reason = rows.problems.get(k) or text_problem(text)
+        if reason is None:
+            good.append(k)
+            continue
+        if id_values is None:  # only rows with a problem need their id as a Python value
+            id_values = rows.ids.to_pylist()
+        bad.append(BadRow(rows.start + k, json_id(id_values[k]), reason))
+    ordinals = [rows.start + k for k in good]
+    if len(good) == len(rows):
+        return Screened(rows.start, rows.stop, rows.ids, rows.texts, ordinals, bad)
+    ids = rows.ids.take(pa.array(good, type=pa.int64()))
+    return Screened(rows.start, rows.stop, ids, [rows.texts[k] for k in good], ordinals, bad)
+
+
+def tokenize(model: EmbeddingModel, screened: Screened, prompt_name: Optional[str]) -> Tokenized:
+    token_ids = model.tokenize(screened.texts, prompt_name=prompt_name) if screened.texts else []
+    empty = [k for k, seq in enumerate(token_ids) if not seq]
+    if not empty:
+        return Tokenized(screened.start, screened.stop, screened.ids, token_ids, screened.bad)
+    # Possible for tokenizers that add no special tokens (some decoders): a text of only
+    # characters the vocabulary drops.
+    id_values = screened.ids.to_pylist()
+    bad = list(screened.bad)
+    for k in empty:
+        bad.append(BadRow(screened.rows[k], json_id(id_values[k]), "no tokens after tokenization"))
+    keep = [k for k, seq in enumerate(token_ids) if seq]
+    bad.sort(key=lambda b: b.row)
+    return Tokenized(
+        screened.start,
+        screened.stop,
+        screened.ids.take(pa.array(keep, type=pa.int64())),
+        [token_ids[k] for k in keep],
+        bad,
+    )
+
+
+def embed(
+    model: EmbeddingModel, tokenized: Tokenized, dimensions: Optional[int], schema: pa.Schema
+) -> pa.RecordBatch:
+    """The shard rows of a tokenized chunk: float32 vectors, L2-normalized."""
+    dim = schema.field("embedding").type.list_size
+    if tokenized.token_ids:
+        vectors = model.embed_ids(tokenized.token_ids, dimensions=dimensions)
+        vectors = np.ascontiguousarray(vectors, dtype=np.float32)
+    else:
+        vectors = np.zeros((0, dim), dtype=np.float32)
+    if vectors.shape[1] != dim:
+        raise RuntimeError(f"the model returned {vectors.shape[1]}-dim vectors, expected {dim}")
+    return pa.record_batch(
+        [
+            tokenized.ids.cast(schema.field("id").type),
+            pa.FixedSizeListArray.from_arrays(pa.array(vectors.reshape(-1)), dim),
+            pa.array([len(t) for t in tokenized.token_ids], type=pa.int32()),
+        ],
+        schema=schema,
+    )
