@@ -175,9 +175,19 @@ pub struct Args {
     )]
     pub python_backend_class: String,
 
-    /// Device for the runtime (e.g. cuda, cuda:1, cpu) [default: the GPU if any, else CPU].
+    /// One device for the runtime (e.g. cuda, cuda:1, cpu) [default: the runtime's choice:
+    /// every visible GPU, else the CPU]. The one-device form of `--devices`: give one or the
+    /// other.
     #[arg(long, env = "DEVICE")]
     pub device: Option<String>,
+
+    /// Devices to serve from one process, one executor each (own batches, own interactive
+    /// lane) fed by one queue: a list (`cuda:0,cuda:1`, `cpu,cpu`), or `all` (every visible
+    /// GPU; the runtime's default when it sees more than one). Passed to the backend class as
+    /// `devices=`, so it must accept that argument. A device that fails (the runtime raises
+    /// `DeviceError`) takes no more batches; /health answers 200 while one device is healthy.
+    #[arg(long, env = "DEVICES")]
+    pub devices: Option<String>,
 }
 
 impl Args {
@@ -217,6 +227,17 @@ impl Args {
             if value == 0 {
                 return Err(format!("`{flag}` must be at least 1"));
             }
+        }
+        if let (Some(device), Some(devices)) = (&self.device, &self.devices) {
+            return Err(format!(
+                "`--device {device}` and `--devices {devices}` (or DEVICE and DEVICES) were both \
+                 given: `--device` is the one-device form of `--devices`; give only one"
+            ));
+        }
+        if self.devices.as_ref().is_some_and(|d| d.trim().is_empty()) {
+            return Err(
+                "`--devices` is empty: give a list (`cuda:0,cuda:1`), `all` or `cpu`".into(),
+            );
         }
         if !self.python_backend_class.contains(':') {
             return Err(format!(
@@ -295,6 +316,32 @@ mod tests {
         assert!(text.contains("INTERACTIVE_MAX_TOKENS"), "{text}");
         assert!(text.contains("default: 256"), "{text}");
         assert!(text.contains("corpus backfills"), "{text}");
+    }
+
+    #[test]
+    fn devices_is_passed_as_given_and_excludes_device() {
+        let a = parse(&["--devices", "cuda:0,cuda:1"]).unwrap();
+        assert_eq!(a.devices.as_deref(), Some("cuda:0,cuda:1"));
+        assert!(a.validate().is_ok());
+        assert!(parse(&["--devices", "all"]).unwrap().validate().is_ok());
+        assert!(parse(&["--device", "cpu"]).unwrap().validate().is_ok());
+        let err = parse(&["--device", "cpu", "--devices", "cpu,cpu"])
+            .unwrap()
+            .validate()
+            .unwrap_err();
+        assert!(err.contains("give only one"), "{err}");
+        assert!(parse(&["--devices", " "]).unwrap().validate().is_err());
+    }
+
+    #[test]
+    fn help_says_what_devices_takes() {
+        use clap::CommandFactory;
+        let help = Args::command().render_long_help().to_string();
+        let at = help.find("--devices").expect("flag missing from --help");
+        let text = &help[at..];
+        for needle in ["DEVICES", "cuda:0,cuda:1", "`all`", "DeviceError"] {
+            assert!(text.contains(needle), "{needle} missing from\n{text}");
+        }
     }
 
     #[test]

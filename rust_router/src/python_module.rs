@@ -22,6 +22,7 @@ pub fn backend_options(args: &Args) -> PythonBackendOptions {
         dtype: args.dtype.clone(),
         pooling: args.pooling.clone(),
         device: args.device.clone(),
+        devices: args.devices.clone(),
         task: args.task.clone(),
         max_batch_tokens: args.max_batch_tokens,
         max_batch_requests: args.max_batch_requests,

@@ -111,6 +111,7 @@ pub fn build_info(args: &Args, info: &ModelInfo, workers: usize) -> Info {
         version: env!("CARGO_PKG_VERSION"),
         sha: option_env!("VERGEN_GIT_SHA"),
         docker_label: option_env!("DOCKER_LABEL"),
+        devices: Vec::new(),
     }
 }
 

@@ -1,9 +1,10 @@
 //! A deterministic backend for tests: no Python, no model, same contract.
 
 use super::{
-    Backend, BackendError, BackendFactory, Batch, BatchKind, LoadedBackend, Matrix, ModelInfo,
-    ModelType,
+    Backend, BackendError, BackendFactory, Batch, BatchKind, DeviceBackends, LoadedBackend, Matrix,
+    ModelInfo, ModelType,
 };
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
@@ -16,6 +17,10 @@ pub const HOLD_ID: u32 = 18;
 /// A token id (the word "nan" in the test tokenizer) whose sequence's output is NaN, as a
 /// float16 overflow would make it, while the rest of the batch stays finite.
 pub const NAN_ID: u32 = 21;
+/// A token id (the word "h" in the test tokenizer) that breaks the fake's device while it runs
+/// the batch holding it, as a CUDA error would: that pass raises `DeviceError`, and so does
+/// everything after it (see [`FakeBackend::broken`]).
+pub const DEVICE_FAIL_ID: u32 = 19;
 pub const HIDDEN: usize = 8;
 
 /// What one forward pass looked like, for tests that check how the queue packed batches.
@@ -24,8 +29,11 @@ pub struct SeenBatch {
     pub kind: BatchKind,
     pub num_seqs: usize,
     pub num_tokens: usize,
-    /// The backend thread that ran it (`model-backend` or `model-interactive`).
+    /// The backend thread that ran it (`model-backend` or `model-interactive`, with
+    /// `-<device>` after it on devices other than 0).
     pub thread: String,
+    /// The device that ran it.
+    pub device: usize,
     /// The first token id of the first sequence after `[CLS]`, to tell batches apart.
     pub first_id: Option<u32>,
 }
@@ -72,6 +80,11 @@ pub struct FakeBackend {
     pub healthy: bool,
     pub seen: Arc<Mutex<Vec<SeenBatch>>>,
     pub gate: Option<Arc<Gate>>,
+    /// Which device this fake stands for (what the Python bridge passes as `device=`).
+    pub device: usize,
+    /// Once set, every forward pass and health check fails as a lost GPU would
+    /// (`DeviceError`), until the test clears it.
+    pub broken: Arc<AtomicBool>,
 }
 
 /// Per-token hidden state: any fixed function of (token, position, column) will do, as long as
@@ -120,6 +133,7 @@ impl FakeBackend {
             dtype: Some("float32".into()),
             device: Some("cpu".into()),
             interactive_lane: false,
+            devices: None,
         }
     }
 
@@ -144,6 +158,8 @@ impl FakeBackend {
             healthy: true,
             seen: Arc::default(),
             gate: None,
+            device: 0,
+            broken: Arc::default(),
         }
     }
 
@@ -154,22 +170,58 @@ impl FakeBackend {
     /// Like the Python bridge, builds a second lane (a clone sharing `seen` and `gate`) when
     /// the info says the runtime has one.
     pub fn into_factory(self) -> BackendFactory {
-        Box::new(move || {
-            let interactive = self
-                .info
-                .interactive_lane
-                .then(|| Box::new(self.clone()) as Box<dyn Backend + Send>);
-            Ok(LoadedBackend {
-                info: self.info.clone(),
-                bulk: Box::new(self),
-                interactive,
+        Self::devices_factory(vec![self])
+    }
+
+    /// `n` fakes sharing this one's `seen`, `gate` and settings, for devices `0..n`, each with
+    /// its own `broken` switch; the info lists `n` devices named `fake:<i>`.
+    pub fn on_devices(mut self, n: usize) -> Vec<FakeBackend> {
+        self.info.devices = Some((0..n).map(|i| format!("fake:{i}")).collect());
+        (0..n)
+            .map(|device| FakeBackend {
+                device,
+                broken: Arc::default(),
+                ..self.clone()
             })
+            .collect()
+    }
+
+    /// One fake per device, as the Python bridge builds one backend per device; the first
+    /// fake's info is the model's.
+    pub fn devices_factory(fakes: Vec<FakeBackend>) -> BackendFactory {
+        Box::new(move || {
+            let info = fakes[0].info.clone();
+            let devices = fakes
+                .into_iter()
+                .map(|fake| DeviceBackends {
+                    interactive: fake
+                        .info
+                        .interactive_lane
+                        .then(|| Box::new(fake.clone()) as Box<dyn Backend + Send>),
+                    bulk: Box::new(fake),
+                })
+                .collect();
+            Ok(LoadedBackend { info, devices })
         })
+    }
+
+    fn is_broken(&self) -> bool {
+        self.broken.load(Ordering::SeqCst)
+    }
+
+    fn device_error(&self) -> BackendError {
+        BackendError::Device(format!(
+            "DeviceError: CUDA error: device {} was lost",
+            self.device
+        ))
     }
 }
 
 impl Backend for FakeBackend {
     fn health(&mut self) -> Result<(), BackendError> {
+        if self.is_broken() {
+            return Err(self.device_error());
+        }
         if self.healthy {
             Ok(())
         } else {
@@ -183,6 +235,7 @@ impl Backend for FakeBackend {
             num_seqs: batch.num_seqs(),
             num_tokens: batch.num_tokens(),
             thread: std::thread::current().name().unwrap_or_default().into(),
+            device: self.device,
             first_id: batch.input_ids.get(1).copied(),
         });
         if !self.delay.is_zero() {
@@ -194,6 +247,12 @@ impl Backend for FakeBackend {
             .filter(|_| batch.input_ids.contains(&HOLD_ID))
         {
             gate.pass();
+        }
+        if batch.input_ids.contains(&DEVICE_FAIL_ID) {
+            self.broken.store(true, Ordering::SeqCst);
+        }
+        if self.is_broken() {
+            return Err(self.device_error());
         }
         if batch.input_ids.contains(&POISON_ID) {
             return Err(BackendError::Inference("ValueError: poison token".into()));

@@ -2,25 +2,30 @@
 //!
 //! A [`Backend`] runs one packed batch at a time on a dedicated OS thread
 //! ([`BackendHandle::spawn`]): tokio workers never touch the GIL, and the runtime sees one
-//! caller per lane. Bulk batches (and health checks) run on the thread that loaded the model.
-//! A runtime that has an interactive lane gets a second thread for small requests, so a query
-//! never waits for a corpus batch's forward pass to end before its own can start.
+//! caller per lane. Each device the runtime serves (`info()["devices"]`, one when it lists
+//! none) is an executor of its own ([`executor`]): a thread for bulk batches and health checks
+//! (device 0's is the thread that loaded the model), and, when the runtime has an interactive
+//! lane, a second thread for small requests, so a query never waits for a corpus batch's
+//! forward pass to end before its own can start. A device whose runtime raises `DeviceError`
+//! is taken out of service ([`device`]); the others keep serving.
 
+pub mod device;
+mod executor;
 #[cfg(test)]
 pub(crate) mod fake;
 #[cfg(feature = "pyo3")]
 pub mod python;
 pub mod wait;
 
+pub use device::{DeviceFailure, DeviceStatus, Health};
+pub use executor::{
+    BackendFactory, BackendHandle, BackendThreads, DeviceBackends, ForwardReply, LoadedBackend,
+    Output, Ran, Slot,
+};
+
 use crate::tokenization::PairTemplate;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashMap};
-use std::panic::AssertUnwindSafe;
-use std::sync::Arc;
-use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
-use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
-use wait::{next_message, WaitPolicy};
 
 /// One forward pass worth of sequences, packed end to end with no padding.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -89,6 +94,13 @@ pub enum BackendError {
     Unhealthy(String),
     #[error("model backend has stopped")]
     Stopped,
+    /// The device itself failed (the runtime raised `DeviceError`): the batch is lost and the
+    /// device takes no more work. Never re-run apart: no input is to blame.
+    #[error("the device running this request failed: {0}")]
+    Device(String),
+    /// A device that had failed gave back a batch it was handed before; it runs elsewhere.
+    #[error("the device failed before this batch ran")]
+    Refused,
     /// Checked per sequence: the other sequences of the batch are still served.
     #[error("inference failed: the model returned NaN or infinite values for this input (e.g. a float16 overflow)")]
     NonFinite,
@@ -196,11 +208,16 @@ pub struct ModelInfo {
     /// called from a second thread while a bulk call runs (on a high-priority CUDA stream).
     #[serde(default)]
     pub interactive_lane: bool,
+    /// The devices the runtime runs on, one executor each (`["cuda:0", "cuda:1"]`; names may
+    /// repeat, `["cpu", "cpu"]`). With more than one, every call names its device
+    /// (`device=i`). Missing, empty or one entry: one device, called without `device=`.
+    #[serde(default)]
+    pub devices: Option<Vec<String>>,
 }
 
 impl ModelInfo {
     /// Every key of the contract, in the struct's order.
-    pub const FIELDS: [&'static str; 16] = [
+    pub const FIELDS: [&'static str; 17] = [
         "model_type",
         "tokenizer_path",
         "max_input_length",
@@ -217,6 +234,7 @@ impl ModelInfo {
         "dtype",
         "device",
         "interactive_lane",
+        "devices",
     ];
 
     /// Rejects an info that the router could not serve correctly, before any request arrives.
@@ -241,6 +259,15 @@ impl ModelInfo {
                 self.num_labels
             )),
             _ => Ok(()),
+        }
+    }
+
+    /// One name per device the router runs an executor for: `devices`, else the single
+    /// `device` (or `default` when the runtime names none).
+    pub fn device_names(&self) -> Vec<String> {
+        match &self.devices {
+            Some(devices) if !devices.is_empty() => devices.clone(),
+            _ => vec![self.device.clone().unwrap_or_else(|| "default".into())],
         }
     }
 
@@ -271,272 +298,7 @@ impl ModelInfo {
     }
 }
 
-/// Result of one forward pass, with when it ran so requests can report queue vs inference time.
-#[derive(Debug)]
-pub struct Output {
-    pub matrix: Matrix,
-    pub started: Instant,
-    pub duration: Duration,
-}
-
-/// A forward pass's result, with the batch handed back so that a failed batch can be re-run
-/// in parts.
-#[derive(Debug)]
-pub struct Ran {
-    pub batch: Batch,
-    pub result: Result<Output, BackendError>,
-}
-
-pub type ForwardReply = oneshot::Sender<Ran>;
-
-enum Command {
-    Forward {
-        kind: BatchKind,
-        batch: Batch,
-        reply: ForwardReply,
-        /// Released as soon as the backend thread picks the batch up.
-        slot: OwnedSemaphorePermit,
-    },
-    Health(oneshot::Sender<Result<(), BackendError>>),
-}
-
-/// The right to hand a lane's backend thread its next batch. Each thread has one such slot,
-/// freed when the thread starts a batch, so exactly one batch waits while another runs (the
-/// prefetch), and it is packed as late as possible. Health checks do not need a slot, so they
-/// never wait behind an idle batching task.
-pub struct Slot {
-    permit: OwnedSemaphorePermit,
-    tx: mpsc::UnboundedSender<Command>,
-}
-
-impl Slot {
-    pub fn send(self, kind: BatchKind, batch: Batch, reply: ForwardReply) {
-        // If the thread is gone the command (and `reply`) is dropped: the waiter sees
-        // `Stopped`.
-        let _ = self.tx.send(Command::Forward {
-            kind,
-            batch,
-            reply,
-            slot: self.permit,
-        });
-    }
-}
-
-/// The way to one backend thread: its command channel and its one-batch slot.
-#[derive(Clone)]
-struct LaneChannel {
-    tx: mpsc::UnboundedSender<Command>,
-    slots: Arc<Semaphore>,
-}
-
-impl LaneChannel {
-    fn new(tx: mpsc::UnboundedSender<Command>) -> Self {
-        Self {
-            tx,
-            slots: Arc::new(Semaphore::new(1)),
-        }
-    }
-
-    async fn reserve(&self) -> Result<Slot, BackendError> {
-        if self.tx.is_closed() {
-            return Err(BackendError::Stopped);
-        }
-        let permit = self
-            .slots
-            .clone()
-            .acquire_owned()
-            .await
-            .map_err(|_| BackendError::Stopped)?;
-        Ok(Slot {
-            permit,
-            tx: self.tx.clone(),
-        })
-    }
-}
-
-/// Cheap, cloneable handle the async side uses to reach the backend threads.
-#[derive(Clone)]
-pub struct BackendHandle {
-    bulk: LaneChannel,
-    /// `None` when the runtime has no interactive lane: one thread serves both lanes.
-    interactive: Option<LaneChannel>,
-}
-
-/// What a [`BackendFactory`] loads.
-pub struct LoadedBackend {
-    pub info: ModelInfo,
-    /// Runs bulk batches and health checks, on the thread that built it.
-    pub bulk: Box<dyn Backend>,
-    /// Runs interactive batches on a second thread, at the same time as `bulk`; `None` when
-    /// the runtime has no interactive lane (or it is turned off).
-    pub interactive: Option<Box<dyn Backend + Send>>,
-}
-
-/// Builds the backend on the backend thread (a Python object must be created where it is used).
-pub type BackendFactory = Box<dyn FnOnce() -> Result<LoadedBackend, BackendError> + Send>;
-
-/// The backend threads; join them after the handle and all its clones are dropped.
-pub struct BackendThreads(Vec<JoinHandle<()>>);
-
-impl BackendThreads {
-    /// Waits for every thread (not only up to a panicked one), and reports the first panic.
-    pub fn join(self) -> std::thread::Result<()> {
-        let mut first = Ok(());
-        for thread in self.0 {
-            let result = thread.join();
-            if first.is_ok() {
-                first = result;
-            }
-        }
-        first
-    }
-}
-
-fn spawn_named(
-    name: &str,
-    f: impl FnOnce() + Send + 'static,
-) -> Result<JoinHandle<()>, BackendError> {
-    std::thread::Builder::new()
-        .name(name.into())
-        .spawn(f)
-        .map_err(|e| BackendError::Start(format!("cannot spawn the {name} thread: {e}")))
-}
-
-/// One backend thread's life: run what its lane sends until every handle is gone.
-fn serve_lane(
-    mut backend: Box<dyn Backend>,
-    mut rx: mpsc::UnboundedReceiver<Command>,
-    wait: WaitPolicy,
-) {
-    // Waiting here holds no interpreter lock: the Python backend attaches only inside
-    // `forward` / `health`.
-    while let Some(cmd) = next_message(&mut rx, wait) {
-        match cmd {
-            Command::Forward {
-                kind,
-                batch,
-                reply,
-                slot,
-            } => {
-                drop(slot);
-                let started = Instant::now();
-                let result = guarded(|| backend.forward(kind, &batch));
-                let duration = started.elapsed();
-                let result = result.map(|matrix| Output {
-                    matrix,
-                    started,
-                    duration,
-                });
-                let _ = reply.send(Ran { batch, result });
-            }
-            Command::Health(reply) => {
-                let _ = reply.send(guarded(|| backend.health()));
-            }
-        }
-    }
-    tracing::debug!("backend thread stopping");
-}
-
-type Ready = Result<(ModelInfo, Option<Box<dyn Backend + Send>>), BackendError>;
-
-impl BackendHandle {
-    /// Starts the backend thread, waits for the model to load, starts the interactive lane's
-    /// thread if the factory built one, and returns the handle, the model's info and the
-    /// threads. The threads sleep as soon as they have nothing to do.
-    pub fn spawn(
-        factory: BackendFactory,
-    ) -> Result<(BackendHandle, ModelInfo, BackendThreads), BackendError> {
-        Self::spawn_with(factory, WaitPolicy::default())
-    }
-
-    /// [`BackendHandle::spawn`], with the threads waiting for work as `wait` says.
-    pub fn spawn_with(
-        factory: BackendFactory,
-        wait: WaitPolicy,
-    ) -> Result<(BackendHandle, ModelInfo, BackendThreads), BackendError> {
-        let (tx, rx) = mpsc::unbounded_channel::<Command>();
-        let (ready_tx, ready_rx) = std::sync::mpsc::channel::<Ready>();
-        let bulk_thread = spawn_named("model-backend", move || match factory() {
-            Ok(LoadedBackend {
-                info,
-                bulk,
-                interactive,
-            }) => {
-                let _ = ready_tx.send(Ok((info, interactive)));
-                serve_lane(bulk, rx, wait);
-            }
-            Err(err) => {
-                let _ = ready_tx.send(Err(err));
-            }
-        })?;
-        let (info, interactive) = match ready_rx.recv() {
-            Ok(Ok(loaded)) => loaded,
-            Ok(Err(err)) => {
-                let _ = bulk_thread.join();
-                return Err(err);
-            }
-            Err(_) => {
-                let _ = bulk_thread.join();
-                return Err(BackendError::Start(
-                    "the backend thread panicked while loading".into(),
-                ));
-            }
-        };
-        info.validate()?;
-        let mut threads = vec![bulk_thread];
-        let interactive = match interactive {
-            None => None,
-            Some(backend) => {
-                let (tx, rx) = mpsc::unbounded_channel::<Command>();
-                threads.push(spawn_named("model-interactive", move || {
-                    serve_lane(backend, rx, wait)
-                })?);
-                Some(LaneChannel::new(tx))
-            }
-        };
-        let handle = BackendHandle {
-            bulk: LaneChannel::new(tx),
-            interactive,
-        };
-        Ok((handle, info, BackendThreads(threads)))
-    }
-
-    /// Whether interactive batches have their own thread (else they share the bulk one).
-    pub fn has_interactive_lane(&self) -> bool {
-        self.interactive.is_some()
-    }
-
-    /// Waits until `lane`'s thread (the only thread, without an interactive lane) can take
-    /// the next batch.
-    pub async fn reserve(&self, lane: Lane) -> Result<Slot, BackendError> {
-        match (lane, &self.interactive) {
-            (Lane::Interactive, Some(interactive)) => interactive.reserve().await,
-            _ => self.bulk.reserve().await,
-        }
-    }
-
-    pub async fn health(&self) -> Result<(), BackendError> {
-        let (reply, rx) = oneshot::channel();
-        self.bulk
-            .tx
-            .send(Command::Health(reply))
-            .map_err(|_| BackendError::Stopped)?;
-        rx.await.map_err(|_| BackendError::Stopped)?
-    }
-}
-
-/// A panic inside one forward pass must fail that batch, not take the server down.
-fn guarded<T>(f: impl FnOnce() -> Result<T, BackendError>) -> Result<T, BackendError> {
-    std::panic::catch_unwind(AssertUnwindSafe(f)).unwrap_or_else(|panic| {
-        let msg = panic
-            .downcast_ref::<&str>()
-            .map(|s| s.to_string())
-            .or_else(|| panic.downcast_ref::<String>().cloned())
-            .unwrap_or_else(|| "unknown panic".into());
-        tracing::error!("backend panicked: {msg}");
-        Err(BackendError::Inference(format!("backend panicked: {msg}")))
-    })
-}
-
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_devices;

@@ -2,10 +2,13 @@
 //!
 //! Every function here that touches Python runs on a backend thread, attached only for the
 //! duration of one call. With an interactive lane, two backend threads call the same Python
-//! object; the runtime says it supports that (`info()["interactive_lane"]`).
+//! object; the runtime says it supports that (`info()["interactive_lane"]`). With several
+//! devices (`info()["devices"]`), every device's threads call that same object too, each call
+//! naming its device (`device=i`).
 
 use super::{
-    Backend, BackendError, BackendFactory, Batch, BatchKind, LoadedBackend, Matrix, ModelInfo,
+    Backend, BackendError, BackendFactory, Batch, BatchKind, DeviceBackends, LoadedBackend, Matrix,
+    ModelInfo,
 };
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
@@ -19,6 +22,9 @@ pub struct PythonBackendOptions {
     pub dtype: Option<String>,
     pub pooling: Option<String>,
     pub device: Option<String>,
+    /// `--devices` as given (`cuda:0,cuda:1`, `all`, `cpu,cpu`): passed as `devices=` only
+    /// when set, and then the constructor must accept it.
+    pub devices: Option<String>,
     /// Only passed when set: backends without a `task` argument still load.
     pub task: Option<String>,
     /// The router's batch limits, passed to constructors that accept them (the runtime sizes
@@ -36,6 +42,24 @@ impl PythonBackendOptions {
     pub fn factory(self) -> BackendFactory {
         Box::new(move || load(&self))
     }
+}
+
+/// Whether the runtime says the device itself failed: an exception of a class named
+/// `DeviceError` (`trt_tei_runtime.errors.DeviceError`, or a subclass, or a third-party class
+/// of that name). Looked up only on the error path.
+fn is_device_error(py: Python<'_>, err: &PyErr) -> bool {
+    let Ok(mro) = err.get_type(py).getattr("__mro__") else {
+        return false;
+    };
+    let Ok(classes) = mro.try_iter() else {
+        return false;
+    };
+    classes.flatten().any(|class| {
+        class
+            .getattr("__name__")
+            .and_then(|name| name.extract::<String>())
+            .is_ok_and(|name| name == "DeviceError")
+    })
 }
 
 fn summary(py: Python<'_>, err: &PyErr) -> String {
@@ -114,44 +138,69 @@ fn backend_class<'py>(
         .map_err(fail)
 }
 
+/// The constructor's keyword arguments from the flags, and whether it accepts `devices`.
+/// Optional keywords go only to constructors that declare them (or take `**kwargs`), so a
+/// minimal backend with just the contract's five arguments still loads.
+fn constructor_kwargs<'py>(
+    py: Python<'py>,
+    cls: &Bound<'py, PyAny>,
+    opts: &PythonBackendOptions,
+) -> PyResult<(Bound<'py, PyDict>, bool)> {
+    let kwargs = PyDict::new(py);
+    kwargs.set_item("model_id", &opts.model_id)?;
+    kwargs.set_item("revision", &opts.revision)?;
+    kwargs.set_item("dtype", &opts.dtype)?;
+    kwargs.set_item("pooling", &opts.pooling)?;
+    kwargs.set_item("device", &opts.device)?;
+    if let Some(task) = &opts.task {
+        kwargs.set_item("task", task)?;
+    }
+    let inspect = py.import("inspect")?;
+    let params = inspect
+        .call_method1("signature", (cls,))?
+        .getattr("parameters")?;
+    let var_keyword = inspect.getattr("Parameter")?.getattr("VAR_KEYWORD")?;
+    let mut takes_any = false;
+    for p in params.call_method0("values")?.try_iter()? {
+        takes_any |= p?.getattr("kind")?.eq(&var_keyword)?;
+    }
+    let accepts = |name: &str| -> PyResult<bool> { Ok(takes_any || params.contains(name)?) };
+    for (name, value) in [
+        ("max_batch_tokens", Some(opts.max_batch_tokens)),
+        ("max_batch_requests", opts.max_batch_requests),
+    ] {
+        if accepts(name)? {
+            kwargs.set_item(name, value)?;
+        }
+    }
+    Ok((kwargs, accepts("devices")?))
+}
+
 fn load(opts: &PythonBackendOptions) -> Result<LoadedBackend, BackendError> {
     Python::attach(|py| {
         // Before any import: huggingface_hub reads its settings when it is imported.
         set_environment(py, &opts.env)
             .map_err(|e| BackendError::Start(describe(py, &e, "setting the environment")))?;
         let cls = backend_class(py, &opts.class_path)?;
+        let start_error = |e: PyErr| {
+            BackendError::Start(describe_start_error(
+                py,
+                &e,
+                &format!("loading {}", opts.class_path),
+            ))
+        };
+        let (kwargs, accepts_devices) = constructor_kwargs(py, &cls, opts).map_err(start_error)?;
+        if let Some(devices) = &opts.devices {
+            if !accepts_devices {
+                return Err(BackendError::Start(format!(
+                    "`--devices {devices}` was given, but `{}` takes no `devices` argument: \
+                     it serves one device (choose it with `--device`)",
+                    opts.class_path
+                )));
+            }
+            kwargs.set_item("devices", devices).map_err(start_error)?;
+        }
         let result = (|| -> PyResult<(Py<PyAny>, String, Py<PyAny>)> {
-            let kwargs = PyDict::new(py);
-            kwargs.set_item("model_id", &opts.model_id)?;
-            kwargs.set_item("revision", &opts.revision)?;
-            kwargs.set_item("dtype", &opts.dtype)?;
-            kwargs.set_item("pooling", &opts.pooling)?;
-            kwargs.set_item("device", &opts.device)?;
-            if let Some(task) = &opts.task {
-                kwargs.set_item("task", task)?;
-            }
-            // Optional keywords go only to constructors that declare them, so a minimal
-            // backend with just the contract's five arguments still loads.
-            let params = py
-                .import("inspect")?
-                .call_method1("signature", (&cls,))?
-                .getattr("parameters")?;
-            let var_keyword = py
-                .import("inspect")?
-                .getattr("Parameter")?
-                .getattr("VAR_KEYWORD")?;
-            let mut takes_any = false;
-            for p in params.call_method0("values")?.try_iter()? {
-                takes_any |= p?.getattr("kind")?.eq(&var_keyword)?;
-            }
-            for (name, value) in [
-                ("max_batch_tokens", Some(opts.max_batch_tokens)),
-                ("max_batch_requests", opts.max_batch_requests),
-            ] {
-                if takes_any || params.contains(name)? {
-                    kwargs.set_item(name, value)?;
-                }
-            }
             let obj = cls.call((), Some(&kwargs))?;
             // JSON is the simplest faithful way to move a nested dict into a Rust struct.
             let info = obj.call_method0("info")?;
@@ -162,48 +211,96 @@ fn load(opts: &PythonBackendOptions) -> Result<LoadedBackend, BackendError> {
             let as_f32 = py.import("numpy")?.getattr("ascontiguousarray")?;
             Ok((obj.unbind(), json, as_f32.unbind()))
         })();
-        let (obj, json, as_f32) = result.map_err(|e| {
-            BackendError::Start(describe_start_error(
-                py,
-                &e,
-                &format!("loading {}", opts.class_path),
-            ))
-        })?;
+        let (obj, json, as_f32) = result.map_err(start_error)?;
         let info: ModelInfo = serde_json::from_str(&json)
             .map_err(|e| BackendError::Start(format!("Backend.info() is invalid: {e}: {json}")))?;
-        let interactive = (info.interactive_lane && opts.interactive_lane)
-            .then(|| interactive_lane(py, &obj, &as_f32))
-            .transpose()
-            .map_err(|e| {
-                BackendError::Start(describe(py, &e, "setting up the interactive lane"))
+        let names = info.device_names();
+        let lanes = info.interactive_lane && opts.interactive_lane;
+        let mut devices = Vec::with_capacity(names.len());
+        for (i, name) in names.iter().enumerate() {
+            // `device=` only with several devices, so a one-device runtime needs no such
+            // argument.
+            let device = (names.len() > 1).then_some(i);
+            let lanes = device_lanes(py, &obj, &as_f32, device, lanes).map_err(|e| {
+                BackendError::Start(describe(py, &e, "setting up the backend's lanes"))
             })?;
-        let mut bulk = PyBackend {
-            obj,
-            as_f32,
-            kwargs: None,
-        };
-        bulk.health()?;
-        Ok(LoadedBackend {
-            info,
-            bulk: Box::new(bulk),
-            interactive,
-        })
+            lanes_health(lanes.bulk.as_ref(), py, name, names.len())?;
+            devices.push(lanes.into());
+        }
+        Ok(LoadedBackend { info, devices })
     })
 }
 
-/// The same Python object, called with `interactive=True` from the second thread.
-fn interactive_lane(
+/// The start-up health check of one device, naming it when there are several.
+fn lanes_health(
+    bulk: &PyBackend,
+    py: Python<'_>,
+    name: &str,
+    devices: usize,
+) -> Result<(), BackendError> {
+    bulk.check_health(py).map_err(|e| match (e, devices) {
+        (e, 1) => e,
+        (e, _) => BackendError::Start(format!("device {name}: {e}")),
+    })
+}
+
+/// Keyword arguments of one lane's calls, `None` when there are none.
+fn call_kwargs(
+    py: Python<'_>,
+    interactive: bool,
+    device: Option<usize>,
+) -> PyResult<Option<Py<PyDict>>> {
+    if !interactive && device.is_none() {
+        return Ok(None);
+    }
+    let kwargs = PyDict::new(py);
+    if interactive {
+        kwargs.set_item("interactive", true)?;
+    }
+    if let Some(device) = device {
+        kwargs.set_item("device", device)?;
+    }
+    Ok(Some(kwargs.unbind()))
+}
+
+/// One device's backends over the same Python object: its bulk lane, and its interactive lane
+/// (called with `interactive=True` from a second thread) when the runtime has one.
+fn device_lanes(
     py: Python<'_>,
     obj: &Py<PyAny>,
     as_f32: &Py<PyAny>,
-) -> PyResult<Box<dyn Backend + Send>> {
-    let kwargs = PyDict::new(py);
-    kwargs.set_item("interactive", true)?;
-    Ok(Box::new(PyBackend {
-        obj: obj.clone_ref(py),
-        as_f32: as_f32.clone_ref(py),
-        kwargs: Some(kwargs.unbind()),
-    }))
+    device: Option<usize>,
+    interactive: bool,
+) -> PyResult<DeviceLanes> {
+    let lane = |interactive: bool| -> PyResult<PyBackend> {
+        Ok(PyBackend {
+            obj: obj.clone_ref(py),
+            as_f32: as_f32.clone_ref(py),
+            kwargs: call_kwargs(py, interactive, device)?,
+            health_kwargs: call_kwargs(py, false, device)?,
+        })
+    };
+    Ok(DeviceLanes {
+        bulk: Box::new(lane(false)?),
+        interactive: interactive.then(|| lane(true)).transpose()?,
+    })
+}
+
+/// [`DeviceBackends`] before the boxes lose their type (the start-up health check needs it).
+struct DeviceLanes {
+    bulk: Box<PyBackend>,
+    interactive: Option<PyBackend>,
+}
+
+impl From<DeviceLanes> for DeviceBackends {
+    fn from(lanes: DeviceLanes) -> Self {
+        DeviceBackends {
+            bulk: lanes.bulk,
+            interactive: lanes
+                .interactive
+                .map(|b| Box::new(b) as Box<dyn Backend + Send>),
+        }
+    }
 }
 
 struct PyBackend {
@@ -211,8 +308,27 @@ struct PyBackend {
     /// `numpy.ascontiguousarray`, looked up once.
     as_f32: Py<PyAny>,
     /// Keyword arguments of every forward call: `interactive=True` on the interactive lane,
-    /// none on the bulk one (so a runtime without lanes needs no such argument).
+    /// `device=i` with several devices, none otherwise (so a runtime without lanes or devices
+    /// needs no such argument).
     kwargs: Option<Py<PyDict>>,
+    /// Keyword arguments of `health()`: `device=i` with several devices.
+    health_kwargs: Option<Py<PyDict>>,
+}
+
+/// A Python exception as the router's error: `DeviceError` means the device broke, anything
+/// else is `other`'s (the failing input's, or the health check's).
+fn backend_error(
+    py: Python<'_>,
+    err: &PyErr,
+    context: &str,
+    other: fn(String) -> BackendError,
+) -> BackendError {
+    let message = describe(py, err, context);
+    if is_device_error(py, err) {
+        BackendError::Device(message)
+    } else {
+        other(message)
+    }
 }
 
 /// Little-endian u32 bytes, written straight into the Python object (no intermediate buffer).
@@ -257,15 +373,20 @@ impl PyBackend {
     }
 }
 
+impl PyBackend {
+    fn check_health(&self, py: Python<'_>) -> Result<(), BackendError> {
+        let kwargs = self.health_kwargs.as_ref().map(|k| k.bind(py));
+        self.obj
+            .bind(py)
+            .call_method("health", (), kwargs)
+            .map(|_| ())
+            .map_err(|e| backend_error(py, &e, "Backend.health()", BackendError::Unhealthy))
+    }
+}
+
 impl Backend for PyBackend {
     fn health(&mut self) -> Result<(), BackendError> {
-        Python::attach(|py| {
-            self.obj
-                .bind(py)
-                .call_method0("health")
-                .map(|_| ())
-                .map_err(|e| BackendError::Unhealthy(describe(py, &e, "Backend.health()")))
-        })
+        Python::attach(|py| self.check_health(py))
     }
 
     fn forward(&mut self, kind: BatchKind, batch: &Batch) -> Result<Matrix, BackendError> {
@@ -276,7 +397,7 @@ impl Backend for PyBackend {
                     batch.num_seqs(),
                     batch.num_tokens()
                 );
-                BackendError::Inference(describe(py, &e, &context))
+                backend_error(py, &e, &context, BackendError::Inference)
             })
         })
     }

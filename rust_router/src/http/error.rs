@@ -146,9 +146,14 @@ impl From<InferError> for ApiError {
             InferError::Tokenization(TokenizationError::Stopped) => ErrorType::Unhealthy,
             InferError::Tokenization(_) => ErrorType::Validation,
             InferError::Overloaded(_) => ErrorType::Overloaded,
-            InferError::Backend(BackendError::Stopped | BackendError::Unhealthy(_)) => {
-                ErrorType::Unhealthy
-            }
+            // A device failure is no fault of the request: 503 tells the client to retry,
+            // and another device answers.
+            InferError::Backend(
+                BackendError::Stopped
+                | BackendError::Unhealthy(_)
+                | BackendError::Device(_)
+                | BackendError::Refused,
+            ) => ErrorType::Unhealthy,
             InferError::Backend(_) => ErrorType::Backend,
         };
         let mut message = err.to_string();

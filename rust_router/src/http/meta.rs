@@ -105,7 +105,14 @@ pub async fn decode(State(state): State<AppState>, req: TeiJson<DecodeRequest>) 
     )
 )]
 pub async fn info(State(state): State<AppState>) -> Json<Info> {
-    Json(state.info.as_ref().clone())
+    let mut info = state.info.as_ref().clone();
+    info.devices = state
+        .infer
+        .devices()
+        .into_iter()
+        .map(DeviceInfo::from)
+        .collect();
+    Json(info)
 }
 
 /// The base URL's probe (load balancers often probe `GET /`): as `/health`.
@@ -120,12 +127,12 @@ pub async fn root_probe(state: State<AppState>) -> Response {
     health(state).await
 }
 
-/// Health check: runs the model's own health method on the backend thread.
+/// Health check: runs the model's own health method on every healthy device's backend thread.
 #[utoipa::path(
     get, path = "/health", tag = "Text Embeddings Inference",
     responses(
-        (status = 200, description = "Everything is working fine"),
-        (status = 503, description = "The model cannot run, or the server is shutting down", body = ErrorResponse),
+        (status = 200, description = "At least one device serves: an empty body when every device is healthy, else the devices that are not", body = HealthDegraded),
+        (status = 503, description = "No device can run the model (the message says why for each), or the server is shutting down", body = ErrorResponse),
     )
 )]
 pub async fn health(State(state): State<AppState>) -> Response {
@@ -137,13 +144,38 @@ pub async fn health(State(state): State<AppState>) -> Response {
         )
         .into_response();
     }
-    match state.infer.health().await {
-        Ok(()) => StatusCode::OK.into_response(),
-        Err(err) => {
-            tracing::error!("health check failed: {err}");
-            ApiError::new(ErrorType::Unhealthy, format!("unhealthy: {err}")).into_response()
+    let health = state.infer.health().await;
+    // Devices that failed before were logged then; only new failures are logged here.
+    for f in health.failures.iter().filter(|f| !f.known) {
+        match health.devices {
+            1 => tracing::error!("health check failed: {}", f.error),
+            _ => tracing::error!(
+                device = f.index,
+                name = %f.name,
+                "health check failed: {}",
+                f.error
+            ),
         }
     }
+    if health.failures.is_empty() {
+        return StatusCode::OK.into_response();
+    }
+    if !health.is_serving() {
+        let message = format!("unhealthy: {}", health.message());
+        return ApiError::new(ErrorType::Unhealthy, message).into_response();
+    }
+    let body = HealthDegraded {
+        status: "degraded",
+        unhealthy_devices: health
+            .failures
+            .into_iter()
+            .map(|f| DeviceRef {
+                index: f.index,
+                name: f.name,
+            })
+            .collect(),
+    };
+    (StatusCode::OK, Json(body)).into_response()
 }
 
 /// Prometheus metrics.
@@ -175,6 +207,7 @@ pub async fn metrics(State(state): State<AppState>) -> Response {
         TokenizeResponse, InputIdsDoc, DecodeRequest, DecodeResponse, EncodingFormat,
         OpenAICompatRequest, Embedding, OpenAICompatEmbedding, OpenAICompatUsage,
         OpenAICompatResponse, Info, ModelTypeInfo, EmbeddingModel, ClassifierModel,
+        DeviceInfo, HealthDegraded, DeviceRef,
         ErrorResponse, ErrorType, OpenAIErrorResponse,
         cloud::InvocationDoc, cloud::InvocationAnswerDoc, cloud::VertexRequest, cloud::VertexResponse,
     )),

@@ -16,6 +16,7 @@ use axum::Router;
 use clap::Parser;
 use http_body_util::BodyExt;
 use serde_json::Value;
+use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tower::ServiceExt;
@@ -35,6 +36,8 @@ pub struct Options {
     pub gate: Option<Arc<Gate>>,
     pub body_read_timeout: Duration,
     pub shutdown: Shutdown,
+    /// Fake devices, one executor each (named `fake:<i>` when more than one).
+    pub devices: usize,
 }
 
 impl Default for Options {
@@ -54,6 +57,7 @@ impl Default for Options {
             gate: None,
             body_read_timeout: Duration::from_secs(30),
             shutdown: Shutdown::default(),
+            devices: 1,
         }
     }
 }
@@ -63,6 +67,8 @@ pub struct TestApp {
     pub router: Router,
     pub seen: Arc<Mutex<Vec<SeenBatch>>>,
     pub metrics: Arc<Metrics>,
+    /// Each device's switch to fail as a lost GPU would (`DeviceError`).
+    pub broken: Vec<Arc<AtomicBool>>,
 }
 
 /// Must run inside a tokio runtime (the batching task is spawned).
@@ -72,7 +78,13 @@ pub fn test_app(opts: Options) -> TestApp {
     fake.healthy = opts.healthy;
     fake.gate = opts.gate;
     let seen = fake.seen.clone();
-    let (backend, info, _threads) = BackendHandle::spawn(fake.into_factory()).unwrap();
+    let fakes = match opts.devices {
+        1 => vec![fake],
+        n => fake.on_devices(n),
+    };
+    let broken = fakes.iter().map(|f| f.broken.clone()).collect();
+    let (backend, info, _threads) =
+        BackendHandle::spawn(FakeBackend::devices_factory(fakes)).unwrap();
     let config = TokenizerConfig {
         max_input_length: info.max_input_length,
         position_offset: info.position_offset,
@@ -116,6 +128,7 @@ pub fn test_app(opts: Options) -> TestApp {
         router: app(state),
         seen,
         metrics: metrics_handle,
+        broken,
     }
 }
 

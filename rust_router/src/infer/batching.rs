@@ -1,9 +1,11 @@
-//! The batching tasks: one per backend thread, packing the queue into batches, and what
-//! happens to a batch's results: shape checks, per-sequence checks for non-finite values, and,
-//! when the runtime raises on a batch of several requests, re-running them apart so that only
-//! the request that really fails gets the error.
+//! The batching tasks: one per lane (or one for both, without an interactive lane), each
+//! packing the queue into batches for whichever device can take one, and what happens to a
+//! batch's results: shape checks, per-sequence checks for non-finite values, and, when the
+//! runtime raises on a batch of several requests, re-running them apart so that only the
+//! request that really fails gets the error. A device failure (`DeviceError`) fails its batch
+//! without re-runs: no input is to blame.
 
-use crate::backend::{BackendError, BackendHandle, Batch, BatchKind, Lane, ModelInfo, Output};
+use crate::backend::{BackendError, BackendHandle, Batch, BatchKind, Lane, ModelInfo, Output, Ran};
 use crate::metrics::Metrics;
 use crate::queue::{InferResult, Metadata, NextBatch, Queue, RequestId, Take};
 use std::sync::Arc;
@@ -16,8 +18,9 @@ use tokio::task::JoinHandle;
 /// that says so rather than another client's message.
 pub const MAX_ISOLATION_PASSES: usize = 64;
 
-/// One batching task per backend thread: a task per lane when the runtime has an interactive
-/// lane (and it is on), else one task that packs in priority order for the only thread.
+/// The batching tasks: a task per lane when the runtime has an interactive lane (and it is on),
+/// each feeding that lane's threads on every device, else one task that packs in priority
+/// order for each device's only thread.
 pub fn batching_takes(backend: &BackendHandle, interactive_max_tokens: usize) -> Vec<Take> {
     if backend.has_interactive_lane() && interactive_max_tokens > 0 {
         Lane::PRIORITY.into_iter().map(Take::Lane).collect()
@@ -31,6 +34,29 @@ struct Context {
     backend: BackendHandle,
     info: Arc<ModelInfo>,
     metrics: Arc<Metrics>,
+    /// The `device` label of the `te_batch_*` metrics, by device index. `None` with one
+    /// device: its series keep the labels they had before devices existed.
+    device_labels: Option<Vec<String>>,
+}
+
+impl Context {
+    fn device_label(&self, device: usize) -> Option<&str> {
+        self.device_labels
+            .as_ref()
+            .map(|labels| labels[device].as_str())
+    }
+
+    /// Runs `f` with the labels of a batch metric of `device`.
+    fn labels<R>(&self, device: usize, f: impl FnOnce(&[(&str, &str)]) -> R) -> R {
+        match self.device_label(device) {
+            Some(label) => f(&[("device", label)]),
+            None => f(&[]),
+        }
+    }
+
+    fn inc(&self, name: &str, device: usize) {
+        self.labels(device, |l| self.metrics.inc(name, l));
+    }
 }
 
 /// Starts the batching tasks; the returned task ends when they all have.
@@ -41,10 +67,12 @@ pub fn spawn_tasks(
     info: &Arc<ModelInfo>,
     metrics: &Arc<Metrics>,
 ) -> JoinHandle<()> {
+    let devices = backend.num_devices();
     let ctx = Arc::new(Context {
         backend: backend.clone(),
         info: info.clone(),
         metrics: metrics.clone(),
+        device_labels: (devices > 1).then(|| (0..devices).map(|i| i.to_string()).collect()),
     });
     let tasks: Vec<_> = batching_takes(backend, interactive_max_tokens)
         .into_iter()
@@ -57,12 +85,13 @@ pub fn spawn_tasks(
     })
 }
 
-/// Feeds one backend thread with what `take` packs: wait for work, reserve the thread's one
-/// free slot, then pack the next batch. Packing only after a slot is free means exactly one
-/// batch waits while another runs (prefetch), and that batch is as full as the queue allows at
-/// that moment (and, in priority order, holds the queries that arrived meanwhile). Waiting for
-/// work *before* the slot means an idle backend frees its slot with nobody waiting on it, so
-/// the backend thread wakes no tokio worker in front of its forward pass.
+/// Feeds the backend threads of `take`'s lane with what `take` packs: wait for work, reserve a
+/// free slot (of the device that can start soonest, see [`BackendHandle::reserve`]), then pack
+/// the next batch. Packing only after a slot is free means exactly one batch waits per thread
+/// while another runs (prefetch), and that batch is as full as the queue allows at that moment
+/// (and, in priority order, holds the queries that arrived meanwhile). Waiting for work
+/// *before* the slot means an idle backend frees its slot with nobody waiting on it, so the
+/// backend thread wakes no tokio worker in front of its forward pass.
 async fn batching_task(queue: Queue, take: Take, ctx: Arc<Context>) {
     loop {
         if !queue.wait_ready(take).await {
@@ -81,7 +110,7 @@ async fn batching_task(queue: Queue, take: Take, ctx: Arc<Context>) {
             batch,
             metadata,
             ..
-        }) = queue.try_next_batch(take)
+        }) = queue.try_next_batch(take, ctx.device_label(slot.device()))
         else {
             continue;
         };
@@ -97,8 +126,8 @@ async fn batching_task(queue: Queue, take: Take, ctx: Arc<Context>) {
     }
 }
 
-/// The backend is gone: fail everything that is or will be queued for `take` instead of
-/// leaving clients waiting forever.
+/// The backend is gone (or every device has failed): fail everything that is or will be
+/// queued for `take` instead of leaving clients waiting forever.
 async fn fail_everything_queued(queue: &Queue, take: Take, err: BackendError) {
     tracing::error!("{err}; failing queued requests");
     while let Some(next) = queue.next_batch(take).await {
@@ -111,28 +140,36 @@ async fn fail_everything_queued(queue: &Queue, take: Take, err: BackendError) {
 /// The sequences of one batch sent to the backend, waiting for their results.
 struct Job {
     kind: BatchKind,
-    /// The backend thread the batch ran on (re-runs go to the same one).
+    /// The lane whose threads run the batch (re-runs go to that lane, on any device).
     lane: Lane,
     /// One per sequence, in batch order.
     metadata: Vec<Metadata>,
 }
 
 impl Job {
-    async fn finish(self, rx: oneshot::Receiver<crate::backend::Ran>, ctx: Arc<Context>) {
-        let Ok(ran) = rx.await else {
+    async fn finish(self, rx: oneshot::Receiver<Ran>, ctx: Arc<Context>) {
+        let Ok(mut ran) = rx.await else {
             return self.fail_all(&BackendError::Stopped);
         };
+        if matches!(ran.result, Err(BackendError::Refused)) {
+            // Its device failed before running it: it goes to another one.
+            ran = match run_anywhere(&ctx.backend, self.lane, self.kind, ran.batch).await {
+                Ok(ran) => ran,
+                Err(err) => return self.fail_all(&err),
+            };
+        }
+        let device = ran.device;
         let result = ran
             .result
             .and_then(|out| check_shape(&out, self.kind, &ran.batch, &ctx.info).map(|_| out));
         match result {
-            Ok(out) => self.deliver(&ran.batch, out, &ctx),
+            Ok(out) => self.deliver(&ran.batch, out, device, &ctx),
             Err(err @ BackendError::Inference(_)) if self.requests().len() > 1 => {
-                ctx.metrics.inc("te_batch_inference_failure", &[]);
+                ctx.inc("te_batch_inference_failure", device);
                 self.isolate(ran.batch, err, &ctx).await
             }
             Err(err) => {
-                ctx.metrics.inc("te_batch_inference_failure", &[]);
+                ctx.inc("te_batch_inference_failure", device);
                 self.fail_all(&err)
             }
         }
@@ -160,15 +197,21 @@ impl Job {
 
     /// Splits the results back to the sequences; a sequence whose values are not all finite
     /// gets an error of its own instead of `null`s in JSON.
-    fn deliver(self, batch: &Batch, out: Output, ctx: &Context) {
+    fn deliver(self, batch: &Batch, out: Output, device: usize, ctx: &Context) {
         let m = &ctx.metrics;
-        m.inc("te_batch_inference_success", &[]);
-        m.observe(
-            "te_batch_inference_duration",
-            &[],
-            out.duration.as_secs_f64(),
-        );
-        m.observe("te_batch_inference_size", &[], self.metadata.len() as f64);
+        ctx.labels(device, |labels| {
+            m.inc("te_batch_inference_success", labels);
+            m.observe(
+                "te_batch_inference_duration",
+                labels,
+                out.duration.as_secs_f64(),
+            );
+            m.observe(
+                "te_batch_inference_size",
+                labels,
+                self.metadata.len() as f64,
+            );
+        });
         let cols = out.matrix.cols;
         for (i, meta) in self.metadata.into_iter().enumerate() {
             let (a, b) = match self.kind {
@@ -240,13 +283,21 @@ impl Job {
                 continue;
             }
             passes += 1;
-            ctx.metrics.inc("te_batch_isolation_pass", &[]);
             let sub = batch.select(&seqs);
-            match run_once(&ctx.backend, lane, kind, sub).await {
-                Ok((sub, out)) => {
+            let ran = match run_anywhere(&ctx.backend, lane, kind, sub).await {
+                Ok(ran) => ran,
+                Err(err) => {
+                    Job::new(kind, lane, take(&mut slots)).fail_all(&err);
+                    continue;
+                }
+            };
+            let device = ran.device;
+            ctx.inc("te_batch_isolation_pass", device);
+            match ran.result {
+                Ok(out) => {
                     let job = Job::new(kind, lane, take(&mut slots));
-                    match check_shape(&out, kind, &sub, &ctx.info) {
-                        Ok(()) => job.deliver(&sub, out, ctx),
+                    match check_shape(&out, kind, &ran.batch, &ctx.info) {
+                        Ok(()) => job.deliver(&ran.batch, out, device, ctx),
                         Err(e) => job.fail_all(&e),
                     }
                 }
@@ -279,18 +330,25 @@ fn halves(ids: &[RequestId]) -> Vec<Vec<RequestId>> {
     vec![b.to_vec(), a.to_vec()]
 }
 
-/// Runs one batch on `lane`'s backend thread, waiting for its slot like any other batch.
-async fn run_once(
+/// Runs one batch on `lane`'s thread of a healthy device, waiting for its slot like any other
+/// batch. A device that failed before running it hands it back, and it goes to another; once
+/// none is left, the error says why.
+async fn run_anywhere(
     backend: &BackendHandle,
     lane: Lane,
     kind: BatchKind,
-    batch: Batch,
-) -> Result<(Batch, Output), BackendError> {
-    let slot = backend.reserve(lane).await?;
-    let (reply, rx) = oneshot::channel();
-    slot.send(kind, batch, reply);
-    let ran = rx.await.map_err(|_| BackendError::Stopped)?;
-    ran.result.map(|out| (ran.batch, out))
+    mut batch: Batch,
+) -> Result<Ran, BackendError> {
+    loop {
+        let slot = backend.reserve(lane).await?;
+        let (reply, rx) = oneshot::channel();
+        slot.send(kind, batch, reply);
+        let ran = rx.await.map_err(|_| BackendError::Stopped)?;
+        match ran.result {
+            Err(BackendError::Refused) => batch = ran.batch,
+            _ => return Ok(ran),
+        }
+    }
 }
 
 fn check_shape(

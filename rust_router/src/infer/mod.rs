@@ -4,7 +4,9 @@
 
 mod batching;
 
-use crate::backend::{BackendError, BackendHandle, BatchKind, Lane, ModelInfo, ScoreActivation};
+use crate::backend::{
+    BackendError, BackendHandle, BatchKind, DeviceStatus, Health, Lane, ModelInfo, ScoreActivation,
+};
 use crate::metrics::Metrics;
 use crate::queue::{Entry, InferResult, Metadata, Queue, RequestId};
 use crate::tokenization::{
@@ -192,8 +194,14 @@ impl Infer {
         total_bytes <= INLINE_MAX_BYTES && in_flight <= INLINE_MAX_IN_FLIGHT
     }
 
-    pub async fn health(&self) -> Result<(), BackendError> {
+    /// Every healthy device's health check (a failed device is not called again).
+    pub async fn health(&self) -> Health {
         self.backend.health().await
+    }
+
+    /// Every device's health and batch counts.
+    pub fn devices(&self) -> Vec<DeviceStatus> {
+        self.backend.devices()
     }
 
     pub fn shutdown(&self) {

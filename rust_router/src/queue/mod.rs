@@ -283,8 +283,10 @@ impl Queue {
         self.state().is_empty()
     }
 
-    /// Packs the next batch for `take` from what is queued now, if anything is.
-    pub fn try_next_batch(&self, take: Take) -> Option<NextBatch> {
+    /// Packs the next batch for `take` from what is queued now, if anything is. `device` labels
+    /// the batch metrics when the server runs several devices (`None` with one, so those
+    /// series keep their single-device labels).
+    pub fn try_next_batch(&self, take: Take, device: Option<&str>) -> Option<NextBatch> {
         let mut state = self.state();
         let next = state.take_batch(take);
         let dropped = state.take_dropped();
@@ -298,11 +300,19 @@ impl Queue {
             m.gauge_set("te_queue_size", len as f64);
         }
         if let Some(next) = &next {
-            let lane = [("lane", next.lane.as_str())];
-            m.observe("te_batch_next_size", &lane, next.metadata.len() as f64);
+            let lane = ("lane", next.lane.as_str());
+            let with_device;
+            let labels: &[(&str, &str)] = match device {
+                Some(device) => {
+                    with_device = [lane, ("device", device)];
+                    &with_device
+                }
+                None => std::slice::from_ref(&lane),
+            };
+            m.observe("te_batch_next_size", labels, next.metadata.len() as f64);
             m.observe(
                 "te_batch_next_tokens",
-                &lane,
+                labels,
                 next.batch.num_tokens() as f64,
             );
         }
@@ -337,7 +347,7 @@ impl Queue {
             if !self.wait_ready(take).await {
                 return None;
             }
-            if let Some(next) = self.try_next_batch(take) {
+            if let Some(next) = self.try_next_batch(take, None) {
                 return Some(next);
             }
         }

@@ -274,7 +274,7 @@ async fn each_lane_wakes_only_its_own_consumer() {
     );
     assert!(interactive.await.is_err(), "woke for a bulk entry");
     assert!(queue.wait_ready(Take::Lane(Lane::Bulk)).await);
-    let next = queue.try_next_batch(Take::Lane(Lane::Bulk)).unwrap();
+    let next = queue.try_next_batch(Take::Lane(Lane::Bulk), None).unwrap();
     assert_eq!(next.lane, Lane::Bulk);
     let text = metrics.render();
     assert!(

@@ -1,0 +1,561 @@
+//! The backend threads and the handle the async side reaches them through.
+//!
+//! One executor per device: a thread for bulk batches and health checks, plus a thread for
+//! interactive batches when the runtime has that lane. Device 0's bulk thread is the one that
+//! loaded the model. Each thread has a one-batch slot (the prefetch); [`BackendHandle::reserve`]
+//! hands out the slot of whichever healthy device can take a batch soonest, so one queue feeds
+//! every device. With one device that is exactly its own slot: no choice, no extra work.
+
+use super::device::{DeviceFailure, DeviceState, DeviceStatus, Health};
+use super::wait::{next_message, WaitPolicy};
+use super::{Backend, BackendError, Batch, BatchKind, Lane, Matrix, ModelInfo};
+use futures_util::future::{join_all, select_all};
+use std::panic::AssertUnwindSafe;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
+
+/// Result of one forward pass, with when it ran so requests can report queue vs inference time.
+#[derive(Debug)]
+pub struct Output {
+    pub matrix: Matrix,
+    pub started: Instant,
+    pub duration: Duration,
+}
+
+/// A forward pass's result, with the batch handed back so that a failed batch can be re-run
+/// in parts (or elsewhere, when its device failed before running it).
+#[derive(Debug)]
+pub struct Ran {
+    pub batch: Batch,
+    pub result: Result<Output, BackendError>,
+    /// The device that ran (or refused) it.
+    pub device: usize,
+}
+
+pub type ForwardReply = oneshot::Sender<Ran>;
+
+enum Command {
+    Forward {
+        kind: BatchKind,
+        batch: Batch,
+        reply: ForwardReply,
+        /// Released as soon as the backend thread picks the batch up.
+        slot: OwnedSemaphorePermit,
+    },
+    Health(oneshot::Sender<Result<(), BackendError>>),
+}
+
+/// The right to hand one backend thread its next batch. Each thread has one such slot, freed
+/// when the thread starts a batch, so exactly one batch waits while another runs (the
+/// prefetch), and it is packed as late as possible. Health checks do not need a slot, so they
+/// never wait behind an idle batching task.
+pub struct Slot {
+    permit: OwnedSemaphorePermit,
+    tx: mpsc::UnboundedSender<Command>,
+    device: usize,
+}
+
+impl Slot {
+    /// The device whose thread this slot feeds.
+    pub fn device(&self) -> usize {
+        self.device
+    }
+
+    pub fn send(self, kind: BatchKind, batch: Batch, reply: ForwardReply) {
+        // If the thread is gone the command (and `reply`) is dropped: the waiter sees
+        // `Stopped`.
+        let _ = self.tx.send(Command::Forward {
+            kind,
+            batch,
+            reply,
+            slot: self.permit,
+        });
+    }
+}
+
+/// The way to one backend thread: its command channel, its one-batch slot, and whether it is
+/// running a batch now.
+struct LaneChannel {
+    tx: mpsc::UnboundedSender<Command>,
+    slots: Arc<Semaphore>,
+    /// Set by the thread while a forward pass runs. Only a hint for choosing among devices
+    /// (an idle one before a busy one's prefetch slot), so relaxed ordering is enough.
+    busy: Arc<AtomicBool>,
+}
+
+impl LaneChannel {
+    fn new(tx: mpsc::UnboundedSender<Command>, busy: Arc<AtomicBool>) -> Self {
+        Self {
+            tx,
+            slots: Arc::new(Semaphore::new(1)),
+            busy,
+        }
+    }
+
+    fn slot(&self, permit: OwnedSemaphorePermit, device: usize) -> Slot {
+        Slot {
+            permit,
+            tx: self.tx.clone(),
+            device,
+        }
+    }
+
+    async fn reserve(&self, device: usize) -> Result<Slot, BackendError> {
+        if self.tx.is_closed() {
+            return Err(BackendError::Stopped);
+        }
+        let permit = self
+            .slots
+            .clone()
+            .acquire_owned()
+            .await
+            .map_err(|_| BackendError::Stopped)?;
+        Ok(self.slot(permit, device))
+    }
+
+    fn try_reserve(&self, device: usize) -> Option<Slot> {
+        let permit = self.slots.clone().try_acquire_owned().ok()?;
+        Some(self.slot(permit, device))
+    }
+
+    fn is_free(&self) -> bool {
+        self.slots.available_permits() > 0
+    }
+
+    fn is_busy(&self) -> bool {
+        self.busy.load(Ordering::Relaxed)
+    }
+}
+
+/// One device: its threads' channels and its shared state.
+struct Executor {
+    bulk: LaneChannel,
+    /// `None` when the runtime has no interactive lane: one thread serves both lanes.
+    interactive: Option<LaneChannel>,
+    state: Arc<DeviceState>,
+}
+
+impl Executor {
+    /// The thread that runs `lane`'s batches (the only one, without an interactive lane).
+    fn lane(&self, lane: Lane) -> &LaneChannel {
+        match (lane, &self.interactive) {
+            (Lane::Interactive, Some(interactive)) => interactive,
+            _ => &self.bulk,
+        }
+    }
+
+    /// Whether this device can take `lane`'s batches at all.
+    fn is_open(&self, lane: Lane) -> bool {
+        self.state.is_healthy() && !self.lane(lane).tx.is_closed()
+    }
+
+    async fn reserve(&self, lane: Lane) -> Result<Slot, BackendError> {
+        if !self.state.is_healthy() {
+            return Err(self.state.unavailable());
+        }
+        self.lane(lane).reserve(self.state.index).await
+    }
+
+    async fn health(&self) -> Result<(), BackendError> {
+        if !self.state.is_healthy() {
+            return Err(self.state.unavailable());
+        }
+        let (reply, rx) = oneshot::channel();
+        self.bulk
+            .tx
+            .send(Command::Health(reply))
+            .map_err(|_| BackendError::Stopped)?;
+        rx.await.map_err(|_| BackendError::Stopped)?
+    }
+}
+
+/// Cheap, cloneable handle the async side uses to reach the backend threads of every device.
+#[derive(Clone)]
+pub struct BackendHandle {
+    /// One per device, by index.
+    executors: Arc<[Executor]>,
+}
+
+/// One device's backends, as a [`BackendFactory`] loads them.
+pub struct DeviceBackends {
+    /// Runs bulk batches and health checks (device 0's on the thread that built it).
+    pub bulk: Box<dyn Backend + Send>,
+    /// Runs interactive batches on a thread of its own, at the same time as `bulk`; `None`
+    /// when the runtime has no interactive lane (or it is turned off).
+    pub interactive: Option<Box<dyn Backend + Send>>,
+}
+
+/// What a [`BackendFactory`] loads.
+pub struct LoadedBackend {
+    pub info: ModelInfo,
+    /// One per device, in the order of [`ModelInfo::device_names`].
+    pub devices: Vec<DeviceBackends>,
+}
+
+impl LoadedBackend {
+    /// One set of backends per device the info names, all with the same lanes.
+    fn check(self) -> Result<Self, BackendError> {
+        let names = self.info.device_names();
+        if self.devices.len() != names.len() {
+            return Err(BackendError::Start(format!(
+                "the backend loaded {} device(s) but info() lists {}: {names:?}",
+                self.devices.len(),
+                names.len()
+            )));
+        }
+        let lanes = self.devices[0].interactive.is_some();
+        if self
+            .devices
+            .iter()
+            .any(|d| d.interactive.is_some() != lanes)
+        {
+            return Err(BackendError::Start(
+                "every device must have an interactive lane, or none".into(),
+            ));
+        }
+        Ok(self)
+    }
+}
+
+/// Builds the backend on the backend thread (a Python object must be created where it is used).
+pub type BackendFactory = Box<dyn FnOnce() -> Result<LoadedBackend, BackendError> + Send>;
+
+/// The backend threads; join them after the handle and all its clones are dropped.
+pub struct BackendThreads(pub(super) Vec<JoinHandle<()>>);
+
+impl BackendThreads {
+    /// Waits for every thread (not only up to a panicked one), and reports the first panic.
+    pub fn join(self) -> std::thread::Result<()> {
+        let mut first = Ok(());
+        for thread in self.0 {
+            let result = thread.join();
+            if first.is_ok() {
+                first = result;
+            }
+        }
+        first
+    }
+}
+
+fn spawn_named(
+    name: &str,
+    f: impl FnOnce() + Send + 'static,
+) -> Result<JoinHandle<()>, BackendError> {
+    std::thread::Builder::new()
+        .name(name.into())
+        .spawn(f)
+        .map_err(|e| BackendError::Start(format!("cannot spawn the {name} thread: {e}")))
+}
+
+/// A backend thread's name: `model-backend` / `model-interactive` for device 0 (the names of
+/// a one-device server), with the index after them for the others.
+fn thread_name(role: &str, device: usize) -> String {
+    match device {
+        0 => format!("model-{role}"),
+        i => format!("model-{role}-{i}"),
+    }
+}
+
+/// What a backend thread shares with the handle besides its channel.
+struct Worker {
+    state: Arc<DeviceState>,
+    busy: Arc<AtomicBool>,
+}
+
+impl Worker {
+    fn new(state: &Arc<DeviceState>) -> Self {
+        Self {
+            state: state.clone(),
+            busy: Arc::default(),
+        }
+    }
+}
+
+/// One backend thread's life: run what its lane sends until every handle is gone.
+fn serve_lane(
+    mut backend: Box<dyn Backend>,
+    mut rx: mpsc::UnboundedReceiver<Command>,
+    wait: WaitPolicy,
+    worker: Worker,
+) {
+    let Worker { state, busy } = worker;
+    let device = state.index;
+    // Waiting here holds no interpreter lock: the Python backend attaches only inside
+    // `forward` / `health`.
+    while let Some(cmd) = next_message(&mut rx, wait) {
+        match cmd {
+            Command::Forward {
+                kind,
+                batch,
+                reply,
+                slot,
+            } => {
+                // Busy before the slot frees, so a free slot never looks like an idle device.
+                busy.store(true, Ordering::Relaxed);
+                drop(slot);
+                if !state.is_healthy() {
+                    // The device failed after this batch was handed over: hand it back, to
+                    // run on another device.
+                    busy.store(false, Ordering::Relaxed);
+                    let result = Err(BackendError::Refused);
+                    let _ = reply.send(Ran {
+                        batch,
+                        result,
+                        device,
+                    });
+                    continue;
+                }
+                let started = Instant::now();
+                let result = guarded(|| backend.forward(kind, &batch));
+                let duration = started.elapsed();
+                busy.store(false, Ordering::Relaxed);
+                state.record(&result);
+                let result = result.map(|matrix| Output {
+                    matrix,
+                    started,
+                    duration,
+                });
+                let _ = reply.send(Ran {
+                    batch,
+                    result,
+                    device,
+                });
+            }
+            Command::Health(reply) => {
+                let result = guarded(|| backend.health());
+                if let Err(BackendError::Device(why)) = &result {
+                    state.mark_failed(why);
+                }
+                let _ = reply.send(result);
+            }
+        }
+    }
+    tracing::debug!(device, "backend thread stopping");
+}
+
+/// What the loading thread hands back once the model is loaded.
+struct Ready {
+    info: ModelInfo,
+    states: Vec<Arc<DeviceState>>,
+    /// Device 0's bulk thread is the loading thread itself.
+    first_busy: Arc<AtomicBool>,
+    first_interactive: Option<Box<dyn Backend + Send>>,
+    others: Vec<DeviceBackends>,
+}
+
+/// Starts `backend`'s interactive thread, when it has one.
+fn spawn_interactive(
+    backend: Option<Box<dyn Backend + Send>>,
+    state: &Arc<DeviceState>,
+    wait: WaitPolicy,
+    threads: &mut Vec<JoinHandle<()>>,
+) -> Result<Option<LaneChannel>, BackendError> {
+    let Some(backend) = backend else {
+        return Ok(None);
+    };
+    let (tx, rx) = mpsc::unbounded_channel::<Command>();
+    let worker = Worker::new(state);
+    let busy = worker.busy.clone();
+    threads.push(spawn_named(
+        &thread_name("interactive", state.index),
+        move || serve_lane(backend, rx, wait, worker),
+    )?);
+    Ok(Some(LaneChannel::new(tx, busy)))
+}
+
+impl BackendHandle {
+    /// Starts the backend thread, waits for the model to load, starts the other threads (the
+    /// interactive lane's, the other devices') and returns the handle, the model's info and
+    /// the threads. The threads sleep as soon as they have nothing to do.
+    pub fn spawn(
+        factory: BackendFactory,
+    ) -> Result<(BackendHandle, ModelInfo, BackendThreads), BackendError> {
+        Self::spawn_with(factory, WaitPolicy::default())
+    }
+
+    /// [`BackendHandle::spawn`], with the threads waiting for work as `wait` says.
+    pub fn spawn_with(
+        factory: BackendFactory,
+        wait: WaitPolicy,
+    ) -> Result<(BackendHandle, ModelInfo, BackendThreads), BackendError> {
+        let (tx, rx) = mpsc::unbounded_channel::<Command>();
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel::<Result<Ready, BackendError>>();
+        let loader = spawn_named(&thread_name("backend", 0), move || {
+            match factory().and_then(LoadedBackend::check) {
+                Ok(LoadedBackend { info, devices }) => {
+                    let states: Vec<Arc<DeviceState>> = info
+                        .device_names()
+                        .into_iter()
+                        .enumerate()
+                        .map(|(i, name)| Arc::new(DeviceState::new(i, name)))
+                        .collect();
+                    let mut devices = devices.into_iter();
+                    let first = devices.next().expect("checked: one backend per device");
+                    let worker = Worker::new(&states[0]);
+                    let _ = ready_tx.send(Ok(Ready {
+                        info,
+                        states,
+                        first_busy: worker.busy.clone(),
+                        first_interactive: first.interactive,
+                        others: devices.collect(),
+                    }));
+                    serve_lane(first.bulk, rx, wait, worker);
+                }
+                Err(err) => {
+                    let _ = ready_tx.send(Err(err));
+                }
+            }
+        })?;
+        let ready = match ready_rx.recv() {
+            Ok(Ok(ready)) => ready,
+            Ok(Err(err)) => {
+                let _ = loader.join();
+                return Err(err);
+            }
+            Err(_) => {
+                let _ = loader.join();
+                return Err(BackendError::Start(
+                    "the backend thread panicked while loading".into(),
+                ));
+            }
+        };
+        ready.info.validate()?;
+        let Ready {
+            info,
+            states,
+            first_busy,
+            first_interactive,
+            others,
+        } = ready;
+        let mut threads = vec![loader];
+        let mut executors = Vec::with_capacity(states.len());
+        executors.push(Executor {
+            bulk: LaneChannel::new(tx, first_busy),
+            interactive: spawn_interactive(first_interactive, &states[0], wait, &mut threads)?,
+            state: states[0].clone(),
+        });
+        for (device, state) in others.into_iter().zip(&states[1..]) {
+            let (tx, rx) = mpsc::unbounded_channel::<Command>();
+            let worker = Worker::new(state);
+            let busy = worker.busy.clone();
+            let bulk = device.bulk;
+            threads.push(spawn_named(
+                &thread_name("backend", state.index),
+                move || serve_lane(bulk, rx, wait, worker),
+            )?);
+            executors.push(Executor {
+                bulk: LaneChannel::new(tx, busy),
+                interactive: spawn_interactive(device.interactive, state, wait, &mut threads)?,
+                state: state.clone(),
+            });
+        }
+        let handle = BackendHandle {
+            executors: executors.into(),
+        };
+        Ok((handle, info, BackendThreads(threads)))
+    }
+
+    /// Whether interactive batches have their own threads (else they share the bulk ones).
+    pub fn has_interactive_lane(&self) -> bool {
+        self.executors[0].interactive.is_some()
+    }
+
+    pub fn num_devices(&self) -> usize {
+        self.executors.len()
+    }
+
+    /// Waits until a healthy device's `lane` thread (its only thread, without an interactive
+    /// lane) can take the next batch. Fails once no device is left.
+    pub async fn reserve(&self, lane: Lane) -> Result<Slot, BackendError> {
+        match &self.executors[..] {
+            [only] => only.reserve(lane).await,
+            all => reserve_any(all, lane).await,
+        }
+    }
+
+    /// Runs every healthy device's health check, at once.
+    pub async fn health(&self) -> Health {
+        let checks = self.executors.iter().map(|e| async move {
+            let known = !e.state.is_healthy();
+            let error = e.health().await.err()?;
+            Some(DeviceFailure {
+                index: e.state.index,
+                name: e.state.name.clone(),
+                error,
+                known,
+            })
+        });
+        Health {
+            devices: self.executors.len(),
+            failures: join_all(checks).await.into_iter().flatten().collect(),
+        }
+    }
+
+    /// Every device's health and batch counts.
+    pub fn devices(&self) -> Vec<DeviceStatus> {
+        self.executors.iter().map(|e| e.state.status()).collect()
+    }
+}
+
+/// The slot of the device that can run a batch soonest: an idle one first (lowest index, so a
+/// lone query always takes the first free lane), then one that is running a batch and has its
+/// prefetch slot free; when every slot is taken, the first to free.
+async fn reserve_any(executors: &[Executor], lane: Lane) -> Result<Slot, BackendError> {
+    loop {
+        let open: Vec<&Executor> = executors.iter().filter(|e| e.is_open(lane)).collect();
+        if open.is_empty() {
+            return Err(none_left(executors));
+        }
+        let free = open
+            .iter()
+            .filter(|e| e.lane(lane).is_free())
+            // `min_by_key` keeps the first of equals: the lowest index.
+            .min_by_key(|e| e.lane(lane).is_busy());
+        if let Some(e) = free {
+            match e.lane(lane).try_reserve(e.state.index) {
+                Some(slot) => return Ok(slot),
+                // Another reservation (a re-run) took it in between: look again.
+                None => continue,
+            }
+        }
+        let waits = open
+            .iter()
+            .map(|e| Box::pin(e.lane(lane).reserve(e.state.index)));
+        let (slot, _, _) = select_all(waits).await;
+        let slot = slot?;
+        // The device may have failed while we waited for it.
+        if executors[slot.device].state.is_healthy() {
+            return Ok(slot);
+        }
+    }
+}
+
+/// Why no device can take a batch: the failed devices' errors, or `Stopped` when the threads
+/// are gone.
+fn none_left(executors: &[Executor]) -> BackendError {
+    let failed: Vec<String> = executors
+        .iter()
+        .filter(|e| !e.state.is_healthy())
+        .map(|e| e.state.failure_text())
+        .collect();
+    if failed.is_empty() {
+        return BackendError::Stopped;
+    }
+    BackendError::Unhealthy(format!("every device has failed: {}", failed.join("; ")))
+}
+
+/// A panic inside one forward pass must fail that batch, not take the server down.
+fn guarded<T>(f: impl FnOnce() -> Result<T, BackendError>) -> Result<T, BackendError> {
+    std::panic::catch_unwind(AssertUnwindSafe(f)).unwrap_or_else(|panic| {
+        let msg = panic
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| panic.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "unknown panic".into());
+        tracing::error!("backend panicked: {msg}");
+        Err(BackendError::Inference(format!("backend panicked: {msg}")))
+    })
+}
