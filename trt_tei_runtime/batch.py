@@ -90,16 +90,19 @@ class PackedBatch:
         lengths = [len(s) for s in ids]
         if min(lengths) == 0:
             raise InputError("sequences must not be empty")
-        flat = np.fromiter((t for s in ids for t in s), dtype=np.int64, count=sum(lengths))
+        # One C-level conversion per sequence, not a Python loop per token: `Model` packs
+        # batches on a thread of its own, holding the GIL, while another thread launches
+        # kernels.
+        flat = np.concatenate([np.asarray(s, dtype=np.int64) for s in ids])
         if type_ids is None:
             types = np.zeros_like(flat)
         else:
-            types = np.fromiter(
-                (t for s in type_ids for t in s), dtype=np.int64, count=sum(lengths)
-            )
-        positions = np.concatenate([np.arange(n, dtype=np.int64) for n in lengths])
+            types = np.concatenate([np.asarray(s, dtype=np.int64) for s in type_ids])
+            if types.shape != flat.shape:
+                raise InputError("type_ids must have one entry per token")
         cu = np.zeros(len(ids) + 1, dtype=np.int32)
         np.cumsum(lengths, out=cu[1:])
+        positions = np.arange(flat.size, dtype=np.int64) - np.repeat(cu[:-1], lengths)
         return cls(
             input_ids=torch.from_numpy(flat),
             token_type_ids=torch.from_numpy(types),

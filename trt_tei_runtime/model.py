@@ -6,6 +6,7 @@ import os
 import threading
 from collections import Counter
 from collections.abc import Iterator, Sequence
+from typing import Optional
 
 import numpy as np
 import torch
@@ -20,14 +21,14 @@ from .runtime.dispatch import Job, Method, run_jobs
 from .tokenization import TextOrPair, TextTokenizer
 
 DEFAULT_MAX_BATCH_TOKENS = 16384
-# Inputs tokenized at a time, ahead of the devices: large enough that each chunk fills
-# many batches, small enough that the first batch starts soon.
-TOKENIZE_CHUNK = 2048
+# Inputs tokenized at a time, ahead of the devices: enough for several full batches, few
+# enough that the first batch starts soon.
+TOKENIZE_CHUNK = 256
 # Fewer inputs than this show no progress bar unless asked.
 PROGRESS_MIN_INPUTS = 256
 
-# (offset of the chunk's first input, token ids, token type ids) per chunk.
-Chunk = tuple[int, list[list[int]], list[list[int]]]
+# (offset of the chunk's first input, token ids, token type ids or None for all zeros).
+Chunk = tuple[int, list[list[int]], Optional[list[list[int]]]]
 
 
 class Model:
@@ -122,8 +123,7 @@ class Model:
         def chunks() -> Iterator[Chunk]:
             for start in range(0, len(texts), TOKENIZE_CHUNK):
                 part = [prompt + t for t in texts[start : start + TOKENIZE_CHUNK]]
-                ids = [e.ids for e in self.tokenizer.encode(part, truncate=truncate)]
-                yield start, ids, [[0] * len(seq) for seq in ids]
+                yield start, [e.ids for e in self.tokenizer.encode(part, truncate=truncate)], None
 
         outputs = self._run(len(texts), chunks(), show_progress_bar, Executor.embed)
         return self._finish(outputs, normalize, dimensions)
@@ -157,7 +157,7 @@ class Model:
         `(n, dim)` float32. Every sequence needs at least one token."""
         self._check_dimensions(dimensions)
         rows = [list(seq) for seq in ids]
-        chunk = (0, rows, [[0] * len(seq) for seq in rows])
+        chunk: Chunk = (0, rows, None)
         outputs = self._run(len(rows), iter([chunk]), show_progress_bar, Executor.embed)
         return self._finish(outputs, normalize, dimensions)
 
@@ -274,12 +274,12 @@ class Model:
                 for batch in token_budget_batches(lengths, self.max_batch_tokens):
                     packed = PackedBatch.from_sequences(
                         [ids[i] for i in batch],
-                        [type_ids[i] for i in batch],
+                        None if type_ids is None else [type_ids[i] for i in batch],
                         self.info.position_offset,
                     )
                     yield Job([start + i for i in batch], packed)
 
-        results: list[torch.Tensor | None] = [None] * count
+        results: torch.Tensor | None = None
         # tqdm's None: shown on a terminal only.
         if show_progress_bar is None:
             disable = True if count < PROGRESS_MIN_INPUTS else None
@@ -288,12 +288,13 @@ class Model:
         progress = tqdm(total=count, disable=disable, unit="input")
         with progress:
             for job, out, device in run_jobs(self.executors, jobs(), method):
-                for row, i in enumerate(job.key):
-                    results[i] = out[row]
+                if results is None:
+                    results = out.new_empty((count, *out.shape[1:]))
+                results[torch.tensor(job.key)] = out
                 with self._tokens_lock:
                     self._tokens[str(device)] += job.batch.num_tokens
                 progress.update(len(job.key))
-        return torch.stack(results)  # type: ignore[arg-type]
+        return results
 
     def _with_suffix(
         self, ids: list[int], suffix: tuple[int, ...], truncate: bool, index: int

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Optional, Union
 
 import torch
 
 from ..errors import InputError
 
-DeviceSpec = str | torch.device | Sequence[str | torch.device] | None
+# A runtime alias, so spelled for Python 3.9 (the wheel's floor).
+DeviceSpec = Optional[Union[str, torch.device, Sequence[Union[str, torch.device]]]]
 
 _DTYPES = {
     "float32": torch.float32,
