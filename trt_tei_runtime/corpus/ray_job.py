@@ -1,0 +1,333 @@
+"""`trt-tei-embed --ray ADDRESS`: the same job, shards embedded by model actors on a cluster.
+
+This process (the driver) reads and screens the input, sends each unfinished shard's usable
+texts to an actor (one `Model` each: one GPU, or one CPU on a cluster without GPUs), and
+commits each returned shard itself, atomically, into the output folder, which therefore
+needs to exist on the driver only. Actors restart and their task is retried when a worker
+dies (`max_restarts`, `max_task_retries`): a shard is committed once, from whichever attempt
+finished it, so a lost worker costs time, never a row. A killed driver resumes like a local
+job: run it again.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+import pyarrow as pa
+
+from .ahead import ahead
+from .errors import CorpusError
+from .job import (
+    PREFETCH_CHUNKS,
+    Piece,
+    ShardEnd,
+    begin_output,
+    check_bad_rows,
+    embedding_dim,
+    finished_rows,
+    is_complete,
+    open_job,
+    plan,
+)
+from .options import JobOptions
+from .progress import Progress, Summary
+from .reader import InputReader
+from .rows import BadRow, Screened, embed, screen, tokenize
+from .store import OutputStore
+
+ACTOR_RESTARTS = 3  # a worker dying this many times on one actor fails the job
+TASKS_IN_FLIGHT_PER_ACTOR = 2  # one running, one queued: no actor waits for the driver
+# Test hook: "SHARD:MARKER_PATH" makes the worker embedding shard SHARD exit abruptly, once
+# (the marker file records that it did), as a killed or preempted worker would.
+CRASH_ENV = "TRT_TEI_EMBED_TEST_CRASH"
+
+
+@dataclass
+class ShardResult:
+    shard: int
+    table: pa.Table
+    bad: list[BadRow]
+    num_tokens: int
+    worker: str  # host and device, for the per-device summary
+    attempts: list[str] = field(default_factory=list)
+
+
+class ShardEmbedder:
+    """The actor: one model, one shard per call (tokenizing ahead of the model, as locally)."""
+
+    def __init__(
+        self,
+        model: str,
+        dtype: Optional[str],
+        prompt_name: Optional[str],
+        dimensions: Optional[int],
+        chunk_rows: int,
+    ) -> None:
+        from ..model import Model
+        from ..ray import default_device
+
+        self.model = Model(model, device=default_device(), dtype=dtype)
+        self.prompt_name = prompt_name
+        self.dimensions = dimensions
+        self.chunk_rows = chunk_rows
+        self.worker = f"{socket.gethostname()}/{self.model.device}/pid{os.getpid()}"
+
+    def describe(self) -> dict[str, Any]:
+        return {"hidden_size": self.model.info.hidden_size, "worker": self.worker}
+
+    def check_prompt(self) -> Optional[str]:
+        from ..errors import InputError
+
+        try:
+            self.model.tokenize(["x"], prompt_name=self.prompt_name)
+        except InputError as exc:
+            return str(exc)
+        return None
+
+    def embed_shard(self, shard: int, screened: Screened, schema: pa.Schema) -> ShardResult:
+        batches: list[pa.RecordBatch] = []
+        bad: list[BadRow] = list(screened.bad)
+        tokens = 0
+        pieces = (
+            tokenize(self.model, part, self.prompt_name)
+            for part in screened.chunks(self.chunk_rows)
+        )
+        for tok in ahead(pieces, PREFETCH_CHUNKS, name="shard-tokenizer"):
+            batches.append(embed(self.model, tok, self.dimensions, schema))
+            _maybe_crash(shard)  # test hook: dies with part of the shard embedded
+            bad.extend(tok.bad)
+            tokens += tok.num_tokens
+        bad.sort(key=lambda b: b.row)
+        return ShardResult(shard, pa.Table.from_batches(batches, schema), bad, tokens, self.worker)
+
+
+def _maybe_crash(shard: int) -> None:
+    spec = os.environ.get(CRASH_ENV)
+    if not spec:
+        return
+    index, marker = spec.split(":", 1)
+    if int(index) != shard:
+        return
+    try:
+        fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+    except FileExistsError:
+        return  # crashed once already: this is the retry
+    os.write(fd, f"{os.getpid()}\n".encode())
+    os.close(fd)
+    os._exit(1)
+
+
+@dataclass
+class ShardInput:
+    shard: int
+    stop: int
+    screened: Screened
+
+
+def shard_inputs(
+    reader: InputReader, options: JobOptions, finished: set[int]
+) -> Iterator[ShardInput]:
+    """Whole unfinished shards, screened (no model needed), in input order."""
+    parts: list[Screened] = []
+    for item in plan(reader, options.shard_rows, options.chunk_rows, finished):
+        if isinstance(item, Piece):
+            parts.append(screen(item.rows))
+        elif isinstance(item, ShardEnd):
+            yield ShardInput(item.shard, item.stop, Screened.concat(parts))
+            parts = []
+
+
+def run_ray(options: JobOptions, progress: Progress) -> Summary:
+    try:
+        import ray
+    except ImportError as exc:
+        raise CorpusError(
+            "--ray needs Ray: pip install 'trt-tei-runtime[ray]' (ray[data])"
+        ) from exc
+    reader, store = open_job(options, progress)
+    try:
+        try:
+            ray.init(
+                address=options.ray_address,
+                logging_level=logging.WARNING,
+                configure_logging=True,
+                log_to_driver=False,
+            )
+        except (ConnectionError, RuntimeError, ValueError) as exc:
+            raise CorpusError(
+                f"cannot connect to the Ray cluster at {options.ray_address!r}: {exc}"
+            ) from exc
+        try:
+            return _run(ray, options, reader, store, progress)
+        finally:
+            ray.shutdown()  # disconnects; the cluster keeps running
+    finally:
+        store.close()
+
+
+def _start_actors(ray: Any, options: JobOptions) -> list[Any]:
+    gpus = int(ray.cluster_resources().get("GPU", 0))
+    count = options.ray_actors
+    if count is None:
+        nodes = [n for n in ray.nodes() if n.get("Alive")]
+        count = gpus or max(1, sum(1 for n in nodes if n["Resources"].get("CPU", 0) >= 1))
+    extra: dict[str, Any] = {}
+    if os.environ.get(CRASH_ENV):  # the test hook travels to the actors, and only there
+        extra["runtime_env"] = {"env_vars": {CRASH_ENV: os.environ[CRASH_ENV]}}
+    actor_cls = ray.remote(ShardEmbedder).options(
+        num_gpus=1 if gpus else 0,
+        num_cpus=0 if gpus else 1,
+        max_restarts=ACTOR_RESTARTS,
+        max_task_retries=ACTOR_RESTARTS,
+        **extra,
+    )
+    return [
+        actor_cls.remote(
+            options.model,
+            options.dtype,
+            options.prompt_name,
+            options.dimensions,
+            options.chunk_rows,
+        )
+        for _ in range(count)
+    ]
+
+
+def _run(
+    ray: Any, options: JobOptions, reader: InputReader, store: OutputStore, progress: Progress
+) -> Summary:
+    from ..model import Model  # noqa: F401  (fail here, not on every actor, if it cannot import)
+
+    model_ref = options.model
+    if Path(model_ref).expanduser().exists():
+        # Actors may start in another working directory.
+        options = _with_model(options, str(Path(model_ref).expanduser().resolve()))
+    actors = _start_actors(ray, options)
+    try:
+        first = ray.get(actors[0].describe.remote())
+        problem = ray.get(actors[0].check_prompt.remote())
+        if problem:
+            raise CorpusError(f"--prompt-name: {problem}")
+        dim = embedding_dim(options, int(first["hidden_size"]))
+        schema, finished = begin_output(options, reader, store, dim)
+        summary = Summary(output=str(store.directory))
+        summary.resumed_rows = finished_rows(store, finished)
+        manifest = store.manifest
+        assert manifest is not None
+        total = reader.total_rows if reader.total_rows is not None else manifest.total_rows
+        progress.start(total, summary.resumed_rows, len(finished))
+        if is_complete(store, finished):
+            summary.total_rows, summary.complete = manifest.total_rows, True
+        else:
+            try:
+                _embed_shards(
+                    ray, actors, options, reader, store, schema, finished, progress, summary
+                )
+            except BaseException as exc:
+                _finish_summary(summary, progress)
+                store.record_run({**summary.as_dict(), "error": f"{type(exc).__name__}: {exc}"})
+                progress.close()
+                raise
+        _finish_summary(summary, progress)
+        if summary.complete:
+            store.finish(summary.total_rows or 0, summary.as_dict())
+        progress.summary(summary)
+        return summary
+    finally:
+        for actor in actors:
+            ray.kill(actor)
+
+
+def _finish_summary(summary: Summary, progress: Progress) -> None:
+    summary.rows = progress.rows - summary.bad_rows
+    summary.tokens, summary.seconds = progress.tokens, progress.elapsed
+
+
+def _with_model(options: JobOptions, model: str) -> JobOptions:
+    from dataclasses import replace
+
+    return replace(options, model=model)
+
+
+def _embed_shards(
+    ray: Any,
+    actors: list[Any],
+    options: JobOptions,
+    reader: InputReader,
+    store: OutputStore,
+    schema: pa.Schema,
+    finished: set[int],
+    progress: Progress,
+    summary: Summary,
+) -> None:
+    pending: dict[Any, tuple[ShardInput, int]] = {}  # ref → (shard, actor index)
+    load = [0] * len(actors)
+    schema_ref = ray.put(schema)
+
+    def collect(block: bool) -> None:
+        done, _ = ray.wait(list(pending), num_returns=1, timeout=None if block else 0)
+        for ref in done:
+            shard_input, actor = pending.pop(ref)
+            load[actor] -= 1
+            result: ShardResult = ray.get(ref)
+            _commit(store, shard_input, result, schema, options, progress, summary, actor)
+
+    for shard_input in ahead(shard_inputs(reader, options, finished), 1, name="shard-reader"):
+        # Screened bad rows fail the job before any cluster time is spent on the shard.
+        check_bad_rows_quietly(shard_input.screened.bad, options)
+        while len(pending) >= TASKS_IN_FLIGHT_PER_ACTOR * len(actors):
+            collect(block=True)
+        actor = min(range(len(actors)), key=lambda i: load[i])
+        ref = actors[actor].embed_shard.remote(shard_input.shard, shard_input.screened, schema_ref)
+        pending[ref] = (shard_input, actor)
+        load[actor] += 1
+        if reader.total_rows is None and reader.bytes_read:
+            progress.estimate_total(int(shard_input.stop * reader.size / reader.bytes_read))
+    while pending:
+        collect(block=True)
+    summary.total_rows, summary.complete = reader.total_rows, True
+
+
+def check_bad_rows_quietly(bad: list[BadRow], options: JobOptions) -> None:
+    """The fail policy, before the shard is sent; the rows are reported when it returns."""
+    if bad and options.on_bad_row == "fail":
+        from .errors import BadRowError
+
+        raise BadRowError(
+            f"{bad[0].describe()}. Finished shards are kept: fix the input (a new input "
+            "starts over) or run again with --on-bad-row skip to resume, skipping bad rows"
+        )
+
+
+def _commit(
+    store: OutputStore,
+    shard_input: ShardInput,
+    result: ShardResult,
+    schema: pa.Schema,
+    options: JobOptions,
+    progress: Progress,
+    summary: Summary,
+    actor: int,
+) -> None:
+    check_bad_rows(result.bad, options, progress)
+    start = shard_input.shard * options.shard_rows
+    writer = store.writer(shard_input.shard, start, schema)
+    try:
+        writer.write(result.table, result.bad, result.num_tokens)
+        entry = writer.commit(shard_input.stop)
+    except BaseException:
+        writer.abort()
+        raise
+    store.commit(entry)
+    summary.bad_rows += len(result.bad)
+    summary.shards += 1
+    name = f"actor {actor}: {result.worker.rsplit('/pid', 1)[0]}"
+    summary.devices[name] = summary.devices.get(name, 0) + result.num_tokens
+    progress.update(shard_input.stop - start, result.num_tokens)
+    progress.shard_done()
