@@ -101,7 +101,7 @@ def job_tokens_per_s(folder: Path, texts: list[str], work: Path, devices: str) -
     if done.returncode != 0:
         print(done.stderr[-3000:], file=sys.stderr)
         return None
-    summary = json.loads((output / "manifest.json").read_text()).get("summary", {})
+    summary = json.loads((output / "manifest.json").read_text()).get("last_run") or {}
     return summary.get("tokens_per_s")
 
 
