@@ -144,7 +144,7 @@ class _DropsEverything:
     def tokenize(self, texts, *, prompt_name=None, truncate=True):  # type: ignore[no-untyped-def]
         return [[] if t.startswith("zzz") else [1, 2] for t in texts]
 
-    def embed_ids(self, ids, normalize=True, dimensions=None):  # type: ignore[no-untyped-def]
+    def embed_ids(self, ids, normalize=True, dimensions=None, show_progress_bar=None):  # type: ignore[no-untyped-def]
         return np.ones((len(ids), 4), np.float32)
 
 

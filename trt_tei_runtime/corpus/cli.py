@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, NoReturn, Optional
 
 from ..errors import RuntimeErrorBase
-from .errors import CorpusError
+from .errors import BadRowError, CorpusError
 from .options import BAD_ROW_POLICIES, DTYPES, VERIFY_MODES, JobOptions
 from .progress import Progress, Summary
 
@@ -85,7 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
         default="fail",
         help="a row with a missing, null, non-string or empty text (or none left after "
         "tokenizing): fail the job naming its id (default), or skip it; either way it is "
-        "reported on stderr and counted (and listed, up to 1000) in the manifest",
+        "reported on stderr and counted (the first 100 per shard listed) in the manifest",
     )
     p.add_argument(
         "--overwrite",
@@ -169,8 +169,10 @@ def main(argv: Optional[list[str]] = None) -> None:
         _fail(str(exc), 2)
     except KeyboardInterrupt:
         _fail("interrupted; finished shards are kept, run again to resume", 130)
-    except RuntimeErrorBase as exc:
-        _fail(str(exc), 1)
+    except BadRowError as exc:
+        _fail(str(exc), 1)  # says how to go on
+    except RuntimeErrorBase as exc:  # a model or device error (DeviceError: a lost GPU)
+        _fail(f"{exc}\nfinished shards are kept: run the same command again to resume", 1)
     sys.exit(0 if summary.complete else 1)
 
 

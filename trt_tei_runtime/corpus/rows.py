@@ -13,7 +13,10 @@ import pyarrow as pa
 
 from .reader import Rows
 
-MAX_BAD_ROW_SAMPLES = 1000  # bad rows listed by id in the manifest; the count is exact
+# Bad rows listed by id in the manifest (the counts are exact): the first of each shard, and
+# the first overall at the top. The manifest is rewritten after every shard: it stays small.
+MAX_BAD_ROW_SAMPLES_PER_SHARD = 100
+MAX_BAD_ROW_SAMPLES = 1000
 
 
 class EmbeddingModel(Protocol):
@@ -28,6 +31,7 @@ class EmbeddingModel(Protocol):
         ids: Sequence[Sequence[int]],
         normalize: bool = True,
         dimensions: Optional[int] = None,
+        show_progress_bar: Optional[bool] = None,
     ) -> np.ndarray: ...
 
 
@@ -169,7 +173,10 @@ def embed(
     """The shard rows of a tokenized chunk: float32 vectors, L2-normalized."""
     dim = schema.field("embedding").type.list_size
     if tokenized.token_ids:
-        vectors = model.embed_ids(tokenized.token_ids, dimensions=dimensions)
+        # The job draws its own bar; one per chunk from the model would garble it.
+        vectors = model.embed_ids(
+            tokenized.token_ids, dimensions=dimensions, show_progress_bar=False
+        )
         vectors = np.ascontiguousarray(vectors, dtype=np.float32)
     else:
         vectors = np.zeros((0, dim), dtype=np.float32)

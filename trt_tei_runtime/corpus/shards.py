@@ -13,7 +13,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .manifest import ShardEntry, shard_file_name
-from .rows import MAX_BAD_ROW_SAMPLES, BadRow
+from .rows import MAX_BAD_ROW_SAMPLES_PER_SHARD, BadRow
 
 TEMP_MARK = ".tmp-"
 _HASH_BLOCK = 8 << 20
@@ -98,7 +98,7 @@ class ShardWriter:
         self.rows += batch.num_rows
         self.num_tokens += num_tokens
         self.bad_count += len(bad)
-        self.bad.extend(bad[: MAX_BAD_ROW_SAMPLES - len(self.bad)])
+        self.bad.extend(bad[: MAX_BAD_ROW_SAMPLES_PER_SHARD - len(self.bad)])
 
     def commit(self, stop: int) -> ShardEntry:
         """Closes, fsyncs and renames the file into place; returns its manifest entry (which
