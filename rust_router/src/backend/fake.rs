@@ -17,10 +17,10 @@ pub const HOLD_ID: u32 = 18;
 /// A token id (the word "nan" in the test tokenizer) whose sequence's output is NaN, as a
 /// float16 overflow would make it, while the rest of the batch stays finite.
 pub const NAN_ID: u32 = 21;
-/// A token id (the word "h" in the test tokenizer) that breaks the fake's device while it runs
-/// the batch holding it, as a CUDA error would: that pass raises `DeviceError`, and so does
-/// everything after it (see [`FakeBackend::broken`]).
-pub const DEVICE_FAIL_ID: u32 = 19;
+/// A token id (the word "lost" in the test tokenizer) that breaks the fake's device while it
+/// runs the batch holding it, as a CUDA error would: that pass raises `DeviceError`, and so
+/// does everything after it (see [`FakeBackend::broken`]).
+pub const DEVICE_FAIL_ID: u32 = 22;
 pub const HIDDEN: usize = 8;
 
 /// What one forward pass looked like, for tests that check how the queue packed batches.

@@ -17,6 +17,8 @@ mod tests;
 #[cfg(test)]
 mod tests_cloud;
 #[cfg(test)]
+mod tests_devices;
+#[cfg(test)]
 mod tests_errors;
 #[cfg(test)]
 mod tests_hardening;

@@ -354,3 +354,5 @@ impl Infer {
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_devices;

@@ -11,7 +11,7 @@ use tokenizers::AddedToken;
 pub fn test_tokenizer() -> Tokenizer {
     let words = [
         "[PAD]", "[UNK]", "[CLS]", "[SEP]", "hello", "world", "what", "is", "deep", "learning",
-        "query", ":", "a", "b", "c", "d", "e", "f", "g", "h", "poison", "nan",
+        "query", ":", "a", "b", "c", "d", "e", "f", "g", "h", "poison", "nan", "lost",
     ];
     let vocab = words
         .iter()
