@@ -198,7 +198,7 @@ fn describe_interactive_lane(args: &Args, backend: &BackendHandle) -> String {
     if max == 0 {
         "off".into()
     } else if backend.has_interactive_lane() {
-        format!("requests of <= {max} tokens on their own backend thread")
+        format!("requests of <= {max} tokens on their own backend thread (one per device)")
     } else {
         format!("requests of <= {max} tokens first in the shared queue (the runtime has no interactive lane)")
     }
@@ -229,6 +229,7 @@ fn run(mut args: Args, make_backend: MakeBackend) -> Result<(), String> {
         max_input_length = info.max_input_length,
         hidden_size = info.hidden_size,
         device = info.device.as_deref().unwrap_or("?"),
+        devices = %info.device_names().join(","),
         interactive_lane = describe_interactive_lane(&args, &backend),
         backend_spin_us = args.backend_spin_us,
         "model loaded"

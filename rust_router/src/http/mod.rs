@@ -22,6 +22,8 @@ mod tests_devices;
 mod tests_errors;
 #[cfg(test)]
 mod tests_hardening;
+#[cfg(test)]
+mod tests_types;
 
 use crate::infer::{Infer, InferMetadata};
 use crate::metrics::Metrics;

@@ -1,0 +1,73 @@
+//! Parsing of the wire types: input shapes and their errors.
+
+use super::types::*;
+use crate::tokenization::TruncationDirection;
+use serde_json::{json, Value};
+
+fn input(v: Value) -> Result<Input, String> {
+    Input::try_from(v)
+}
+
+#[test]
+fn input_shapes() {
+    use InputType::*;
+    assert_eq!(input(json!("a")), Ok(Input::Single(String("a".into()))));
+    assert_eq!(input(json!([1, 2])), Ok(Input::Single(Ids(vec![1, 2]))));
+    assert_eq!(input(json!([1.0, 2])), Ok(Input::Single(Ids(vec![1, 2]))));
+    assert!(input(json!([1.5])).is_err());
+    assert_eq!(
+        input(json!(["a", [3]])),
+        Ok(Input::Batch(vec![String("a".into()), Ids(vec![3])]))
+    );
+    assert_eq!(input(json!([])), Ok(Input::Batch(vec![])));
+    assert!(input(json!(7)).is_err());
+    assert!(input(json!([-1])).is_err());
+    assert!(input(json!([["a"]])).is_err());
+    assert!(input(json!({"text": "a"}))
+        .unwrap_err()
+        .contains("list of strings"));
+}
+
+#[test]
+fn predict_shapes() {
+    use Sequence::*;
+    let p = |v| PredictInput::try_from(v);
+    assert_eq!(p(json!("a")), Ok(PredictInput::Single(Single("a".into()))));
+    assert_eq!(
+        p(json!(["a", "b"])),
+        Ok(PredictInput::Single(Pair("a".into(), "b".into())))
+    );
+    assert_eq!(
+        p(json!([["a"], ["b", "c"]])),
+        Ok(PredictInput::Batch(vec![
+            Single("a".into()),
+            Pair("b".into(), "c".into())
+        ]))
+    );
+    assert!(p(json!(["a", "b", "c"])).is_err());
+    assert!(p(json!([["a", "b", "c"]])).is_err());
+    assert!(p(json!([1])).is_err());
+}
+
+#[test]
+fn token_id_shapes() {
+    let ids = |v| InputIds::try_from(v);
+    assert_eq!(ids(json!([1, 2])), Ok(InputIds::Single(vec![1, 2])));
+    assert_eq!(
+        ids(json!([[1], [2, 3]])),
+        Ok(InputIds::Batch(vec![vec![1], vec![2, 3]]))
+    );
+    let too_big = ids(json!([4294967296u64])).unwrap_err();
+    assert!(too_big.contains("from 0 to 4294967295"), "{too_big}");
+    assert!(ids(json!([-1])).is_err());
+    assert!(ids(json!("a")).unwrap_err().contains("list of token ids"));
+    assert!(ids(json!([[1], 2])).is_err());
+}
+
+#[test]
+fn truncation_direction_accepts_both_cases() {
+    for s in ["\"Left\"", "\"left\""] {
+        let d: TruncationDirection = serde_json::from_str(s).unwrap();
+        assert_eq!(d, TruncationDirection::Left);
+    }
+}
