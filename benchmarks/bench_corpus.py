@@ -7,7 +7,8 @@ varied English text (`corpus_text.py`, seed 0, 64–512 tokens):
   executor's bulk lane back to back (what `bench_engine.py` measures);
 - Model.embed: `Model.embed(texts)` from strings to normalized host vectors, tokenization
   included (BENCHMARKS.md's target: ≥ 95 % of the engine);
-- trt-tei-embed: the corpus job on a Parquet file of the same texts, its own tokens/s
+- trt-tei-embed: the corpus job on a Parquet file of the same texts repeated
+  `--job-repeat` times (a job's steady state, not its start), its own tokens/s
   (`--devices` as given), when this build has it.
 
 Works with builds before and after the runtime split (it finds the executor either way),
@@ -83,7 +84,9 @@ def model_tokens_per_s(model: Model, texts: list[str], tokens: int, reps: int) -
     return tokens / statistics.median(timed(lambda: model.embed(texts)) for _ in range(reps))
 
 
-def job_tokens_per_s(folder: Path, texts: list[str], work: Path, devices: str) -> float | None:
+def job_tokens_per_s(
+    folder: Path, texts: list[str], work: Path, devices: str, repeat: int
+) -> float | None:
     try:
         import pyarrow as pa
         import pyarrow.parquet as pq
@@ -92,7 +95,8 @@ def job_tokens_per_s(folder: Path, texts: list[str], work: Path, devices: str) -
     except ImportError:
         return None
     source = work / "corpus.parquet"
-    pq.write_table(pa.table({"id": list(range(len(texts))), "text": texts}), source)
+    rows = texts * repeat
+    pq.write_table(pa.table({"id": list(range(len(rows))), "text": rows}), source)
     output = work / "out"
     cmd = [sys.executable, "-m", "trt_tei_runtime.corpus.cli", str(folder)]
     cmd += ["--input", str(source), "--output", str(output), "--devices", devices]
@@ -115,6 +119,7 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--devices", default="cuda:0", help="for trt-tei-embed")
+    parser.add_argument("--job-repeat", type=int, default=8, help="corpus copies for the job")
     args = parser.parse_args()
     print(f"device: {torch.cuda.get_device_name()}  commit {os.environ.get('TRT_TEI_COMMIT', '?')}")
     texts = corpus(args.docs)
@@ -129,7 +134,7 @@ def main() -> None:
             api = model_tokens_per_s(model, texts, tokens, args.reps)
             del model
             torch.cuda.empty_cache()
-            job = job_tokens_per_s(folder, texts, Path(tmp), args.devices)
+            job = job_tokens_per_s(folder, texts, Path(tmp), args.devices, args.job_repeat)
             rows.append((shape, tokens, engine, api, job))
     print("\n| shape | tokens | engine tok/s | Model.embed tok/s (of engine) ", end="")
     print("| trt-tei-embed tok/s (of engine) |")

@@ -192,3 +192,13 @@ def test_engine_round_trip_on_gpu_with_fp8(tmp_path):  # type: ignore[no-untyped
     measured = float((ours * ref).sum(1).min())
     assert quality["min_cosine"] < 1 - 1e-6, quality
     assert abs(quality["min_cosine"] - measured) < 2e-3, (quality, measured)
+
+
+def test_model_has_no_interactive_lane_and_no_gate(tmp_path):  # type: ignore[no-untyped-def]
+    """`Model` serves no queries: its bulk batches run ungated, launched ahead of the GPU."""
+    folder = make_checkpoint(tmp_path, "BertModel", pooling="mean", hidden_size=64)
+    executor = Model(folder, device="cuda", dtype="bfloat16").executors[0]
+    assert executor.bulk.graphs is not None
+    assert executor.interactive is None and executor.bulk.gate is None
+    served = load_executor(folder, device="cuda", dtype="bfloat16")
+    assert served.interactive is not None and served.bulk.gate is served.interactive.gate

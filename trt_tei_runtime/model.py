@@ -66,6 +66,8 @@ class Model:
             task=task,
             cuda_graphs=cuda_graphs,
             max_num_tokens=max_batch_tokens,
+            # No queries arrive between a Model's batches: nothing to keep a lane free for.
+            interactive_lane=False,
         )
         self.info: ModelInfo = self.executors[0].info
         self.tokenizer = TextTokenizer(self.info.model_dir, self.info.max_input_length)

@@ -38,10 +38,16 @@ class Executor:
         cuda_graphs: bool = True,
         max_num_tokens: int = DEFAULT_MAX_NUM_TOKENS,
         max_batch_size: int = DEFAULT_MAX_BATCH_SIZE,
+        interactive_lane: bool = True,
     ) -> None:
         """With `cuda_graphs` on a device where the attention runs on packed tokens (CUDA,
-        half precision), warms the allocator up, captures each lane's graphs for batches
-        up to these sizes and builds the interactive lane; else one eager lane."""
+        half precision), warms the allocator up and captures the bulk lane's graphs for
+        batches up to these sizes, and with `interactive_lane` builds the interactive lane
+        and gates eager bulk batches for it; else one eager lane.
+
+        Without interactive traffic (`Model`, corpus jobs) leave the interactive lane out:
+        the gate keeps at most one layer of a bulk batch queued on the GPU, so the host
+        would have to launch each layer in lockstep with the GPU."""
         self.model = model
         self.info: ModelInfo = model.info
         self.device = model.device
@@ -51,14 +57,15 @@ class Executor:
         self.interactive: InteractiveLane | None = None
         if cuda_graphs and packed:
             with on_device(self.device):
-                self._build_lanes(max_num_tokens, max_batch_size)
+                self._warm_up(max_num_tokens)
+                self.bulk.graphs = self._capture(max_num_tokens, max_batch_size)
+                if interactive_lane:
+                    self._add_interactive_lane(max_num_tokens, max_batch_size)
 
-    def _build_lanes(self, max_num_tokens: int, max_batch_size: int) -> None:
-        """Graphs for both lanes, the interactive lane and the gate between them."""
+    def _add_interactive_lane(self, max_num_tokens: int, max_batch_size: int) -> None:
+        """The interactive lane's graphs and stream, and the gate between the lanes."""
         model = self.model
-        self._warm_up(max_num_tokens)
         gate = LayerGate()
-        self.bulk.graphs = self._capture(max_num_tokens, max_batch_size)
         self.bulk.gate = gate
         # The same ladder as the bulk lane's: under many concurrent small requests the
         # interactive batches grow (64 clients of 24 tokens: ~1,500 tokens), and an eager
@@ -182,6 +189,7 @@ def load_executor(
     cuda_graphs: bool | None = None,
     max_num_tokens: int | None = None,
     max_batch_size: int | None = None,
+    interactive_lane: bool = True,
     **load_options: object,
 ) -> Executor:
     """`load_model` and an executor on one device. Graph sizes: the arguments, else an
@@ -193,6 +201,7 @@ def load_executor(
         cuda_graphs=graphs_enabled(cuda_graphs),
         max_num_tokens=max_num_tokens or limits.get("max_num_tokens", DEFAULT_MAX_NUM_TOKENS),
         max_batch_size=max_batch_size or limits.get("max_batch_size", DEFAULT_MAX_BATCH_SIZE),
+        interactive_lane=interactive_lane,
     )
 
 
