@@ -67,3 +67,47 @@ class FaultyBackend(Backend):
         self._before(input_ids)
         out = super().predict(input_ids, *args, **kwargs)
         return self._nan_rows(out, input_ids, args[2], per_token=False)
+
+
+class DeviceFailingBackend(FaultyBackend):
+    """FaultyBackend over several devices, where device `$TEST_FAIL_DEVICE` breaks as a lost
+    GPU would once the file `$TEST_FAIL_DEVICE_FILE` exists: from then on every call on that
+    device (a batch or a health check) raises `DeviceError`, which makes the router take it
+    out of service."""
+
+    def __init__(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        super().__init__(*args, **kwargs)
+        self._fail_device = int(os.environ.get("TEST_FAIL_DEVICE", "-1"))
+        self._fail_file = os.environ.get("TEST_FAIL_DEVICE_FILE", "")
+
+    def _check_device(self, device: int) -> None:
+        from trt_tei_runtime.errors import DeviceError
+
+        if device == self._fail_device and self._fail_file and os.path.exists(self._fail_file):
+            raise DeviceError(f"device {device} failed: CUDA error: an illegal memory access")
+
+    def health(self, device: int = 0) -> None:
+        self._check_device(device)
+        super().health(device=device)
+
+    def embed(self, *args, device: int = 0, **kwargs):  # type: ignore[no-untyped-def]
+        self._check_device(device)
+        return super().embed(*args, device=device, **kwargs)
+
+    def embed_all(self, *args, device: int = 0, **kwargs):  # type: ignore[no-untyped-def]
+        self._check_device(device)
+        return super().embed_all(*args, device=device, **kwargs)
+
+    def predict(self, *args, device: int = 0, **kwargs):  # type: ignore[no-untyped-def]
+        self._check_device(device)
+        return super().predict(*args, device=device, **kwargs)
+
+
+class OneDeviceBackend(Backend):
+    """A backend whose constructor takes no `devices` argument (as a third-party one may
+    not): `--devices` must be refused at start-up, `--device` still works."""
+
+    def __init__(  # type: ignore[no-untyped-def]
+        self, model_id, revision=None, dtype=None, pooling=None, device=None
+    ):
+        super().__init__(model_id, revision=revision, dtype=dtype, pooling=pooling, device=device)
