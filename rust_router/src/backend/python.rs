@@ -221,26 +221,25 @@ fn load(opts: &PythonBackendOptions) -> Result<LoadedBackend, BackendError> {
             // `device=` only with several devices, so a one-device runtime needs no such
             // argument.
             let device = (names.len() > 1).then_some(i);
-            let lanes = device_lanes(py, &obj, &as_f32, device, lanes).map_err(|e| {
+            let mut lanes = device_lanes(py, &obj, &as_f32, device, lanes).map_err(|e| {
                 BackendError::Start(describe(py, &e, "setting up the backend's lanes"))
             })?;
-            lanes_health(lanes.bulk.as_ref(), py, name, names.len())?;
-            devices.push(lanes.into());
+            match lanes.bulk.health() {
+                Ok(()) => {}
+                // One device fails start-up as it always has.
+                Err(err) if device.is_none() && !matches!(err, BackendError::Device(_)) => {
+                    return Err(err)
+                }
+                Err(BackendError::Device(m) | BackendError::Unhealthy(m)) => {
+                    return Err(BackendError::Start(format!(
+                        "device {i} ({name}) failed its health check: {m}"
+                    )))
+                }
+                Err(err) => return Err(err),
+            }
+            devices.push(lanes);
         }
         Ok(LoadedBackend { info, devices })
-    })
-}
-
-/// The start-up health check of one device, naming it when there are several.
-fn lanes_health(
-    bulk: &PyBackend,
-    py: Python<'_>,
-    name: &str,
-    devices: usize,
-) -> Result<(), BackendError> {
-    bulk.check_health(py).map_err(|e| match (e, devices) {
-        (e, 1) => e,
-        (e, _) => BackendError::Start(format!("device {name}: {e}")),
     })
 }
 
@@ -271,36 +270,19 @@ fn device_lanes(
     as_f32: &Py<PyAny>,
     device: Option<usize>,
     interactive: bool,
-) -> PyResult<DeviceLanes> {
-    let lane = |interactive: bool| -> PyResult<PyBackend> {
-        Ok(PyBackend {
+) -> PyResult<DeviceBackends> {
+    let lane = |interactive: bool| -> PyResult<Box<dyn Backend + Send>> {
+        Ok(Box::new(PyBackend {
             obj: obj.clone_ref(py),
             as_f32: as_f32.clone_ref(py),
             kwargs: call_kwargs(py, interactive, device)?,
             health_kwargs: call_kwargs(py, false, device)?,
-        })
+        }))
     };
-    Ok(DeviceLanes {
-        bulk: Box::new(lane(false)?),
+    Ok(DeviceBackends {
+        bulk: lane(false)?,
         interactive: interactive.then(|| lane(true)).transpose()?,
     })
-}
-
-/// [`DeviceBackends`] before the boxes lose their type (the start-up health check needs it).
-struct DeviceLanes {
-    bulk: Box<PyBackend>,
-    interactive: Option<PyBackend>,
-}
-
-impl From<DeviceLanes> for DeviceBackends {
-    fn from(lanes: DeviceLanes) -> Self {
-        DeviceBackends {
-            bulk: lanes.bulk,
-            interactive: lanes
-                .interactive
-                .map(|b| Box::new(b) as Box<dyn Backend + Send>),
-        }
-    }
 }
 
 struct PyBackend {
@@ -373,20 +355,16 @@ impl PyBackend {
     }
 }
 
-impl PyBackend {
-    fn check_health(&self, py: Python<'_>) -> Result<(), BackendError> {
-        let kwargs = self.health_kwargs.as_ref().map(|k| k.bind(py));
-        self.obj
-            .bind(py)
-            .call_method("health", (), kwargs)
-            .map(|_| ())
-            .map_err(|e| backend_error(py, &e, "Backend.health()", BackendError::Unhealthy))
-    }
-}
-
 impl Backend for PyBackend {
     fn health(&mut self) -> Result<(), BackendError> {
-        Python::attach(|py| self.check_health(py))
+        Python::attach(|py| {
+            let kwargs = self.health_kwargs.as_ref().map(|k| k.bind(py));
+            self.obj
+                .bind(py)
+                .call_method("health", (), kwargs)
+                .map(|_| ())
+                .map_err(|e| backend_error(py, &e, "Backend.health()", BackendError::Unhealthy))
+        })
     }
 
     fn forward(&mut self, kind: BatchKind, batch: &Batch) -> Result<Matrix, BackendError> {

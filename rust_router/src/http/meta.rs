@@ -131,7 +131,7 @@ pub async fn root_probe(state: State<AppState>) -> Response {
 #[utoipa::path(
     get, path = "/health", tag = "Text Embeddings Inference",
     responses(
-        (status = 200, description = "At least one device serves: an empty body when every device is healthy, else the devices that are not", body = HealthDegraded),
+        (status = 200, description = "At least one device serves. The body is empty while every device is healthy; with a device failed it is JSON naming the unhealthy ones (schema `HealthDegraded`): `{\"status\": \"degraded\", \"unhealthy_devices\": [{\"index\": 1, \"name\": \"cuda:1\"}]}`"),
         (status = 503, description = "No device can run the model (the message says why for each), or the server is shutting down", body = ErrorResponse),
     )
 )]
