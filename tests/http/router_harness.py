@@ -9,6 +9,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -117,3 +118,29 @@ def cosine(a: object, b: object) -> float:
 
     a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
     return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
+
+
+class InFlight:
+    """`clients` POSTs of one JSON body, each on its own thread, started at once: requests
+    to be in flight when something happens to the server. `answers()` waits for them and
+    returns each response, or the exception its client raised."""
+
+    def __init__(self, url: str, body: object, clients: int) -> None:
+        self._results: list[httpx.Response | BaseException] = []
+        self._threads = [
+            threading.Thread(target=self._send, args=(url, body)) for _ in range(clients)
+        ]
+        for thread in self._threads:
+            thread.start()
+
+    def _send(self, url: str, body: object) -> None:
+        try:
+            self._results.append(httpx.post(url, json=body, timeout=60))
+        except BaseException as exc:  # noqa: BLE001 - handed to the test by answers()
+            self._results.append(exc)
+
+    def answers(self) -> list[httpx.Response | BaseException]:
+        for thread in self._threads:
+            thread.join(timeout=60)
+        assert len(self._results) == len(self._threads), "a client never finished"
+        return list(self._results)

@@ -12,13 +12,12 @@ import shutil
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 import httpx
 from containerfile import read_image_config
-from router_harness import free_port
+from router_harness import InFlight, free_port
 
 REPO = Path(__file__).parents[2]
 HEALTHCHECK = REPO / "deploy" / "image" / "healthcheck.py"
@@ -108,24 +107,13 @@ def test_entrypoint_serves_from_env_vars_and_drains_on_sigterm(minilm_dir, tmp_p
 
         # Requests in flight at SIGTERM are all answered, and the process exits 0 in time.
         texts = [f"document {i}: " + "tokens of a longer passage " * 20 for i in range(40)]
-        results: list[httpx.Response | BaseException] = []
-
-        def send() -> None:
-            try:
-                results.append(httpx.post(f"{url}/embed", json={"inputs": texts}, timeout=60))
-            except BaseException as exc:  # noqa: BLE001 - recorded and asserted below
-                results.append(exc)
-
-        clients = [threading.Thread(target=send) for _ in range(4)]
-        for client in clients:
-            client.start()
+        clients = InFlight(f"{url}/embed", {"inputs": texts}, clients=4)
         time.sleep(0.5)
         sent = time.monotonic()
         proc.send_signal(signal.SIGTERM)
         code = proc.wait(timeout=SHUTDOWN_TIMEOUT_S + 5)
         elapsed = time.monotonic() - sent
-        for client in clients:
-            client.join(timeout=10)
+        answers = clients.answers()
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -133,9 +121,8 @@ def test_entrypoint_serves_from_env_vars_and_drains_on_sigterm(minilm_dir, tmp_p
     logs = log_path.read_text()
     assert code == 0, logs
     assert elapsed < SHUTDOWN_TIMEOUT_S, f"took {elapsed:.1f}s\n{logs}"
-    assert len(results) == len(clients)
-    for result in results:
-        assert isinstance(result, httpx.Response), result
-        assert result.status_code == 200, result.text
-        assert len(result.json()) == len(texts)
+    for answer in answers:
+        assert isinstance(answer, httpx.Response), answer
+        assert answer.status_code == 200, answer.text
+        assert len(answer.json()) == len(texts)
     assert healthcheck(env) == 1, "healthy after the router exited"

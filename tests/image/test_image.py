@@ -12,7 +12,6 @@ import json
 import os
 import subprocess
 import sys
-import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -23,7 +22,7 @@ import httpx
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "http"))
-from router_harness import cosine, free_port  # noqa: E402
+from router_harness import InFlight, cosine, free_port  # noqa: E402
 from sentences import SENTENCES  # noqa: E402
 
 pytestmark = pytest.mark.image
@@ -160,29 +159,17 @@ def test_the_model_mount_stays_read_only_and_data_is_writable(container):
 def test_podman_stop_answers_requests_in_flight_and_exits_0(container):
     """Runs last: SIGTERM through `podman stop` while clients wait for their vectors."""
     texts = [f"passage {i}: " + "words of a longer document " * 20 for i in range(32)]
-    results: list[httpx.Response | BaseException] = []
-
-    def send() -> None:
-        try:
-            results.append(httpx.post(f"{container.url}/embed", json={"inputs": texts}, timeout=60))
-        except BaseException as exc:  # noqa: BLE001 - recorded and asserted below
-            results.append(exc)
-
-    clients = [threading.Thread(target=send) for _ in range(4)]
-    for client in clients:
-        client.start()
+    clients = InFlight(f"{container.url}/embed", {"inputs": texts}, clients=4)
     time.sleep(0.5)
     start = time.monotonic()
     podman("stop", "--time", str(SHUTDOWN_TIMEOUT_S + 10), container.name, timeout=60)
     elapsed = time.monotonic() - start
-    for client in clients:
-        client.join(timeout=10)
+    answers = clients.answers()
     code = podman("inspect", "--format", "{{.State.ExitCode}}", container.name).stdout.strip()
-    print(f"\npodman stop with {len(clients)} requests in flight: {elapsed:.1f} s, exit {code}")
+    print(f"\npodman stop with {len(answers)} requests in flight: {elapsed:.1f} s, exit {code}")
     assert code == "0", container.logs()
     assert elapsed < SHUTDOWN_TIMEOUT_S, container.logs()
-    assert len(results) == len(clients)
-    for result in results:
-        assert isinstance(result, httpx.Response), result
-        assert result.status_code == 200, result.text
-        assert len(result.json()) == len(texts)
+    for answer in answers:
+        assert isinstance(answer, httpx.Response), answer
+        assert answer.status_code == 200, answer.text
+        assert len(answer.json()) == len(texts)
