@@ -8,8 +8,11 @@ counts their lines without parsing them) and embeds only unfinished shards.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections import deque
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Optional, Union
 
 import pyarrow as pa
@@ -26,6 +29,9 @@ from .shards import ShardWriter
 from .store import OutputStore
 
 PREFETCH_CHUNKS = 2  # tokenized chunks waiting for the model: bounds memory
+# Chunks of vectors waiting to be written (and shards to be committed) while the model
+# runs the next chunk: the device does not idle while Parquet, fsync and sha256 run.
+PENDING_WRITES = 2
 
 
 @dataclass
@@ -235,6 +241,10 @@ def _finish_summary(summary: Summary, model: Any, progress: Progress) -> None:
     summary.devices = tokens_per_device(model, progress.tokens)
 
 
+def _commit(store: OutputStore, writer: ShardWriter, stop: int) -> None:
+    store.commit(writer.commit(stop))
+
+
 def _run(
     options: JobOptions,
     model: Any,
@@ -254,6 +264,19 @@ def _run(
         return
     items = plan(reader, options.shard_rows, options.chunk_rows, finished)
     writer: Optional[ShardWriter] = None
+    # One output thread, so writes and commits keep their order.
+    output = ThreadPoolExecutor(max_workers=1, thread_name_prefix="shard-output")
+    pending: deque[Future[None]] = deque()
+
+    def in_background(work: Callable[[], None]) -> None:
+        pending.append(output.submit(work))
+        while len(pending) > PENDING_WRITES:
+            pending.popleft().result()
+
+    def wait_for_output() -> None:
+        while pending:
+            pending.popleft().result()
+
     try:
         for item in ahead(tokenized_plan(model, items, options.prompt_name), PREFETCH_CHUNKS):
             if isinstance(item, Chunk):
@@ -262,18 +285,23 @@ def _run(
                 check_bad_rows(tok.bad, options, progress)
                 if writer is None:
                     writer = store.writer(item.shard, item.shard * options.shard_rows, schema)
-                writer.write(embed(model, tok, options.dimensions, schema), tok.bad, tok.num_tokens)
+                vectors = embed(model, tok, options.dimensions, schema)
+                in_background(partial(writer.write, vectors, tok.bad, tok.num_tokens))
                 progress.update(tok.stop - tok.start, tok.num_tokens)
                 if total is None and reader.bytes_read:
                     progress.estimate_total(int(tok.stop * reader.size / reader.bytes_read))
             elif isinstance(item, ShardEnd):
                 assert writer is not None and writer.index == item.shard
-                store.commit(writer.commit(item.stop))
+                in_background(partial(_commit, store, writer, item.stop))
                 writer = None
                 summary.shards += 1
                 progress.shard_done()
             else:
+                wait_for_output()
                 summary.total_rows, summary.complete = item.total_rows, True
+        wait_for_output()
     finally:
+        # Nothing may write into a shard while it is aborted.
+        output.shutdown(wait=True)
         if writer is not None:
             writer.abort()
