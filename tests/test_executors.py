@@ -99,6 +99,8 @@ def test_jobs_spread_over_executors_and_failures_surface(checkpoint):  # type: i
 
     with pytest.raises(DeviceError, match="cpu failed"):
         list(run_jobs(executors, jobs, failing_device))
+    # No thread of a failed call may still run a batch on an executor.
+    assert not [t for t in threading.enumerate() if t.name.startswith("dispatch-")]
 
 
 def test_backend_serves_each_device(checkpoint):  # type: ignore[no-untyped-def]

@@ -38,6 +38,8 @@ class _Done:
 
 
 _END = object()
+# How often a waiting thread looks whether the caller stopped.
+POLL_S = 0.05
 
 
 class _Failure:
@@ -54,39 +56,51 @@ def run_jobs(
     done: queue.Queue[Any] = queue.Queue()
     stop = threading.Event()
 
+    def put(item: Any) -> bool:
+        """Queues `item` unless the caller stopped; never blocks past a stop."""
+        while not stop.is_set():
+            try:
+                todo.put(item, timeout=POLL_S)
+                return True
+            except queue.Full:
+                continue
+        return False
+
     def feed() -> None:
         try:
             for job in jobs:
-                while not stop.is_set():
-                    try:
-                        todo.put(job, timeout=0.1)
-                        break
-                    except queue.Full:
-                        continue
-                if stop.is_set():
+                if not put(job):
                     return
         except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread
             done.put(_Failure(exc))
         finally:
             for _ in executors:
-                todo.put(_END)
+                put(_END)
 
     def work(executor: Executor) -> None:
+        pending: tuple[Job, torch.Tensor, Callable[[], None]] | None = None
+
+        def deliver() -> None:
+            nonlocal pending
+            if pending is not None:
+                pending[2]()
+                done.put(_Done(pending[0], pending[1], executor.device))
+                pending = None
+
         try:
-            pending: tuple[Job, torch.Tensor, Callable[[], None]] | None = None
             while not stop.is_set():
-                job = todo.get()
+                try:
+                    job = todo.get(timeout=POLL_S)
+                except queue.Empty:
+                    deliver()  # nothing to launch meanwhile: hand the last result over
+                    continue
                 if job is _END:
+                    deliver()
                     break
                 with executor.bulk.active():
                     host, wait = _to_host(method(executor, job.batch))
-                if pending is not None:
-                    pending[2]()
-                    done.put(_Done(pending[0], pending[1], executor.device))
+                deliver()
                 pending = (job, host, wait)
-            if pending is not None and not stop.is_set():
-                pending[2]()
-                done.put(_Done(pending[0], pending[1], executor.device))
         except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread
             done.put(_Failure(exc))
         finally:
@@ -110,18 +124,11 @@ def run_jobs(
             else:
                 yield item.job, item.result, item.device
     finally:
+        # Every thread sees the stop within POLL_S or once its current batch (or the
+        # caller's iterator step) returns; none may still use an executor after this call.
         stop.set()
-        # Unblock a feeder waiting on a full queue and workers waiting for jobs.
-        while True:
-            try:
-                todo.get_nowait()
-            except queue.Empty:
-                break
-        for _ in executors:
-            try:
-                todo.put_nowait(_END)
-            except queue.Full:
-                break
+        for thread in threads:
+            thread.join()
 
 
 def _to_host(tensor: torch.Tensor) -> tuple[torch.Tensor, Callable[[], None]]:
