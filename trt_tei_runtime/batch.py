@@ -42,6 +42,17 @@ class PackedBatch:
             max_seqlen=self.max_seqlen,
         )
 
+    def pin_memory(self) -> PackedBatch:
+        """The batch in page-locked host memory, so that `to(cuda)` is an asynchronous
+        copy instead of one the launching thread waits for."""
+        return PackedBatch(
+            input_ids=self.input_ids.pin_memory(),
+            token_type_ids=self.token_type_ids.pin_memory(),
+            position_ids=self.position_ids.pin_memory(),
+            cu_seqlens=self.cu_seqlens.pin_memory(),
+            max_seqlen=self.max_seqlen,
+        )
+
     @classmethod
     def from_arrays(
         cls,

@@ -267,6 +267,9 @@ class Model:
         if count == 0:
             return None
 
+        # Pinned here, on the packing thread, not by the thread that launches the batch.
+        pin = any(executor.device.type == "cuda" for executor in self.executors)
+
         def jobs() -> Iterator[Job]:
             for start, ids, type_ids in chunks:
                 lengths = [len(seq) for seq in ids]
@@ -279,23 +282,30 @@ class Model:
                         None if type_ids is None else [type_ids[i] for i in batch],
                         self.info.position_offset,
                     )
-                    yield Job([start + i for i in batch], packed)
+                    yield Job([start + i for i in batch], packed.pin_memory() if pin else packed)
 
-        results: torch.Tensor | None = None
         # tqdm's None: shown on a terminal only.
         if show_progress_bar is None:
             disable = True if count < PROGRESS_MIN_INPUTS else None
         else:
             disable = not show_progress_bar
         progress = tqdm(total=count, disable=disable, unit="input")
+        rows: list[list[int]] = []
+        outputs: list[torch.Tensor] = []
+        tokens: Counter[str] = Counter()
         with progress:
             for job, out, device in run_jobs(self.executors, jobs(), method):
-                if results is None:
-                    results = out.new_empty((count, *out.shape[1:]))
-                results[torch.tensor(job.key)] = out
-                with self._tokens_lock:
-                    self._tokens[str(device)] += job.batch.num_tokens
+                # Put in order once at the end: this thread competes for the interpreter
+                # with the threads that pack and launch batches.
+                rows.append(job.key)
+                outputs.append(out)
+                tokens[str(device)] += job.batch.num_tokens
                 progress.update(len(job.key))
+        with self._tokens_lock:
+            self._tokens.update(tokens)
+        stacked = torch.cat(outputs)
+        results = torch.empty_like(stacked)
+        results[torch.tensor([i for key in rows for i in key])] = stacked
         return results
 
     def _with_suffix(
