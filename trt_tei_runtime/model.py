@@ -113,19 +113,14 @@ class Model:
     ) -> np.ndarray:
         """Embeddings `(n, dim)` float32; `dimensions` truncates (Matryoshka) before normalizing."""
         texts = [texts] if isinstance(texts, str) else list(texts)
-        if dimensions is not None and not 0 < dimensions <= self.info.hidden_size:
-            raise InputError(
-                f"dimensions must be between 1 and {self.info.hidden_size}, got {dimensions}"
-            )
-        texts = [texts] if isinstance(texts, str) else list(texts)
         self._check_dimensions(dimensions)
         self._check_strings(texts)
         prompt = self._prompt(prompt_name)
 
         def chunks() -> Iterator[Chunk]:
             for start in range(0, len(texts), TOKENIZE_CHUNK):
-                part = [prompt + t for t in texts[start : start + TOKENIZE_CHUNK]]
-                yield start, [e.ids for e in self.tokenizer.encode(part, truncate=truncate)], None
+                part = texts[start : start + TOKENIZE_CHUNK]
+                yield start, self._encode(part, prompt, truncate), None
 
         outputs = self._run(len(texts), chunks(), show_progress_bar, Executor.embed)
         return self._finish(outputs, normalize, dimensions)
@@ -140,10 +135,10 @@ class Model:
         """Token ids of each text as `embed` feeds them to the model (prompt and special
         tokens included, truncated to the model's limit unless `truncate=False`)."""
         texts = [texts] if isinstance(texts, str) else list(texts)
-        prompt = self._prompt(prompt_name)
-        for i, text in enumerate(texts):
-            if not isinstance(text, str):
-                raise InputError(f"input {i} must be a string, got {type(text).__name__}")
+        self._check_strings(texts)
+        return self._encode(texts, self._prompt(prompt_name), truncate)
+
+    def _encode(self, texts: list[str], prompt: str, truncate: bool) -> list[list[int]]:
         return [
             e.ids for e in self.tokenizer.encode([prompt + t for t in texts], truncate=truncate)
         ]
