@@ -76,6 +76,7 @@ class InteractiveLane(Lane):
     while one is in flight, the gate holds eager bulk batches between layers."""
 
     name = "interactive"
+    gate: LayerGate  # always set: the gate this lane holds bulk batches with
 
     def __init__(
         self,
@@ -88,11 +89,10 @@ class InteractiveLane(Lane):
         super().__init__(network, device, packed_attention=True, graphs=graphs, gate=gate)
         _, highest_priority = torch.cuda.Stream.priority_range()  # type: ignore[call-arg]
         self.stream = torch.cuda.Stream(device, priority=highest_priority)
-        self._gate = gate
 
     @contextlib.contextmanager
     def active(self) -> Iterator[None]:
-        with on_device(self.device), self._gate.interactive(), torch.cuda.stream(self.stream):
+        with on_device(self.device), self.gate.interactive(), torch.cuda.stream(self.stream):
             yield
 
     def forward(self, batch: PackedBatch) -> tuple[torch.Tensor, PackedBatch]:
