@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import statistics
 import subprocess
 import sys
@@ -32,19 +31,12 @@ from pathlib import Path
 
 import torch
 from corpus_text import corpus
-from shapes import write_random_checkpoint
+from shapes import with_tokenizer, write_random_checkpoint
 
 from trt_tei_runtime import Model
 from trt_tei_runtime.batch import PackedBatch, token_budget_batches
 
 BATCH_TOKENS = 16384
-
-
-def with_tokenizer(folder: Path, tokenizer_dir: Path) -> Path:
-    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
-        if (tokenizer_dir / name).is_file():
-            shutil.copy2(tokenizer_dir / name, folder / name)
-    return folder
 
 
 def engine_of(model: Model):  # type: ignore[no-untyped-def]

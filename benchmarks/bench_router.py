@@ -31,7 +31,7 @@ import urllib.request
 from pathlib import Path
 
 from bench_engine import backfill_lengths, percentiles
-from shapes import write_random_checkpoint
+from shapes import with_tokenizer, write_random_checkpoint
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "http"))
 from loadgen import run as load  # noqa: E402
@@ -114,13 +114,6 @@ def mixed(port: int, backfill: Backfill, query: bytes, seconds: float) -> tuple[
     runner.join()
     conn.close()
     return latencies, tokens_per_s
-
-
-def with_tokenizer(folder: Path, tokenizer_dir: Path) -> Path:
-    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
-        if (tokenizer_dir / name).is_file():
-            shutil.copy2(tokenizer_dir / name, folder / name)
-    return folder
 
 
 def serve(folder: Path, port: int, extra: list[str]) -> subprocess.Popen:

@@ -17,9 +17,8 @@ from pathlib import Path
 
 
 def run(shape: str, tokenizer: Path, seconds: float) -> None:
-    from bench_corpus import with_tokenizer
     from corpus_text import corpus
-    from shapes import write_random_checkpoint
+    from shapes import with_tokenizer, write_random_checkpoint
 
     from trt_tei_runtime import Model
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import torch
@@ -72,4 +73,12 @@ def write_random_checkpoint(name: str, folder: Path) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(folder, safe_serialization=True)
     del model
+    return folder
+
+
+def with_tokenizer(folder: Path, tokenizer_dir: Path) -> Path:
+    """Copies a real tokenizer (e.g. all-MiniLM-L6-v2's) into a random checkpoint."""
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        if (tokenizer_dir / name).is_file():
+            shutil.copy2(tokenizer_dir / name, folder / name)
     return folder
