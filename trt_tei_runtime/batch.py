@@ -10,6 +10,7 @@ import numpy as np
 import torch
 
 from .errors import InputError
+from .token_ids import TokenIds
 
 
 @dataclass
@@ -96,22 +97,40 @@ class PackedBatch:
         position_offset: int = 0,
     ) -> PackedBatch:
         """Packs token id lists; position ids restart at `position_offset` for each."""
-        if not ids:
+        return cls.from_token_ids(
+            TokenIds.from_lists(ids),
+            None,
+            None if type_ids is None else TokenIds.from_lists(type_ids),
+            position_offset,
+        )
+
+    @classmethod
+    def from_token_ids(
+        cls,
+        tokens: TokenIds,
+        index: Sequence[int] | np.ndarray | None = None,
+        type_ids: TokenIds | None = None,
+        position_offset: int = 0,
+    ) -> PackedBatch:
+        """Packs sequences `index` of `tokens` (all of them by default), in that order;
+        position ids restart at `position_offset` for each. Array operations only: `Model`
+        packs on a thread of its own while another thread launches kernels, and both need
+        the interpreter lock for any per-token Python work."""
+        select = np.arange(len(tokens)) if index is None else np.asarray(index, dtype=np.int64)
+        if select.size == 0:
             raise InputError("a batch needs at least one sequence")
-        lengths = [len(s) for s in ids]
-        if min(lengths) == 0:
+        lengths = tokens.lengths[select]
+        if lengths.min() == 0:
             raise InputError("sequences must not be empty")
-        # One C-level conversion per sequence, not a Python loop per token: `Model` packs
-        # batches on a thread of its own, holding the GIL, while another thread launches
-        # kernels.
-        flat = np.concatenate([np.asarray(s, dtype=np.int64) for s in ids])
+        gather = tokens.gather(select)
+        flat = tokens.ids[gather].astype(np.int64)
         if type_ids is None:
             types = np.zeros_like(flat)
         else:
-            types = np.concatenate([np.asarray(s, dtype=np.int64) for s in type_ids])
-            if types.shape != flat.shape:
+            if not np.array_equal(type_ids.lengths[select], lengths):
                 raise InputError("type_ids must have one entry per token")
-        cu = np.zeros(len(ids) + 1, dtype=np.int32)
+            types = type_ids.ids[type_ids.gather(select)].astype(np.int64)
+        cu = np.zeros(select.size + 1, dtype=np.int32)
         np.cumsum(lengths, out=cu[1:])
         positions = np.arange(flat.size, dtype=np.int64) - np.repeat(cu[:-1], lengths)
         return cls(
@@ -119,7 +138,7 @@ class PackedBatch:
             token_type_ids=torch.from_numpy(types),
             position_ids=torch.from_numpy(positions + position_offset),
             cu_seqlens=torch.from_numpy(cu),
-            max_seqlen=max(lengths),
+            max_seqlen=int(lengths.max()),
         )
 
 

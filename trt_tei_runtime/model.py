@@ -5,19 +5,20 @@ from __future__ import annotations
 import os
 import threading
 from collections import Counter
-from collections.abc import Iterator, Sequence
-from typing import Optional
+from collections.abc import Iterable, Iterator, Sequence
+from typing import TypeVar, Union
 
 import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from .batch import PackedBatch, token_budget_batches
 from .errors import InputError
 from .pooling import apply_score_activation, finish_embeddings
 from .runtime import Executor, LoadedModel, ModelInfo, load_executors, parse_device
 from .runtime.devices import DeviceSpec
-from .runtime.dispatch import Job, Method, run_jobs
+from .runtime.dispatch import Method
+from .runtime.stream import Chunk, run_chunks
+from .token_ids import TokenIds
 from .tokenization import TextOrPair, TextTokenizer
 
 DEFAULT_MAX_BATCH_TOKENS = 16384
@@ -27,8 +28,9 @@ TOKENIZE_CHUNK = 256
 # Fewer inputs than this show no progress bar unless asked.
 PROGRESS_MIN_INPUTS = 256
 
-# (offset of the chunk's first input, token ids, token type ids or None for all zeros).
-Chunk = tuple[int, list[list[int]], Optional[list[list[int]]]]
+K = TypeVar("K")
+# Token ids of several inputs: lists, or the flat arrays `tokenize_ids` returns.
+Ids = Union[Sequence[Sequence[int]], TokenIds]
 
 
 class Model:
@@ -117,10 +119,11 @@ class Model:
         self._check_strings(texts)
         prompt = self._prompt(prompt_name)
 
-        def chunks() -> Iterator[Chunk]:
+        def chunks() -> Iterator[Chunk[int]]:
             for start in range(0, len(texts), TOKENIZE_CHUNK):
                 part = texts[start : start + TOKENIZE_CHUNK]
-                yield start, self._encode(part, prompt, truncate), None
+                ids = self.tokenizer.encode_ids(part, prompt, truncate=truncate)
+                yield Chunk(start, ids, first=start)
 
         outputs = self._run(len(texts), chunks(), show_progress_bar, Executor.embed)
         return self._finish(outputs, normalize, dimensions)
@@ -134,29 +137,64 @@ class Model:
     ) -> list[list[int]]:
         """Token ids of each text as `embed` feeds them to the model (prompt and special
         tokens included, truncated to the model's limit unless `truncate=False`)."""
+        return self.tokenize_ids(texts, prompt_name=prompt_name, truncate=truncate).to_lists()
+
+    def tokenize_ids(
+        self,
+        texts: str | Sequence[str],
+        *,
+        prompt_name: str | None = None,
+        truncate: bool = True,
+    ) -> TokenIds:
+        """`tokenize` as flat arrays (`TokenIds`: every id end to end, and offsets), which
+        `embed_ids` and `embed_ids_stream` take without a per-token Python object."""
         texts = [texts] if isinstance(texts, str) else list(texts)
         self._check_strings(texts)
-        return self._encode(texts, self._prompt(prompt_name), truncate)
-
-    def _encode(self, texts: list[str], prompt: str, truncate: bool) -> list[list[int]]:
-        return [
-            e.ids for e in self.tokenizer.encode([prompt + t for t in texts], truncate=truncate)
-        ]
+        return self.tokenizer.encode_ids(texts, self._prompt(prompt_name), truncate=truncate)
 
     def embed_ids(
         self,
-        ids: Sequence[Sequence[int]],
+        ids: Ids,
         normalize: bool = True,
         dimensions: int | None = None,
         show_progress_bar: bool | None = None,
     ) -> np.ndarray:
-        """`embed` on token ids from `tokenize` (or any tokenizer of the model's vocabulary):
-        `(n, dim)` float32. Every sequence needs at least one token."""
+        """`embed` on token ids from `tokenize`/`tokenize_ids` (or any tokenizer of the
+        model's vocabulary): `(n, dim)` float32. Every sequence needs at least one token."""
         self._check_dimensions(dimensions)
-        rows = [list(seq) for seq in ids]
-        chunk: Chunk = (0, rows, None)
-        outputs = self._run(len(rows), iter([chunk]), show_progress_bar, Executor.embed)
+        tokens = _token_ids(ids)
+        outputs = self._run(
+            len(tokens), iter([Chunk(0, tokens)]), show_progress_bar, Executor.embed
+        )
         return self._finish(outputs, normalize, dimensions)
+
+    def embed_ids_stream(
+        self,
+        chunks: Iterable[tuple[K, Ids]],
+        normalize: bool = True,
+        dimensions: int | None = None,
+    ) -> Iterator[tuple[K, np.ndarray]]:
+        """`embed_ids` over a stream of `(key, ids)` chunks: yields `(key, (n, dim) float32)`
+        per chunk, in order, as soon as the chunk is done, while later chunks already run.
+        The devices do not drain between chunks as they do between `embed_ids` calls; the
+        chunks iterator is read on a thread of its own. A chunk of no ids passes through
+        (as an empty array) in its place: a marker for the caller."""
+        self._check_dimensions(dimensions)
+        dim = dimensions or self.info.hidden_size
+        stream = (Chunk(key, _token_ids(ids)) for key, ids in chunks)
+        for key, out in run_chunks(
+            self.executors,
+            stream,
+            Executor.embed,
+            self.max_batch_tokens,
+            self.info.position_offset,
+            self._count_tokens,
+        ):
+            if out is None:
+                yield key, np.zeros((0, dim), dtype=np.float32)
+            else:
+                vectors = finish_embeddings(out, normalize=normalize, dimensions=dimensions)
+                yield key, vectors.numpy()
 
     def _check_dimensions(self, dimensions: int | None) -> None:
         if dimensions is not None and not 0 < dimensions <= self.info.hidden_size:
@@ -238,7 +276,7 @@ class Model:
         items: list[TextOrPair],
         truncate: bool,
         suffixes: list[tuple[int, ...]] | None,
-    ) -> Iterator[Chunk]:
+    ) -> Iterator[Chunk[int]]:
         """Tokenized texts or pairs, a chunk at a time; `suffixes[i]` (token ids) is
         appended to item i after truncation, which keeps it."""
         for start in range(0, len(items), TOKENIZE_CHUNK):
@@ -251,57 +289,48 @@ class Model:
                 if suffix:
                     ids[i] = self._with_suffix(ids[i], suffix, truncate, start + i)
                     type_ids[i] = [0] * len(ids[i])
-            yield start, ids, type_ids
+            yield Chunk(start, TokenIds.from_lists(ids), TokenIds.from_lists(type_ids), first=start)
+
+    def _count_tokens(self, rows: int, device: torch.device, tokens: int) -> None:
+        with self._tokens_lock:
+            self._tokens[str(device)] += tokens
 
     def _run(
-        self, count: int, chunks: Iterator[Chunk], show_progress_bar: bool | None, method: Method
+        self,
+        count: int,
+        chunks: Iterator[Chunk[int]],
+        show_progress_bar: bool | None,
+        method: Method,
     ) -> torch.Tensor | None:
         """Runs every chunk's inputs in token-budget batches (longest first within a chunk)
         on whichever device is free, while the next chunk is tokenized; returns the rows
         in input order."""
         if count == 0:
             return None
-
-        # Pinned here, on the packing thread, not by the thread that launches the batch.
-        pin = any(executor.device.type == "cuda" for executor in self.executors)
-
-        def jobs() -> Iterator[Job]:
-            for start, ids, type_ids in chunks:
-                lengths = [len(seq) for seq in ids]
-                for i, n in enumerate(lengths):
-                    if n == 0:
-                        raise InputError(f"input {start + i} is empty after tokenization")
-                for batch in token_budget_batches(lengths, self.max_batch_tokens):
-                    packed = PackedBatch.from_sequences(
-                        [ids[i] for i in batch],
-                        None if type_ids is None else [type_ids[i] for i in batch],
-                        self.info.position_offset,
-                    )
-                    yield Job([start + i for i in batch], packed.pin_memory() if pin else packed)
-
         # tqdm's None: shown on a terminal only.
         if show_progress_bar is None:
             disable = True if count < PROGRESS_MIN_INPUTS else None
         else:
             disable = not show_progress_bar
         progress = tqdm(total=count, disable=disable, unit="input")
-        rows: list[list[int]] = []
+
+        def on_batch(rows: int, device: torch.device, tokens: int) -> None:
+            self._count_tokens(rows, device, tokens)
+            progress.update(rows)
+
         outputs: list[torch.Tensor] = []
-        tokens: Counter[str] = Counter()
         with progress:
-            for job, out, device in run_jobs(self.executors, jobs(), method):
-                # Put in order once at the end: this thread competes for the interpreter
-                # with the threads that pack and launch batches.
-                rows.append(job.key)
-                outputs.append(out)
-                tokens[str(device)] += job.batch.num_tokens
-                progress.update(len(job.key))
-        with self._tokens_lock:
-            self._tokens.update(tokens)
-        stacked = torch.cat(outputs)
-        results = torch.empty_like(stacked)
-        results[torch.tensor([i for key in rows for i in key])] = stacked
-        return results
+            for _, out in run_chunks(
+                self.executors,
+                chunks,
+                method,
+                self.max_batch_tokens,
+                self.info.position_offset,
+                on_batch,
+            ):
+                if out is not None:
+                    outputs.append(out)
+        return torch.cat(outputs)
 
     def _with_suffix(
         self, ids: list[int], suffix: tuple[int, ...], truncate: bool, index: int
@@ -341,3 +370,7 @@ def _is_pair(item: object) -> bool:
         and len(item) == 2
         and all(isinstance(part, str) for part in item)
     )
+
+
+def _token_ids(ids: Ids) -> TokenIds:
+    return ids if isinstance(ids, TokenIds) else TokenIds.from_lists(ids)

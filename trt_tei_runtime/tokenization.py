@@ -11,9 +11,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Union
 
+import numpy as np
 from tokenizers import Encoding, Tokenizer
 
+from ._router import FlatTokenizer
 from .errors import CheckpointError, InputError
+from .token_ids import TokenIds
 
 TextOrPair = Union[str, Sequence[str]]
 
@@ -30,6 +33,9 @@ class TextTokenizer:
         self._full = _load(path)
         self._truncating = _load(path)
         self._truncating.enable_truncation(max_length)
+        # The same tokenizer file through the router's Rust tokenizer, for texts to embed:
+        # flat arrays rather than an Encoding and a list of ints per text (`encode_ids`).
+        self._flat = FlatTokenizer(str(path), max_length)
         self.max_length = max_length
 
     def encode(self, inputs: Sequence[TextOrPair], *, truncate: bool = True) -> list[Encoding]:
@@ -46,6 +52,23 @@ class TextTokenizer:
                         f"of {self.max_length}; pass truncate=True to cut it"
                     )
         return encodings
+
+    def encode_ids(
+        self, texts: Sequence[str], prompt: str = "", *, truncate: bool = True
+    ) -> TokenIds:
+        """Token ids of `prompt + text` for each text, as `encode` gives them, in flat arrays.
+        The interpreter lock is released while the texts are tokenized."""
+        ids, lengths = self._flat.encode(list(texts), prompt, truncate)
+        tokens = TokenIds.from_buffers(ids, lengths)
+        if not truncate:
+            too_long = np.flatnonzero(tokens.lengths > self.max_length)
+            if too_long.size:
+                i = int(too_long[0])
+                raise InputError(
+                    f"input {i} has {int(tokens.lengths[i])} tokens, more than the model's "
+                    f"maximum of {self.max_length}; pass truncate=True to cut it"
+                )
+        return tokens
 
 
 def _load(path: Path) -> Tokenizer:

@@ -14,6 +14,8 @@ pub mod logging;
 pub mod metrics;
 #[cfg(feature = "pyo3")]
 pub mod python_module;
+#[cfg(feature = "pyo3")]
+pub mod python_tokenizer;
 pub mod queue;
 pub mod server;
 pub mod shutdown;

@@ -54,6 +54,7 @@ fn model_info_fields() -> Vec<&'static str> {
 fn _router(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(run, m)?)?;
     m.add_function(wrap_pyfunction!(model_info_fields, m)?)?;
+    m.add_class::<crate::python_tokenizer::FlatTokenizer>()?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

@@ -18,6 +18,7 @@ from trt_tei_runtime.corpus.cli import execute, main
 from trt_tei_runtime.corpus.progress import Progress
 from trt_tei_runtime.corpus.reader import Rows
 from trt_tei_runtime.corpus.rows import screen, tokenize
+from trt_tei_runtime.token_ids import TokenIds
 
 BAD_LINES = {  # row ordinal → (JSONL line, reason the manifest gives)
     3: ('{"id": "b3", "text": null}', "missing or null text"),
@@ -141,11 +142,8 @@ def test_parquet_and_csv_bad_rows(tiny, tiny_dir, tmp_path):  # type: ignore[no-
 class _DropsEverything:
     """A tokenizer that adds no special tokens and knows no word of some texts."""
 
-    def tokenize(self, texts, *, prompt_name=None, truncate=True):  # type: ignore[no-untyped-def]
-        return [[] if t.startswith("zzz") else [1, 2] for t in texts]
-
-    def embed_ids(self, ids, normalize=True, dimensions=None, show_progress_bar=None):  # type: ignore[no-untyped-def]
-        return np.ones((len(ids), 4), np.float32)
+    def tokenize_ids(self, texts, *, prompt_name=None, truncate=True):  # type: ignore[no-untyped-def]
+        return TokenIds.from_lists([[] if t.startswith("zzz") else [1, 2] for t in texts])
 
 
 def test_no_tokens_after_tokenization_is_a_bad_row() -> None:
@@ -155,7 +153,7 @@ def test_no_tokens_after_tokenization_is_a_bad_row() -> None:
         (11, "b", "missing or null text"),
         (12, "c", "no tokens after tokenization"),
     ]
-    assert tok.ids.to_pylist() == ["a", "d"] and tok.token_ids == [[1, 2], [1, 2]]
+    assert tok.ids.to_pylist() == ["a", "d"] and tok.token_ids.to_lists() == [[1, 2], [1, 2]]
 
 
 def cli_error(capsys, *args) -> str:  # type: ignore[no-untyped-def]

@@ -15,16 +15,18 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any, Optional, Union
 
+import numpy as np
 import pyarrow as pa
 
 from .. import __version__
 from ..errors import InputError
+from ..token_ids import TokenIds
 from .ahead import ahead
 from .errors import BadRowError, CorpusError
 from .options import BAD_ROW_POLICIES, VERIFY_MODES, JobOptions
 from .progress import Progress, Summary
 from .reader import InputReader, Rows, open_input
-from .rows import BadRow, EmbeddingModel, Tokenized, embed, output_schema, screen, tokenize
+from .rows import BadRow, EmbeddingModel, Tokenized, output_schema, screen, shard_rows, tokenize
 from .shards import ShardWriter
 from .store import OutputStore
 
@@ -62,6 +64,8 @@ class InputEnd:
 
 
 PlanItem = Union[Piece, ShardEnd, InputEnd]
+StreamItem = Union[Chunk, ShardEnd, InputEnd]
+NO_IDS = TokenIds(np.zeros(0, dtype=np.uint32), np.zeros(1, dtype=np.int64))
 
 
 def check_options(options: JobOptions) -> None:
@@ -203,7 +207,7 @@ def load_model(options: JobOptions) -> Any:
     except (CheckpointError, InputError) as exc:
         raise CorpusError(f"cannot load model {options.model!r}: {exc}") from exc
     try:
-        model.tokenize(["x"], prompt_name=options.prompt_name)
+        model.tokenize_ids(["x"], prompt_name=options.prompt_name)
     except InputError as exc:
         raise CorpusError(f"--prompt-name: {exc}") from exc
     return model
@@ -277,16 +281,22 @@ def _run(
         while pending:
             pending.popleft().result()
 
-    try:
+    def keyed() -> Iterator[tuple[StreamItem, TokenIds]]:
+        """Every plan item in order, with the ids to embed (none for the markers)."""
         for item in ahead(tokenized_plan(model, items, options.prompt_name), PREFETCH_CHUNKS):
+            yield item, item.tokenized.token_ids if isinstance(item, Chunk) else NO_IDS
+
+    try:
+        # One stream for the whole job: the devices do not drain between chunks.
+        for item, vectors in model.embed_ids_stream(keyed(), dimensions=options.dimensions):
             if isinstance(item, Chunk):
                 tok = item.tokenized
                 summary.bad_rows += len(tok.bad)
                 check_bad_rows(tok.bad, options, progress)
                 if writer is None:
                     writer = store.writer(item.shard, item.shard * options.shard_rows, schema)
-                vectors = embed(model, tok, options.dimensions, schema)
-                in_background(partial(writer.write, vectors, tok.bad, tok.num_tokens))
+                batch = shard_rows(tok, vectors, schema)
+                in_background(partial(writer.write, batch, tok.bad, tok.num_tokens))
                 progress.update(tok.stop - tok.start, tok.num_tokens)
                 if total is None and reader.bytes_read:
                     progress.estimate_total(int(tok.stop * reader.size / reader.bytes_read))

@@ -38,7 +38,7 @@ from .job import (
 from .options import JobOptions
 from .progress import Progress, Summary
 from .reader import InputReader
-from .rows import BadRow, Screened, embed, screen, tokenize
+from .rows import BadRow, Screened, screen, shard_rows, tokenize
 from .store import OutputStore
 
 ACTOR_RESTARTS = 3  # a worker dying this many times on one actor fails the job
@@ -85,7 +85,7 @@ class ShardEmbedder:
         from ..errors import InputError
 
         try:
-            self.model.tokenize(["x"], prompt_name=self.prompt_name)
+            self.model.tokenize_ids(["x"], prompt_name=self.prompt_name)
         except InputError as exc:
             return str(exc)
         return None
@@ -98,8 +98,9 @@ class ShardEmbedder:
             tokenize(self.model, part, self.prompt_name)
             for part in screened.chunks(self.chunk_rows)
         )
-        for tok in ahead(pieces, PREFETCH_CHUNKS, name="shard-tokenizer"):
-            batches.append(embed(self.model, tok, self.dimensions, schema))
+        keyed = ((tok, tok.token_ids) for tok in ahead(pieces, PREFETCH_CHUNKS, "shard-tokenizer"))
+        for tok, vectors in self.model.embed_ids_stream(keyed, dimensions=self.dimensions):
+            batches.append(shard_rows(tok, vectors, schema))
             _maybe_crash(shard)  # test hook: dies with part of the shard embedded
             bad.extend(tok.bad)
             tokens += tok.num_tokens

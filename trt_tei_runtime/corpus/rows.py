@@ -4,14 +4,17 @@ own thread). Shared by the local job, the Ray job and the Ray Data callable."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Optional, Protocol
+from typing import Any, Optional, Protocol, TypeVar
 
 import numpy as np
 import pyarrow as pa
 
+from ..token_ids import TokenIds
 from .reader import Rows
+
+K = TypeVar("K")
 
 # Bad rows listed by id in the manifest (the counts are exact): the first of each shard, and
 # the first overall at the top. The manifest is rewritten after every shard: it stays small.
@@ -22,17 +25,24 @@ MAX_BAD_ROW_SAMPLES = 1000
 class EmbeddingModel(Protocol):
     """What a corpus job needs of `trt_tei_runtime.Model`."""
 
-    def tokenize(
+    def tokenize_ids(
         self, texts: Sequence[str], *, prompt_name: Optional[str] = None, truncate: bool = True
-    ) -> list[list[int]]: ...
+    ) -> TokenIds: ...
 
     def embed_ids(
         self,
-        ids: Sequence[Sequence[int]],
+        ids: TokenIds,
         normalize: bool = True,
         dimensions: Optional[int] = None,
         show_progress_bar: Optional[bool] = None,
     ) -> np.ndarray: ...
+
+    def embed_ids_stream(
+        self,
+        chunks: Iterable[tuple[K, TokenIds]],
+        normalize: bool = True,
+        dimensions: Optional[int] = None,
+    ) -> Iterator[tuple[K, np.ndarray]]: ...
 
 
 @dataclass(frozen=True)
@@ -90,12 +100,12 @@ class Tokenized:
     start: int
     stop: int
     ids: pa.Array
-    token_ids: list[list[int]]
+    token_ids: TokenIds
     bad: list[BadRow] = field(default_factory=list)
 
     @property
     def num_tokens(self) -> int:
-        return sum(len(t) for t in self.token_ids)
+        return self.token_ids.num_tokens
 
 
 def output_schema(id_type: pa.DataType, dim: int) -> pa.Schema:
@@ -146,23 +156,23 @@ def screen(rows: Rows) -> Screened:
 
 
 def tokenize(model: EmbeddingModel, screened: Screened, prompt_name: Optional[str]) -> Tokenized:
-    token_ids = model.tokenize(screened.texts, prompt_name=prompt_name) if screened.texts else []
-    empty = [k for k, seq in enumerate(token_ids) if not seq]
-    if not empty:
+    token_ids = model.tokenize_ids(screened.texts, prompt_name=prompt_name)
+    empty = np.flatnonzero(token_ids.lengths == 0)
+    if not empty.size:
         return Tokenized(screened.start, screened.stop, screened.ids, token_ids, screened.bad)
     # Possible for tokenizers that add no special tokens (some decoders): a text of only
     # characters the vocabulary drops.
     id_values = screened.ids.to_pylist()
     bad = list(screened.bad)
-    for k in empty:
+    for k in empty.tolist():
         bad.append(BadRow(screened.rows[k], json_id(id_values[k]), "no tokens after tokenization"))
-    keep = [k for k, seq in enumerate(token_ids) if seq]
+    keep = np.flatnonzero(token_ids.lengths > 0)
     bad.sort(key=lambda b: b.row)
     return Tokenized(
         screened.start,
         screened.stop,
         screened.ids.take(pa.array(keep, type=pa.int64())),
-        [token_ids[k] for k in keep],
+        token_ids.take(keep),
         bad,
     )
 
@@ -172,21 +182,30 @@ def embed(
 ) -> pa.RecordBatch:
     """The shard rows of a tokenized chunk: float32 vectors, L2-normalized."""
     dim = schema.field("embedding").type.list_size
-    if tokenized.token_ids:
+    if len(tokenized.token_ids):
         # The job draws its own bar; one per chunk from the model would garble it.
         vectors = model.embed_ids(
             tokenized.token_ids, dimensions=dimensions, show_progress_bar=False
         )
-        vectors = np.ascontiguousarray(vectors, dtype=np.float32)
     else:
         vectors = np.zeros((0, dim), dtype=np.float32)
-    if vectors.shape[1] != dim:
-        raise RuntimeError(f"the model returned {vectors.shape[1]}-dim vectors, expected {dim}")
+    return shard_rows(tokenized, vectors, schema)
+
+
+def shard_rows(tokenized: Tokenized, vectors: np.ndarray, schema: pa.Schema) -> pa.RecordBatch:
+    """A tokenized chunk's rows with their vectors, as the shards store them."""
+    dim = schema.field("embedding").type.list_size
+    vectors = np.ascontiguousarray(vectors, dtype=np.float32)
+    if vectors.shape != (len(tokenized.token_ids), dim):
+        raise RuntimeError(
+            f"the model returned vectors of shape {vectors.shape}, expected "
+            f"({len(tokenized.token_ids)}, {dim})"
+        )
     return pa.record_batch(
         [
             tokenized.ids.cast(schema.field("id").type),
             pa.FixedSizeListArray.from_arrays(pa.array(vectors.reshape(-1)), dim),
-            pa.array([len(t) for t in tokenized.token_ids], type=pa.int32()),
+            pa.array(tokenized.token_ids.lengths, type=pa.int32()),
         ],
         schema=schema,
     )

@@ -1,0 +1,112 @@
+"""Chunks of tokenized inputs through the devices as one stream, each chunk's results
+handed back in chunk order as soon as all of its batches are done.
+
+One stream serves a whole `Model.embed` call or a whole corpus job: the devices never drain
+between chunks, because the next chunk's batches are packed and queued (by `run_jobs`'
+feeder) while the current chunk's last batches still run.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Generic, Optional, TypeVar
+
+import numpy as np
+import torch
+
+from ..batch import PackedBatch, token_budget_batches
+from ..errors import InputError
+from ..token_ids import TokenIds
+from .dispatch import Job, Method, run_jobs
+from .executor import Executor
+
+K = TypeVar("K")
+
+
+@dataclass
+class Chunk(Generic[K]):
+    """Inputs `first .. first + len(ids)` of a call (for error messages), under the caller's
+    `key`; `type_ids` None means all zeros. A chunk of no inputs passes through in order."""
+
+    key: K
+    ids: TokenIds
+    type_ids: Optional[TokenIds] = None
+    first: int = 0
+
+
+@dataclass
+class _Pending(Generic[K]):
+    key: K
+    size: int
+    batches: int
+    parts: list[tuple[list[int], torch.Tensor]] = field(default_factory=list)
+
+    @property
+    def complete(self) -> bool:
+        return len(self.parts) == self.batches
+
+    def assemble(self) -> Optional[torch.Tensor]:
+        """The chunk's rows in input order (None for a chunk of no inputs)."""
+        if not self.parts:
+            return None
+        stacked = torch.cat([out for _, out in self.parts])
+        order = np.fromiter((i for rows, _ in self.parts for i in rows), dtype=np.int64)
+        result = torch.empty_like(stacked)
+        result[torch.from_numpy(order)] = stacked
+        return result
+
+
+# Called for each finished batch with (rows of its chunk, device, tokens).
+BatchDone = Callable[[int, torch.device, int], None]
+
+
+def run_chunks(
+    executors: list[Executor],
+    chunks: Iterable[Chunk[K]],
+    method: Method,
+    max_batch_tokens: int,
+    position_offset: int,
+    on_batch: Optional[BatchDone] = None,
+) -> Iterator[tuple[K, Optional[torch.Tensor]]]:
+    """Yields `(key, rows)` for every chunk, in chunk order. Each chunk's inputs run in
+    token-budget batches (longest first) on whichever device is free; `chunks` is read on
+    a feeder thread, so a generator that tokenizes overlaps the devices."""
+    # Pinned on the packing thread, not by the thread that launches the batch.
+    pin = any(executor.device.type == "cuda" for executor in executors)
+    order: deque[_Pending[K]] = deque()
+    lock = threading.Lock()
+
+    def jobs() -> Iterator[Job]:
+        for chunk in chunks:
+            lengths = chunk.ids.lengths
+            empty = np.flatnonzero(lengths == 0)
+            if empty.size:
+                raise InputError(f"input {chunk.first + int(empty[0])} is empty after tokenization")
+            batches = token_budget_batches(lengths.tolist(), max_batch_tokens)
+            pending = _Pending(chunk.key, len(chunk.ids), len(batches))
+            with lock:
+                order.append(pending)
+            for rows in batches:
+                packed = PackedBatch.from_token_ids(
+                    chunk.ids, rows, chunk.type_ids, position_offset
+                )
+                yield Job((pending, rows), packed.pin_memory() if pin else packed)
+
+    def finished() -> Iterator[tuple[K, Optional[torch.Tensor]]]:
+        while True:
+            with lock:
+                if not order or not order[0].complete:
+                    return
+                pending = order.popleft()
+            yield pending.key, pending.assemble()
+
+    for job, out, device in run_jobs(executors, jobs(), method):
+        pending, rows = job.key
+        pending.parts.append((rows, out))
+        if on_batch is not None:
+            on_batch(len(rows), device, job.batch.num_tokens)
+        yield from finished()
+    yield from finished()
