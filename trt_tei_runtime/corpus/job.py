@@ -31,6 +31,9 @@ from .shards import ShardWriter
 from .store import OutputStore
 
 PREFETCH_CHUNKS = 2  # tokenized chunks waiting for the model: bounds memory
+# The devices start once the first chunk is read and tokenized: the first chunks are small
+# and double up to `chunk_rows`, so a job (or a resumed one) does not open with an idle GPU.
+FIRST_CHUNK_ROWS = 256
 # Chunks of vectors waiting to be written (and shards to be committed) while the model
 # runs the next chunk: the device does not idle while Parquet, fsync and sha256 run.
 PENDING_WRITES = 2
@@ -126,12 +129,14 @@ def plan(
     reader: InputReader, shard_rows: int, chunk_rows: int, finished: set[int]
 ) -> Iterator[PlanItem]:
     """The input cut at shard boundaries and into chunks, finished shards left out, with a
-    `ShardEnd` once a shard's last chunk is out and an `InputEnd` last."""
+    `ShardEnd` once a shard's last chunk is out and an `InputEnd` last. Chunks start at
+    `FIRST_CHUNK_ROWS` rows and double up to `chunk_rows`."""
 
     def all_finished(start: int, stop: int) -> bool:
         return all(s in finished for s in range(start // shard_rows, (stop - 1) // shard_rows + 1))
 
     current: Optional[int] = None
+    size = min(FIRST_CHUNK_ROWS, chunk_rows)
     for rows in reader.rows(skip=all_finished, batch_rows=chunk_rows):
         pos = rows.start
         while pos < rows.stop:
@@ -143,7 +148,8 @@ def plan(
             if current is not None and shard != current:
                 yield ShardEnd(current, (current + 1) * shard_rows)
             current = shard
-            end = min(end, pos + chunk_rows)
+            end = min(end, pos + size)
+            size = min(2 * size, chunk_rows)
             yield Piece(shard, rows.slice(pos, end))
             pos = end
     total = reader.total_rows
