@@ -59,7 +59,76 @@ def make_config(name: str):  # type: ignore[no-untyped-def]
             vocab_size=151669,
             architectures=["Qwen3Model"],
         )
-    raise SystemExit(f"unknown shape {name!r}; known: bert-large, minilm, qwen3-0.6b, qwen3-8b")
+    family = FAMILY_SHAPES.get(name)
+    if family is not None:
+        config_class, architecture, fields = family
+        return getattr(transformers, config_class)(architectures=[architecture], **fields)
+    known = ", ".join(["bert-large", "minilm", "qwen3-0.6b", "qwen3-8b", *FAMILY_SHAPES])
+    raise SystemExit(f"unknown shape {name!r}; known: {known}")
+
+
+# The base sizes of the families beside BERT and the decoders, as their hub models ship
+# them (config class, architecture, fields over the class defaults).
+FAMILY_SHAPES: dict[str, tuple[str, str, dict[str, object]]] = {
+    # sentence-transformers/all-mpnet-base-v2
+    "mpnet-base": ("MPNetConfig", "MPNetModel", {}),
+    # distilbert-base-uncased (msmarco-distilbert-base-v4 and the DistilBERT cross-encoders)
+    "distilbert-base": ("DistilBertConfig", "DistilBertModel", {}),
+    # microsoft/deberta-v3-base
+    "deberta-v3-base": (
+        "DebertaV2Config",
+        "DebertaV2Model",
+        {
+            "hidden_size": 768,
+            "num_hidden_layers": 12,
+            "num_attention_heads": 12,
+            "intermediate_size": 3072,
+            "vocab_size": 128100,
+            "relative_attention": True,
+            "position_buckets": 256,
+            "max_relative_positions": -1,
+            "pos_att_type": ["p2c", "c2p"],
+            "norm_rel_ebd": "layer_norm",
+            "share_att_key": True,
+            "position_biased_input": False,
+            "type_vocab_size": 0,
+        },
+    ),
+    # cross-encoder/ms-marco-electra-base's encoder
+    "electra-base": (
+        "ElectraConfig",
+        "ElectraModel",
+        {
+            "embedding_size": 768,
+            "hidden_size": 768,
+            "num_attention_heads": 12,
+            "intermediate_size": 3072,
+        },
+    ),
+    # Alibaba-NLP/gte-modernbert-base
+    "modernbert-base": ("ModernBertConfig", "ModernBertModel", {"vocab_size": 50368}),
+    # nomic-ai/nomic-embed-text-v1.5
+    "nomic-embed": ("NomicBertConfig", "NomicBertModel", {"vocab_size": 30528}),
+    # jinaai/jina-embeddings-v3 (XLM-RoBERTa large with rotary and LoRA adapters)
+    "jina-v3": ("JinaEmbeddingsV3Config", "JinaEmbeddingsV3Model", {}),
+    # google/embeddinggemma-300m
+    "embeddinggemma": (
+        "Gemma3TextConfig",
+        "Gemma3TextModel",
+        {
+            "hidden_size": 768,
+            "num_hidden_layers": 24,
+            "num_attention_heads": 3,
+            "num_key_value_heads": 1,
+            "head_dim": 256,
+            "intermediate_size": 1152,
+            "vocab_size": 262144,
+            "sliding_window": 512,
+            "use_bidirectional_attention": True,
+            "max_position_embeddings": 2048,
+        },
+    ),
+}
 
 
 def write_random_checkpoint(name: str, folder: Path) -> Path:
