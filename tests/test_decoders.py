@@ -25,7 +25,7 @@ from tokenizers import Tokenizer, models
 from trt_tei_runtime import CheckpointError, InputError, Model, UnsupportedArchitectureError
 from trt_tei_runtime.batch import PackedBatch
 from trt_tei_runtime.errors import WeightError
-from trt_tei_runtime.models.llama import last_token_indices
+from trt_tei_runtime.models.heads import last_token_indices
 from trt_tei_runtime.runtime import load_executor
 from trt_tei_runtime.templates import QWEN3_RERANKER
 

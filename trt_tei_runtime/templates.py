@@ -68,23 +68,37 @@ QWEN3_RERANKER = PairTemplate(
 )
 
 
-def load_tokenizer(model_dir: Path):  # type: ignore[no-untyped-def]
-    from tokenizers import Tokenizer
+class Vocabulary:
+    """A checkpoint's tokenizer.json, read on first use: what a task head built from
+    vocabulary rows (yes/no scoring) asks for, so model code never opens text files."""
 
-    path = model_dir / "tokenizer.json"
-    if not path.is_file():
-        raise CheckpointError(f"missing file tokenizer.json in {model_dir}")
-    try:
-        return Tokenizer.from_file(str(path))
-    except Exception as exc:
-        raise CheckpointError(f"cannot read {path}: {exc}") from exc
+    def __init__(self, model_dir: Path) -> None:
+        self.model_dir = model_dir
+        self._tokenizer: Any = None
 
+    def _load(self) -> Any:
+        if self._tokenizer is None:
+            from tokenizers import Tokenizer
 
-def token_id(tokenizer, token: str, model_dir: Path) -> int:  # type: ignore[no-untyped-def]
-    """The id of one vocabulary token, as transformers' `convert_tokens_to_ids` finds it."""
-    value = tokenizer.token_to_id(token)
-    if value is None:
-        raise CheckpointError(
-            f"tokenizer.json in {model_dir} has no token {token!r}, which yes/no scoring needs"
-        )
-    return int(value)
+            path = self.model_dir / "tokenizer.json"
+            if not path.is_file():
+                raise CheckpointError(f"missing file tokenizer.json in {self.model_dir}")
+            try:
+                self._tokenizer = Tokenizer.from_file(str(path))
+            except Exception as exc:
+                raise CheckpointError(f"cannot read {path}: {exc}") from exc
+        return self._tokenizer
+
+    def token_id(self, token: str) -> int:
+        """The id of one vocabulary token, as transformers' `convert_tokens_to_ids` finds it."""
+        value = self._load().token_to_id(token)
+        if value is None:
+            raise CheckpointError(
+                f"tokenizer.json in {self.model_dir} has no token {token!r}, which yes/no "
+                "scoring needs"
+            )
+        return int(value)
+
+    def encode(self, text: str) -> tuple[int, ...]:
+        """Token ids of `text` without special tokens added."""
+        return tuple(self._load().encode(text, add_special_tokens=False).ids)

@@ -1,70 +1,39 @@
-"""The table from Hugging Face architecture name to implementation."""
+"""The table from Hugging Face architecture name to implementation: one row per family.
+
+A new family is one file with its base model (a `TransformerModel` subclass, and its
+`classification_head` if it has `*ForSequenceClassification` checkpoints) plus one row
+here; `adapters` derives every architecture name of the row from it.
+"""
 
 from __future__ import annotations
 
 from ..errors import InputError, UnsupportedArchitectureError
+from .adapters import DECODER, ENCODER, Family, architecture_tables
 from .base import Task, TransformerModel
-from .bert import BertForSequenceClassification, BertModel
-from .gemma2 import (
-    Gemma2ForCausalLM,
-    Gemma2ForSequenceClassification,
-    Gemma2Model,
-    Gemma2YesNoReranker,
-)
-from .llama import (
-    LlamaForCausalLM,
-    LlamaForSequenceClassification,
-    LlamaModel,
-    LlamaYesNoReranker,
-)
-from .mistral import (
-    MistralForCausalLM,
-    MistralForSequenceClassification,
-    MistralModel,
-    MistralYesNoReranker,
-)
-from .qwen2 import Qwen2ForCausalLM, Qwen2ForSequenceClassification, Qwen2Model, Qwen2YesNoReranker
-from .qwen3 import Qwen3ForCausalLM, Qwen3ForSequenceClassification, Qwen3Model, Qwen3YesNoReranker
-from .roberta import RobertaForSequenceClassification, RobertaModel
+from .bert import BertModel
+from .gemma2 import Gemma2Model
+from .llama import LlamaModel
+from .mistral import MistralModel
+from .qwen2 import Qwen2Model
+from .qwen3 import Qwen3Model
+from .roberta import RobertaModel
 
-ARCHITECTURES: dict[str, type[TransformerModel]] = {
-    "BertModel": BertModel,
-    "BertForSequenceClassification": BertForSequenceClassification,
-    "RobertaModel": RobertaModel,
-    "XLMRobertaModel": RobertaModel,
-    "RobertaForSequenceClassification": RobertaForSequenceClassification,
-    "XLMRobertaForSequenceClassification": RobertaForSequenceClassification,
-    # Decoders: base models and causal LMs embed (last-token pooling by default).
-    "LlamaModel": LlamaModel,
-    "LlamaForCausalLM": LlamaForCausalLM,
-    "LlamaForSequenceClassification": LlamaForSequenceClassification,
-    "MistralModel": MistralModel,
-    "MistralForCausalLM": MistralForCausalLM,
-    "MistralForSequenceClassification": MistralForSequenceClassification,
-    "Qwen2Model": Qwen2Model,
-    "Qwen2ForCausalLM": Qwen2ForCausalLM,
-    "Qwen2ForSequenceClassification": Qwen2ForSequenceClassification,
-    "Qwen3Model": Qwen3Model,
-    "Qwen3ForCausalLM": Qwen3ForCausalLM,
-    "Qwen3ForSequenceClassification": Qwen3ForSequenceClassification,
-    "Gemma2Model": Gemma2Model,
-    "Gemma2ForCausalLM": Gemma2ForCausalLM,
-    "Gemma2ForSequenceClassification": Gemma2ForSequenceClassification,
-}
+FAMILIES: tuple[Family, ...] = (
+    Family("Bert", BertModel, ENCODER),
+    Family("Roberta", RobertaModel, ENCODER),
+    Family("XLMRoberta", RobertaModel, ENCODER),
+    Family("Llama", LlamaModel, DECODER),
+    Family("Mistral", MistralModel, DECODER),
+    Family("Qwen2", Qwen2Model, DECODER),
+    Family("Qwen3", Qwen3Model, DECODER),
+    Family("Gemma2", Gemma2Model, DECODER),
+)
 
-# Tasks a checkpoint can be loaded for other than the one its architecture implies,
-# selected with `task=` at load: task -> architecture -> implementation.
-TASKS: dict[str, dict[str, type[TransformerModel]]] = {
-    # A causal LM scored as logit("yes") - logit("no") at the last token, with the
-    # Qwen3-Reranker prompt template (Qwen/Qwen3-Reranker-*).
-    "rerank-yes-no": {
-        "Qwen3ForCausalLM": Qwen3YesNoReranker,
-        "Qwen2ForCausalLM": Qwen2YesNoReranker,
-        "LlamaForCausalLM": LlamaYesNoReranker,
-        "MistralForCausalLM": MistralYesNoReranker,
-        "Gemma2ForCausalLM": Gemma2YesNoReranker,
-    },
-}
+# ARCHITECTURES: name -> class. TASKS: tasks a checkpoint can be loaded for other than the
+# one its architecture implies, selected with `task=` at load: task -> name -> class
+# ("rerank-yes-no": a causal LM scored as logit("yes") - logit("no") at the last token, with
+# the Qwen3-Reranker prompt template, for Qwen/Qwen3-Reranker-*).
+ARCHITECTURES, TASKS = architecture_tables(FAMILIES)
 
 
 def architecture_class(name: str, task: str | None = None) -> type[TransformerModel]:
@@ -87,4 +56,4 @@ def architecture_class(name: str, task: str | None = None) -> type[TransformerMo
         ) from None
 
 
-__all__ = ["ARCHITECTURES", "TASKS", "Task", "TransformerModel", "architecture_class"]
+__all__ = ["ARCHITECTURES", "FAMILIES", "TASKS", "Task", "TransformerModel", "architecture_class"]

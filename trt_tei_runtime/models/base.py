@@ -1,11 +1,8 @@
-"""What every architecture provides to the runtime, and the config helpers they share."""
+"""What every architecture provides to the runtime."""
 
 from __future__ import annotations
 
-import builtins
-from dataclasses import dataclass
 from enum import Enum
-from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
@@ -14,8 +11,9 @@ from torch import nn
 from ..batch import PackedBatch
 from ..errors import CheckpointError
 from ..layers import AttentionMetadata
-from ..templates import PairTemplate
+from ..templates import PairTemplate, Vocabulary
 from ..weights import WeightReader
+from .config import ClassifierInfo
 
 
 class Task(str, Enum):
@@ -23,66 +21,22 @@ class Task(str, Enum):
     CLASSIFICATION = "classification"
 
 
-class ConfigReader:
-    """Typed access to config.json fields; a missing or mistyped field names itself."""
+class TaskHead(nn.Module):
+    """Reads one row of logits per sequence from the final hidden states of a packed batch
+    (a sequence classifier's head, yes/no scoring). Built by `models.adapters`."""
 
-    def __init__(self, data: dict[str, Any], source: str = "config.json") -> None:
-        self.data = data
-        self.source = source
-
-    def int(self, key: str, default: int | None = None) -> int:
-        value = self.data.get(key, default)
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise self._bad(key, "an integer", value)
-        return value
-
-    def float(self, key: str, default: float | None = None) -> float:
-        value = self.data.get(key, default)
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise self._bad(key, "a number", value)
-        return float(value)
-
-    def str(self, key: str, default: str | None = None) -> str:
-        value = self.data.get(key, default)
-        if not isinstance(value, str):
-            raise self._bad(key, "a string", value)
-        return value
-
-    def _bad(self, key: builtins.str, kind: builtins.str, value: Any) -> CheckpointError:
-        if key not in self.data:
-            return CheckpointError(f"{self.source}: missing field {key!r}")
-        return CheckpointError(f"{self.source}: field {key!r} must be {kind}, got {value!r}")
-
-
-@dataclass
-class ClassifierInfo:
-    """Label facts of a `*ForSequenceClassification` checkpoint."""
-
-    num_labels: int
-    id2label: dict[str, str]
-    problem_type: str | None
-
-    @classmethod
-    def from_config(cls, cfg: ConfigReader) -> ClassifierInfo:
-        raw = cfg.data.get("id2label") or {}
-        if not isinstance(raw, dict):
-            raise CheckpointError(f"{cfg.source}: id2label must be an object")
-        id2label = {str(k): str(v) for k, v in raw.items()}
-        num_labels = cfg.data.get("num_labels") or len(id2label) or 2
-        if not id2label:
-            id2label = {str(i): f"LABEL_{i}" for i in range(num_labels)}
-        if len(id2label) != num_labels:
-            raise CheckpointError(
-                f"{cfg.source}: num_labels {num_labels} disagrees with id2label ({len(id2label)})"
-            )
-        return cls(num_labels, id2label, cfg.data.get("problem_type"))
+    def forward(self, hidden: torch.Tensor, batch: PackedBatch) -> torch.Tensor:
+        raise NotImplementedError
 
 
 class TransformerModel(nn.Module):
-    """A model that maps a packed batch to per-token hidden states, and, for
-    classification checkpoints, those states to logits per sequence."""
+    """A family's base model: a packed batch to per-token hidden states. Task variants
+    (`models.adapters`) add a `head` that maps those states to logits per sequence.
 
-    task: ClassVar[Task]
+    A family file writes the base model only; what its `*ForSequenceClassification`
+    checkpoints put on top is `classification_head`."""
+
+    task: ClassVar[Task] = Task.EMBEDDING
     default_pooling: ClassVar[str]
     hidden_size: int
     vocab_size: int
@@ -93,6 +47,9 @@ class TransformerModel(nn.Module):
     position_offset: int = 0
     type_vocab_size: int = 1
     classifier: ClassifierInfo | None = None
+    # Set by a task variant (`models.adapters`); an instance attribute, not a class one:
+    # a class-level None would hide the registered submodule from attribute lookup.
+    head: TaskHead | None
     # Names the base model may be stored under inside a task checkpoint ("bert.", "model.").
     prefixes: ClassVar[tuple[str, ...]] = ("",)
     # Patterns of checkpoint tensors this class knowingly leaves unused (MLM heads, buffers).
@@ -105,11 +62,27 @@ class TransformerModel(nn.Module):
     # How (query, document) pairs become one prompt, for models trained on a template.
     pair_template: PairTemplate | None = None
 
+    def __init__(self) -> None:
+        super().__init__()
+        self.head = None
+
     def forward(self, batch: PackedBatch, meta: AttentionMetadata) -> torch.Tensor:
         raise NotImplementedError
 
     def logits(self, hidden: torch.Tensor, batch: PackedBatch) -> torch.Tensor:
-        raise CheckpointError(f"{type(self).__name__} has no classification head")
+        if self.head is None:
+            raise CheckpointError(f"{type(self).__name__} has no classification head")
+        return self.head(hidden, batch)
+
+    def classification_head(
+        self, config: dict[str, Any], reader: WeightReader, num_labels: int
+    ) -> TaskHead:
+        """The head of this family's `*ForSequenceClassification` checkpoints."""
+        raise CheckpointError(f"{type(self).__name__} has no sequence-classification head")
+
+    def token_pair_head(self, reader: WeightReader, token_ids: tuple[int, int]) -> TaskHead:
+        """A head scoring logit(token_ids[1]) - logit(token_ids[0]) of the LM head."""
+        raise CheckpointError(f"{type(self).__name__} has no LM head to score tokens with")
 
     @classmethod
     def load(cls, config: dict[str, Any], reader: WeightReader) -> TransformerModel:
@@ -117,7 +90,7 @@ class TransformerModel(nn.Module):
 
     @classmethod
     def from_checkpoint(
-        cls, config: dict[str, Any], reader: WeightReader, model_dir: Path
+        cls, config: dict[str, Any], reader: WeightReader, vocab: Vocabulary
     ) -> TransformerModel:
-        """`load`, for classes that also read other files of the folder (tokenizer.json)."""
+        """`load`, for task variants that also need the checkpoint's vocabulary."""
         return cls.load(config, reader)

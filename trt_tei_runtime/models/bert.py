@@ -1,4 +1,6 @@
-"""BERT: `BertModel` embedders and `BertForSequenceClassification` rerankers/classifiers."""
+"""BERT: a post-norm encoder over packed tokens with absolute position and token-type
+embeddings. `*ForSequenceClassification` reads the pooler (dense + tanh on [CLS]) and a
+linear classifier."""
 
 from __future__ import annotations
 
@@ -15,13 +17,15 @@ from ..errors import CheckpointError
 from ..layers import (
     AttentionMetadata,
     LayerNorm,
-    Linear,
     get_activation,
     linear_activation,
     varlen_attention,
 )
 from ..weights import WeightReader
-from .base import ClassifierInfo, ConfigReader, Task, TransformerModel
+from .base import TaskHead, TransformerModel
+from .config import ConfigReader
+from .heads import FirstTokenClassifier
+from .linears import take_fused_linear, take_linear
 
 
 @dataclass
@@ -96,12 +100,6 @@ class BertEmbeddings(nn.Module):
         return self.norm(x)
 
 
-def take_linear(reader: WeightReader, name: str, out_f: int, in_f: int) -> Linear:
-    return Linear(
-        reader.take(f"{name}.weight", (out_f, in_f)), reader.take(f"{name}.bias", (out_f,))
-    )
-
-
 class BertLayer(nn.Module):
     """Post-norm encoder layer with the query/key/value projections fused into one GEMM."""
 
@@ -111,12 +109,8 @@ class BertLayer(nn.Module):
         p = f"encoder.layer.{index}"
         self.num_heads = config.num_attention_heads
         self.head_dim = h // self.num_heads
-        q, k, v = (
-            take_linear(reader, f"{p}.attention.self.{n}", h, h) for n in ("query", "key", "value")
-        )
-        assert q.bias is not None and k.bias is not None and v.bias is not None
-        self.qkv = Linear(
-            torch.cat([q.weight, k.weight, v.weight]), torch.cat([q.bias, k.bias, v.bias])
+        self.qkv = take_fused_linear(
+            reader, [f"{p}.attention.self.{n}" for n in ("query", "key", "value")], [h] * 3, h
         )
         self.attn_out = take_linear(reader, f"{p}.attention.output.dense", h, h)
         self.attn_norm = LayerNorm(
@@ -145,7 +139,6 @@ class BertLayer(nn.Module):
 
 
 class BertModel(TransformerModel):
-    task: ClassVar[Task] = Task.EMBEDDING
     default_pooling: ClassVar[str] = "cls"
     # Tensors a BertModel checkpoint may carry that an embedder does not use.
     unused: ClassVar[tuple[str, ...]] = (r"(^|\.)pooler\.", r"position_ids$", r"^cls\.")
@@ -178,25 +171,14 @@ class BertModel(TransformerModel):
     def load(cls, config: dict[str, Any], reader: WeightReader) -> BertModel:
         return cls(BertConfig.from_dict(config), reader)
 
-
-class BertForSequenceClassification(BertModel):
-    """Logits from the pooler (dense + tanh on [CLS]) and a linear classifier."""
-
-    task: ClassVar[Task] = Task.CLASSIFICATION
-    unused: ClassVar[tuple[str, ...]] = (r"position_ids$",)
-
-    def __init__(self, config: BertConfig, reader: WeightReader, info: ClassifierInfo) -> None:
-        super().__init__(config, reader)
-        h = config.hidden_size
-        self.classifier = info
-        self.pooler = take_linear(reader, "pooler.dense", h, h)
-        self.head = take_linear(reader, "classifier", info.num_labels, h)
-
-    def logits(self, hidden: torch.Tensor, batch: PackedBatch) -> torch.Tensor:
-        cls_states = hidden[batch.cu_seqlens[:-1].long()]
-        return self.head(torch.tanh(self.pooler(cls_states)))
-
-    @classmethod
-    def load(cls, config: dict[str, Any], reader: WeightReader) -> BertForSequenceClassification:
-        info = ClassifierInfo.from_config(ConfigReader(config))
-        return cls(BertConfig.from_dict(config), reader, info)
+    def classification_head(
+        self, config: dict[str, Any], reader: WeightReader, num_labels: int
+    ) -> TaskHead:
+        return FirstTokenClassifier(
+            reader,
+            dense="pooler.dense",
+            out="classifier",
+            hidden_size=self.hidden_size,
+            num_labels=num_labels,
+            activation="tanh",
+        )

@@ -13,30 +13,25 @@ import torch.nn.functional as F
 
 from ..layers import AttentionMetadata, GemmaRMSNorm, RMSNorm, RopeAngles
 from ..weights import WeightReader
-from .base import ConfigReader
-from .llama import (
+from .config import ConfigReader
+from .decoder import (
     FULL_ATTENTION,
     SLIDING_ATTENTION,
-    DecoderSequenceClassification,
-    LlamaConfig,
-    LlamaDecoderLayer,
-    LlamaModel,
-    YesNoReranker,
-    config_bool,
+    DecoderConfig,
+    DecoderLayer,
+    DecoderModel,
     layer_windows,
-    optional_float,
-    optional_positive_int,
 )
 
 
-class Gemma2Config(LlamaConfig):
+class Gemma2Config(DecoderConfig):
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> LlamaConfig:
+    def from_dict(cls, data: dict[str, Any]) -> DecoderConfig:
         cfg = ConfigReader(data)
         layers = cfg.int("num_hidden_layers")
-        window = optional_positive_int(data, "sliding_window", 4096)
+        window = cfg.optional_int("sliding_window", 4096)
         default = [SLIDING_ATTENTION if i % 2 == 0 else FULL_ATTENTION for i in range(layers)]
-        bias = config_bool(data, "attention_bias", False)
+        bias = cfg.bool("attention_bias", False)
         return cls.parse(
             data,
             default_head_dim=256,
@@ -47,15 +42,15 @@ class Gemma2Config(LlamaConfig):
             o_bias=bias,
             sliding_windows=layer_windows(data, layers, window, default),
             attention_scale=cfg.float("query_pre_attn_scalar", 256) ** -0.5,
-            attn_logit_softcapping=optional_float(data, "attn_logit_softcapping", 50.0),
-            final_logit_softcapping=optional_float(data, "final_logit_softcapping", 30.0),
+            attn_logit_softcapping=cfg.optional_float("attn_logit_softcapping", 50.0),
+            final_logit_softcapping=cfg.optional_float("final_logit_softcapping", 30.0),
         )
 
 
-class Gemma2DecoderLayer(LlamaDecoderLayer):
+class Gemma2DecoderLayer(DecoderLayer):
     norm_cls: ClassVar[type[RMSNorm]] = GemmaRMSNorm
 
-    def __init__(self, config: LlamaConfig, reader: WeightReader, index: int) -> None:
+    def __init__(self, config: DecoderConfig, reader: WeightReader, index: int) -> None:
         super().__init__(config, reader, index)
         p = f"layers.{index}"
         self.pre_feedforward_layernorm = self.norm(reader, f"{p}.pre_feedforward_layernorm", config)
@@ -77,12 +72,12 @@ class Gemma2DecoderLayer(LlamaDecoderLayer):
         return self.post_feedforward_layernorm(self.mlp(h)), residual
 
 
-class Gemma2Model(LlamaModel):
-    config_cls: ClassVar[type[LlamaConfig]] = Gemma2Config
-    layer_cls: ClassVar[type[LlamaDecoderLayer]] = Gemma2DecoderLayer
+class Gemma2Model(DecoderModel):
+    config_cls: ClassVar[type[DecoderConfig]] = Gemma2Config
+    layer_cls: ClassVar[type[DecoderLayer]] = Gemma2DecoderLayer
     embed_scale: torch.Tensor
 
-    def __init__(self, config: LlamaConfig, reader: WeightReader) -> None:
+    def __init__(self, config: DecoderConfig, reader: WeightReader) -> None:
         super().__init__(config, reader)
         self.register_buffer("embed_scale", torch.tensor(config.hidden_size**0.5), persistent=False)
 
@@ -90,15 +85,3 @@ class Gemma2Model(LlamaModel):
         # sqrt(hidden_size) rounded to the model dtype first, exactly as transformers does.
         scale = self.embed_scale.to(self.embed_tokens.dtype)
         return F.embedding(input_ids, self.embed_tokens) * scale
-
-
-class Gemma2ForCausalLM(Gemma2Model):
-    unused: ClassVar[tuple[str, ...]] = (*Gemma2Model.unused, r"^lm_head\.")
-
-
-class Gemma2ForSequenceClassification(DecoderSequenceClassification, Gemma2Model):
-    pass
-
-
-class Gemma2YesNoReranker(YesNoReranker, Gemma2Model):
-    pass

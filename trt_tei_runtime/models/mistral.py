@@ -5,36 +5,18 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from .base import ConfigReader
-from .llama import (
-    DecoderSequenceClassification,
-    LlamaConfig,
-    LlamaModel,
-    YesNoReranker,
-    optional_positive_int,
-)
+from .config import ConfigReader
+from .decoder import DecoderConfig, DecoderModel
 
 
-class MistralConfig(LlamaConfig):
+class MistralConfig(DecoderConfig):
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> LlamaConfig:
-        layers = ConfigReader(data).int("num_hidden_layers")
+    def from_dict(cls, data: dict[str, Any]) -> DecoderConfig:
+        cfg = ConfigReader(data)
         # transformers' MistralConfig defaults the window to 4096 when the key is absent.
-        window = optional_positive_int(data, "sliding_window", 4096)
-        return cls.parse(data, sliding_windows=(window,) * layers)
+        window = cfg.optional_int("sliding_window", 4096)
+        return cls.parse(data, sliding_windows=(window,) * cfg.int("num_hidden_layers"))
 
 
-class MistralModel(LlamaModel):
-    config_cls: ClassVar[type[LlamaConfig]] = MistralConfig
-
-
-class MistralForCausalLM(MistralModel):
-    unused: ClassVar[tuple[str, ...]] = (*MistralModel.unused, r"^lm_head\.")
-
-
-class MistralForSequenceClassification(DecoderSequenceClassification, MistralModel):
-    pass
-
-
-class MistralYesNoReranker(YesNoReranker, MistralModel):
-    pass
+class MistralModel(DecoderModel):
+    config_cls: ClassVar[type[DecoderConfig]] = MistralConfig

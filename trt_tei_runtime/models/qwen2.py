@@ -5,16 +5,13 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from .base import ConfigReader
-from .llama import (
+from .config import ConfigReader
+from .decoder import (
     FULL_ATTENTION,
     SLIDING_ATTENTION,
-    DecoderSequenceClassification,
-    LlamaConfig,
-    LlamaModel,
-    YesNoReranker,
+    DecoderConfig,
+    DecoderModel,
     layer_windows,
-    optional_positive_int,
 )
 
 
@@ -24,7 +21,7 @@ def qwen_sliding_windows(data: dict[str, Any]) -> tuple[int | None, ...]:
     cfg = ConfigReader(data)
     layers = cfg.int("num_hidden_layers")
     use_window = data.get("use_sliding_window") is True
-    window = optional_positive_int(data, "sliding_window", 4096) if use_window else None
+    window = cfg.optional_int("sliding_window", 4096) if use_window else None
     first_sliding = cfg.int("max_window_layers", 28)
     default = [
         SLIDING_ATTENTION if window is not None and i >= first_sliding else FULL_ATTENTION
@@ -33,23 +30,11 @@ def qwen_sliding_windows(data: dict[str, Any]) -> tuple[int | None, ...]:
     return layer_windows(data, layers, window, default)
 
 
-class Qwen2Config(LlamaConfig):
+class Qwen2Config(DecoderConfig):
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> LlamaConfig:
+    def from_dict(cls, data: dict[str, Any]) -> DecoderConfig:
         return cls.parse(data, qkv_bias=True, sliding_windows=qwen_sliding_windows(data))
 
 
-class Qwen2Model(LlamaModel):
-    config_cls: ClassVar[type[LlamaConfig]] = Qwen2Config
-
-
-class Qwen2ForCausalLM(Qwen2Model):
-    unused: ClassVar[tuple[str, ...]] = (*Qwen2Model.unused, r"^lm_head\.")
-
-
-class Qwen2ForSequenceClassification(DecoderSequenceClassification, Qwen2Model):
-    pass
-
-
-class Qwen2YesNoReranker(YesNoReranker, Qwen2Model):
-    pass
+class Qwen2Model(DecoderModel):
+    config_cls: ClassVar[type[DecoderConfig]] = Qwen2Config

@@ -9,22 +9,15 @@ import torch
 
 from ..layers import RMSNorm
 from ..weights import WeightReader
-from .llama import (
-    DecoderAttention,
-    DecoderSequenceClassification,
-    LlamaConfig,
-    LlamaDecoderLayer,
-    LlamaModel,
-    YesNoReranker,
-    config_bool,
-)
+from .config import ConfigReader
+from .decoder import DecoderAttention, DecoderConfig, DecoderLayer, DecoderModel
 from .qwen2 import qwen_sliding_windows
 
 
-class Qwen3Config(LlamaConfig):
+class Qwen3Config(DecoderConfig):
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> LlamaConfig:
-        bias = config_bool(data, "attention_bias", False)
+    def from_dict(cls, data: dict[str, Any]) -> DecoderConfig:
+        bias = ConfigReader(data).bool("attention_bias", False)
         return cls.parse(
             data,
             default_head_dim=128,  # transformers' Qwen3Config default
@@ -35,7 +28,9 @@ class Qwen3Config(LlamaConfig):
 
 
 class Qwen3Attention(DecoderAttention):
-    def __init__(self, config: LlamaConfig, reader: WeightReader, prefix: str, layer: int) -> None:
+    def __init__(
+        self, config: DecoderConfig, reader: WeightReader, prefix: str, layer: int
+    ) -> None:
         super().__init__(config, reader, prefix, layer)
         d = config.head_dim
         self.q_norm = RMSNorm(reader.take(f"{prefix}.q_norm.weight", (d,)), config.rms_norm_eps)
@@ -45,22 +40,10 @@ class Qwen3Attention(DecoderAttention):
         return self.q_norm.weight, self.k_norm.weight, self.q_norm.eps
 
 
-class Qwen3DecoderLayer(LlamaDecoderLayer):
+class Qwen3DecoderLayer(DecoderLayer):
     attention_cls: ClassVar[type[DecoderAttention]] = Qwen3Attention
 
 
-class Qwen3Model(LlamaModel):
-    config_cls: ClassVar[type[LlamaConfig]] = Qwen3Config
-    layer_cls: ClassVar[type[LlamaDecoderLayer]] = Qwen3DecoderLayer
-
-
-class Qwen3ForCausalLM(Qwen3Model):
-    unused: ClassVar[tuple[str, ...]] = (*Qwen3Model.unused, r"^lm_head\.")
-
-
-class Qwen3ForSequenceClassification(DecoderSequenceClassification, Qwen3Model):
-    pass
-
-
-class Qwen3YesNoReranker(YesNoReranker, Qwen3Model):
-    """Qwen/Qwen3-Reranker-*: `Qwen3ForCausalLM` checkpoints scored yes vs no."""
+class Qwen3Model(DecoderModel):
+    config_cls: ClassVar[type[DecoderConfig]] = Qwen3Config
+    layer_cls: ClassVar[type[DecoderLayer]] = Qwen3DecoderLayer

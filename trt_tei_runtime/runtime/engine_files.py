@@ -14,10 +14,11 @@ from ..checkpoint import read_json
 from ..errors import CheckpointError
 from ..layers.fp8 import quantize_linears
 from ..models import TransformerModel
+from ..templates import Vocabulary
 from ..weights import SkeletonReader
 
 ENGINE_FORMAT = "trt-tei-engine"
-ENGINE_VERSION = 1
+ENGINE_VERSION = 2  # 2: task heads are one `head` submodule (state-dict names changed)
 MANIFEST = "manifest.json"
 WEIGHTS = "engine.safetensors"
 
@@ -46,7 +47,7 @@ def load_engine_network(
     if not isinstance(shapes, dict):
         raise CheckpointError(f"{model_dir / MANIFEST}: missing field 'checkpoint_tensors'")
     reader = SkeletonReader(shapes, source=str(model_dir))
-    network = arch.from_checkpoint(config, reader, model_dir)
+    network = arch.from_checkpoint(config, reader, Vocabulary(model_dir))
     reader.finish()
     if manifest["quantization"]["type"] == "fp8":
         quality = manifest["quantization"].get("quality") or {}

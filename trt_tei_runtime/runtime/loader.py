@@ -22,7 +22,7 @@ from ..dense import DenseLayer
 from ..errors import CheckpointError, InputError
 from ..models import Task, TransformerModel, architecture_class
 from ..pooling import canonical_pooling, score_activation
-from ..templates import PairTemplate
+from ..templates import PairTemplate, Vocabulary
 from ..weights import WeightReader, load_checkpoint_tensors
 from .devices import parse_device, parse_dtype
 from .engine_files import load_engine_network, read_engine_manifest
@@ -116,7 +116,7 @@ def load_model(
             ignore=arch.unused,
             source=str(model_dir),
         )
-        network = arch.from_checkpoint(config, reader, model_dir)
+        network = arch.from_checkpoint(config, reader, Vocabulary(model_dir))
         reader.finish()
         checkpoint_tensors = reader.taken
     dense = [DenseLayer(spec).eval() for spec in st.dense]
