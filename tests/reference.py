@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -31,7 +32,11 @@ def hf_encoder_outputs(
         for i, seq in enumerate(ids):
             input_ids = torch.tensor([list(seq)], device=device)
             kwargs = {}
-            if type_ids is not None:
+            # DistilBERT and MPNet take no token types.
+            if (
+                type_ids is not None
+                and "token_type_ids" in inspect.signature(hf.forward).parameters
+            ):
                 kwargs["token_type_ids"] = torch.tensor([list(type_ids[i])], device=device)
             out = hf(input_ids=input_ids, **kwargs)
             if arch.endswith("ForSequenceClassification"):

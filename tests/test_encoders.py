@@ -22,13 +22,31 @@ TEXTS = [
 ]
 PAIRS = [(TEXTS[2], t) for t in TEXTS]
 
-EMBEDDERS = ["BertModel", "RobertaModel", "XLMRobertaModel"]
-CLASSIFIERS = ["BertForSequenceClassification", "XLMRobertaForSequenceClassification"]
+EMBEDDERS = [
+    "BertModel",
+    "RobertaModel",
+    "XLMRobertaModel",
+    "DistilBertModel",
+    "ElectraModel",
+    "MPNetModel",
+]
+CLASSIFIERS = [
+    "BertForSequenceClassification",
+    "XLMRobertaForSequenceClassification",
+    "DistilBertForSequenceClassification",
+    "ElectraForSequenceClassification",
+    "MPNetForSequenceClassification",
+]
 
 
 @pytest.fixture(scope="module", params=EMBEDDERS)
 def embedder_dir(request, tmp_path_factory):  # type: ignore[no-untyped-def]
-    return make_checkpoint(tmp_path_factory.mktemp(request.param), request.param, pooling="mean")
+    # MPNet at ten times the default weight scale: its relative-position bias then moves the
+    # states far beyond the tolerance (test_mpnet_bias_changes_the_states).
+    extra = {"initializer_range": 0.2} if request.param.startswith("MPNet") else {}
+    return make_checkpoint(
+        tmp_path_factory.mktemp(request.param), request.param, pooling="mean", **extra
+    )
 
 
 @pytest.mark.parametrize("pooling", ["mean", "cls", "last-token"])
@@ -67,7 +85,8 @@ def test_batch_equals_one_by_one(embedder_dir):  # type: ignore[no-untyped-def]
 @pytest.mark.parametrize("arch", CLASSIFIERS)
 @pytest.mark.parametrize("num_labels", [1, 3])
 def test_classifier_logits_match_transformers(tmp_path, arch, num_labels):  # type: ignore[no-untyped-def]
-    folder = make_checkpoint(tmp_path, arch, num_labels=num_labels)
+    extra = {"initializer_range": 0.2} if arch.startswith("MPNet") else {}
+    folder = make_checkpoint(tmp_path, arch, num_labels=num_labels, **extra)
     model = Model(folder)
     assert model.info.model_type == ("reranker" if num_labels == 1 else "classifier")
     assert model.info.id2label == {str(i): f"label_{i}" for i in range(num_labels)}
@@ -117,3 +136,30 @@ def test_position_offset_is_padding_index_plus_one(tmp_path):  # type: ignore[no
     model = load_executor(make_checkpoint(tmp_path, "XLMRobertaModel"))
     assert model.info.position_offset == 2
     assert model.info.max_input_length == 128  # 130 positions minus the offset
+
+
+def test_mpnet_relative_buckets_match_transformers():  # type: ignore[no-untyped-def]
+    from transformers.models.mpnet.modeling_mpnet import MPNetEncoder
+
+    from trt_tei_runtime.models.mpnet import relative_position_buckets
+
+    length = 300  # past max_distance (128), where the buckets saturate
+    pos = torch.arange(length)
+    expected = MPNetEncoder.relative_position_bucket(pos[None, :] - pos[:, None])
+    assert torch.equal(relative_position_buckets(length, torch.device("cpu")), expected)
+
+
+def test_mpnet_bias_changes_the_states(tmp_path, monkeypatch):  # type: ignore[no-untyped-def]
+    """The comparison with transformers above would catch a dropped bias: without it the
+    per-token states are off by far more than the 1e-5 the test allows."""
+    from trt_tei_runtime.models.mpnet import MPNetModel
+
+    # Weights ten times the default scale: attention moves the states visibly.
+    folder = make_checkpoint(tmp_path, "MPNetModel", initializer_range=0.2)
+    with_bias = Model(folder)
+    enc = with_bias.tokenizer.encode(TEXTS[1:2])
+    batch = PackedBatch.from_sequences([enc[0].ids], [enc[0].type_ids], 2)
+    ours = with_bias.executors[0].hidden_states(batch)
+    monkeypatch.setattr(MPNetModel, "attention_bias", lambda self, meta: None)
+    without = Model(folder).executors[0].hidden_states(batch)
+    assert cosine(ours, without).min() < 0.9999, 1 - cosine(ours, without)

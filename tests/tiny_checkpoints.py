@@ -87,9 +87,42 @@ def make_checkpoint(
     import transformers
 
     torch.manual_seed(seed)
-    roberta = "Roberta" in architecture
+    # MPNet's tokenizer is RoBERTa-style (<s> a </s></s> b </s>, <pad> = 1).
+    roberta = "Roberta" in architecture or architecture.startswith("MPNet")
     tok, vocab = wordpiece_tokenizer("roberta" if roberta else "bert")
-    if roberta:
+    if architecture.startswith("MPNet"):
+        config = _small(
+            transformers.MPNetConfig,
+            vocab_size=len(vocab),
+            pad_token_id=1,
+            bos_token_id=0,
+            eos_token_id=2,
+            max_position_embeddings=130,
+            **config_overrides,
+        )
+    elif architecture.startswith("DistilBert"):
+        fields = dict(
+            vocab_size=len(vocab),
+            dim=32,
+            n_layers=2,
+            n_heads=4,
+            hidden_dim=64,
+            max_position_embeddings=128,
+            dropout=0.0,
+            attention_dropout=0.0,
+            pad_token_id=0,
+        )
+        fields.update(config_overrides)
+        config = transformers.DistilBertConfig(**fields)
+    elif architecture.startswith("Electra"):
+        config = _small(
+            transformers.ElectraConfig,
+            vocab_size=len(vocab),
+            embedding_size=16,  # narrower than hidden_size: the projection is exercised
+            pad_token_id=0,
+            **config_overrides,
+        )
+    elif roberta:
         config_cls = (
             transformers.XLMRobertaConfig
             if architecture.startswith("XLM")
@@ -118,14 +151,17 @@ def make_checkpoint(
     # Random biases and norms too, so a wrongly loaded tensor cannot hide behind zeros/ones.
     with torch.no_grad():
         for name, param in model.named_parameters():
-            if "LayerNorm" in name or name.endswith("bias"):
+            if "LayerNorm" in name or "layer_norm" in name or name.endswith("bias"):
                 param.add_(torch.randn_like(param) * 0.1)
+            if "relative_attention_bias" in name:
+                # Initialized near zero, it would barely move a score: make it count.
+                param.add_(torch.randn_like(param))
     folder.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(folder, safe_serialization=True)
     tok.save(str(folder / "tokenizer.json"))
     write_sentence_transformers_files(
         folder,
-        hidden=config.hidden_size,
+        hidden=config.hidden_size if hasattr(config, "hidden_size") else config.dim,
         pooling=pooling,
         max_seq_length=max_seq_length,
         normalize=normalize,

@@ -90,6 +90,7 @@ def varlen_attention(
     sliding_window: int | None = None,
     scale: float | None = None,
     softcap: float | None = None,
+    bias: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """q `[T, Hq, D]`, k/v `[T, Hkv, D]` (Hq a multiple of Hkv) → `[T, Hq, D]`.
 
@@ -97,7 +98,13 @@ def varlen_attention(
     the `sliding_window - 1` keys before it; without, every key at most `sliding_window`
     positions away on either side (transformers' bidirectional sliding mask).
     `softcap` caps the scaled scores as `softcap * tanh(scores / softcap)` (Gemma 2).
+    `bias` `[Hq, L, L]` (L = `meta.max_seqlen`) is added to the scaled scores of every
+    sequence at (query position, key position) within the sequence (MPNet's relative
+    position buckets). Neither kernel takes one: a bias runs the padded eager path, in
+    float32 scores, on every device.
     """
+    if bias is not None:
+        return _padded_eager(q, k, v, meta, causal, sliding_window, scale, softcap, bias)
     if meta.pad_index is None and triton_attention.available(q):
         return triton_attention.attention(
             q,
@@ -182,8 +189,9 @@ def _position_mask(
     return allowed
 
 
-def _padded_eager(q, k, v, meta, causal, sliding_window, scale, softcap):  # type: ignore[no-untyped-def]
-    """Explicit scores for what SDPA cannot express (soft-capping); softmax in float32."""
+def _padded_eager(q, k, v, meta, causal, sliding_window, scale, softcap, bias=None):  # type: ignore[no-untyped-def]
+    """Explicit scores for what SDPA cannot express (soft-capping, a bias); softmax in
+    float32."""
     heads, head_dim = q.shape[1], q.shape[2]
     if k.shape[1] != heads:
         repeat = heads // k.shape[1]
@@ -193,7 +201,10 @@ def _padded_eager(q, k, v, meta, causal, sliding_window, scale, softcap):  # typ
     qp, kp, vp = _pad(q, meta, pad_index), _pad(k, meta, pad_index), _pad(v, meta, pad_index)
     scores = torch.matmul(qp, kp.transpose(-1, -2)).float()
     scores = scores * (head_dim**-0.5 if scale is None else scale)
-    scores = torch.tanh(scores / softcap) * softcap
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
+    if bias is not None:
+        scores = scores + bias.float()[None]
     allowed = _position_mask(meta.max_seqlen, causal, sliding_window, q.device)
     if allowed is not None:
         mask = mask & allowed[None, None, :, :]

@@ -11,9 +11,12 @@ from ..errors import InputError, UnsupportedArchitectureError
 from .adapters import DECODER, ENCODER, Family, architecture_tables
 from .base import Task, TransformerModel
 from .bert import BertModel
+from .distilbert import DistilBertModel
+from .electra import ElectraModel
 from .gemma2 import Gemma2Model
 from .llama import LlamaModel
 from .mistral import MistralModel
+from .mpnet import MPNetModel
 from .qwen2 import Qwen2Model
 from .qwen3 import Qwen3Model
 from .roberta import RobertaModel
@@ -22,6 +25,9 @@ FAMILIES: tuple[Family, ...] = (
     Family("Bert", BertModel, ENCODER),
     Family("Roberta", RobertaModel, ENCODER),
     Family("XLMRoberta", RobertaModel, ENCODER),
+    Family("DistilBert", DistilBertModel, ENCODER),
+    Family("Electra", ElectraModel, ENCODER),
+    Family("MPNet", MPNetModel, ENCODER),
     Family("Llama", LlamaModel, DECODER),
     Family("Mistral", MistralModel, DECODER),
     Family("Qwen2", Qwen2Model, DECODER),

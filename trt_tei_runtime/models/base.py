@@ -59,6 +59,10 @@ class TransformerModel(nn.Module):
     # "encoder" (bidirectional, BERT-like) or "decoder" (Llama-like): what an engine's
     # builder config names as `base_model`.
     base_model: ClassVar[str] = "encoder"
+    # False for families whose attention takes a bias the packed kernels lack (MPNet's
+    # relative positions): they run padded attention everywhere, so no CUDA graphs either
+    # (a graph's padded shape would be its whole token bucket squared).
+    packed_attention: ClassVar[bool] = True
     # How (query, document) pairs become one prompt, for models trained on a template.
     pair_template: PairTemplate | None = None
 

@@ -17,6 +17,7 @@ from ..errors import CheckpointError
 from ..layers import (
     AttentionMetadata,
     LayerNorm,
+    Linear,
     get_activation,
     linear_activation,
     varlen_attention,
@@ -38,8 +39,11 @@ class BertConfig:
     hidden_act: str
     layer_norm_eps: float
     max_position_embeddings: int
-    type_vocab_size: int
+    type_vocab_size: int  # 0: no token-type embeddings (DistilBERT, MPNet)
     pad_token_id: int
+    # Width of the embeddings when it differs from the layers' (ELECTRA's `embedding_size`,
+    # projected up by `embeddings_project`).
+    embedding_size: int | None = None
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> BertConfig:
@@ -49,7 +53,7 @@ class BertConfig:
             raise CheckpointError(
                 f"config.json: position_embedding_type {kind!r} is not supported (only 'absolute')"
             )
-        config = cls(
+        return cls(
             vocab_size=cfg.int("vocab_size"),
             hidden_size=cfg.int("hidden_size"),
             num_hidden_layers=cfg.int("num_hidden_layers"),
@@ -60,79 +64,109 @@ class BertConfig:
             max_position_embeddings=cfg.int("max_position_embeddings", 512),
             type_vocab_size=cfg.int("type_vocab_size", 2),
             pad_token_id=cfg.int("pad_token_id", 0),
-        )
-        if config.hidden_size % config.num_attention_heads:
+        ).checked()
+
+    def checked(self) -> BertConfig:
+        if self.hidden_size % self.num_attention_heads:
             raise CheckpointError(
-                f"config.json: hidden_size {config.hidden_size} is not a multiple of "
-                f"num_attention_heads {config.num_attention_heads}"
+                f"config.json: hidden_size {self.hidden_size} is not a multiple of "
+                f"num_attention_heads {self.num_attention_heads}"
             )
-        return config
+        return self
+
+
+@dataclass(frozen=True)
+class EncoderNames:
+    """Where a BERT-layout family keeps each tensor (relative to its base-model prefix);
+    `{i}` in `layer` is the layer index. The defaults are BERT's."""
+
+    word: str = "embeddings.word_embeddings"
+    position: str = "embeddings.position_embeddings"
+    token_type: str = "embeddings.token_type_embeddings"
+    embed_norm: str = "embeddings.LayerNorm"
+    embed_project: str = "embeddings_project"  # only read with `embedding_size`
+    layer: str = "encoder.layer.{i}"
+    qkv: tuple[str, str, str] = (
+        "attention.self.query",
+        "attention.self.key",
+        "attention.self.value",
+    )
+    attn_out: str = "attention.output.dense"
+    attn_norm: str = "attention.output.LayerNorm"
+    up: str = "intermediate.dense"
+    down: str = "output.dense"
+    ffn_norm: str = "output.LayerNorm"
+
+
+def take_layer_norm(reader: WeightReader, name: str, size: int, eps: float) -> LayerNorm:
+    return LayerNorm(
+        reader.take(f"{name}.weight", (size,)), reader.take(f"{name}.bias", (size,)), eps
+    )
+
+
+def take_embedding(reader: WeightReader, name: str, rows: int, dim: int) -> nn.Parameter:
+    return nn.Parameter(reader.take(f"{name}.weight", (rows, dim)), requires_grad=False)
 
 
 class BertEmbeddings(nn.Module):
-    def __init__(self, config: BertConfig, reader: WeightReader) -> None:
+    """word + absolute position (+ token type) embeddings, LayerNorm, and a projection to
+    the layers' width where the embeddings are narrower (ELECTRA)."""
+
+    token_type: nn.Parameter | None
+    project: Linear | None
+
+    def __init__(self, config: BertConfig, reader: WeightReader, names: EncoderNames) -> None:
         super().__init__()
         h = config.hidden_size
-        self.word = nn.Parameter(
-            reader.take("embeddings.word_embeddings.weight", (config.vocab_size, h)),
-            requires_grad=False,
-        )
-        self.position = nn.Parameter(
-            reader.take(
-                "embeddings.position_embeddings.weight", (config.max_position_embeddings, h)
-            ),
-            requires_grad=False,
-        )
-        self.token_type = nn.Parameter(
-            reader.take("embeddings.token_type_embeddings.weight", (config.type_vocab_size, h)),
-            requires_grad=False,
-        )
-        self.norm = LayerNorm(
-            reader.take("embeddings.LayerNorm.weight", (h,)),
-            reader.take("embeddings.LayerNorm.bias", (h,)),
-            config.layer_norm_eps,
-        )
+        e = config.embedding_size or h
+        self.word = take_embedding(reader, names.word, config.vocab_size, e)
+        self.position = take_embedding(reader, names.position, config.max_position_embeddings, e)
+        self.token_type = None
+        if config.type_vocab_size > 0:
+            self.token_type = take_embedding(reader, names.token_type, config.type_vocab_size, e)
+        self.norm = take_layer_norm(reader, names.embed_norm, e, config.layer_norm_eps)
+        self.project = None
+        if e != h:
+            self.project = take_linear(reader, names.embed_project, h, e)
 
     def forward(self, batch: PackedBatch) -> torch.Tensor:
         x = F.embedding(batch.input_ids, self.word)
         x = x + F.embedding(batch.position_ids, self.position)
-        x = x + F.embedding(batch.token_type_ids, self.token_type)
-        return self.norm(x)
+        if self.token_type is not None:
+            x = x + F.embedding(batch.token_type_ids, self.token_type)
+        x = self.norm(x)
+        return x if self.project is None else self.project(x)
 
 
 class BertLayer(nn.Module):
     """Post-norm encoder layer with the query/key/value projections fused into one GEMM."""
 
-    def __init__(self, config: BertConfig, reader: WeightReader, index: int) -> None:
+    def __init__(
+        self, config: BertConfig, reader: WeightReader, index: int, names: EncoderNames
+    ) -> None:
         super().__init__()
-        h, ffn = config.hidden_size, config.intermediate_size
-        p = f"encoder.layer.{index}"
+        h, ffn, eps = config.hidden_size, config.intermediate_size, config.layer_norm_eps
+        p = names.layer.format(i=index)
         self.num_heads = config.num_attention_heads
         self.head_dim = h // self.num_heads
-        self.qkv = take_fused_linear(
-            reader, [f"{p}.attention.self.{n}" for n in ("query", "key", "value")], [h] * 3, h
-        )
-        self.attn_out = take_linear(reader, f"{p}.attention.output.dense", h, h)
-        self.attn_norm = LayerNorm(
-            reader.take(f"{p}.attention.output.LayerNorm.weight", (h,)),
-            reader.take(f"{p}.attention.output.LayerNorm.bias", (h,)),
-            config.layer_norm_eps,
-        )
-        self.up = take_linear(reader, f"{p}.intermediate.dense", ffn, h)
-        self.down = take_linear(reader, f"{p}.output.dense", h, ffn)
-        self.ffn_norm = LayerNorm(
-            reader.take(f"{p}.output.LayerNorm.weight", (h,)),
-            reader.take(f"{p}.output.LayerNorm.bias", (h,)),
-            config.layer_norm_eps,
-        )
+        self.qkv = take_fused_linear(reader, [f"{p}.{n}" for n in names.qkv], [h] * 3, h)
+        self.attn_out = take_linear(reader, f"{p}.{names.attn_out}", h, h)
+        self.attn_norm = take_layer_norm(reader, f"{p}.{names.attn_norm}", h, eps)
+        self.up = take_linear(reader, f"{p}.{names.up}", ffn, h)
+        self.down = take_linear(reader, f"{p}.{names.down}", h, ffn)
+        self.ffn_norm = take_layer_norm(reader, f"{p}.{names.ffn_norm}", h, eps)
         self.act_name = config.hidden_act
         self.act = get_activation(config.hidden_act)
         self.scale = 1.0 / math.sqrt(self.head_dim)
 
-    def forward(self, x: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, meta: AttentionMetadata, bias: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """`bias`: an additive attention bias `[heads, L, L]` over in-sequence positions
+        (MPNet's relative positions), shared by every sequence of the batch."""
         tokens = x.shape[0]
         qkv = self.qkv(x).view(tokens, 3, self.num_heads, self.head_dim)
-        attn = varlen_attention(qkv[:, 0], qkv[:, 1], qkv[:, 2], meta, scale=self.scale)
+        attn = varlen_attention(qkv[:, 0], qkv[:, 1], qkv[:, 2], meta, scale=self.scale, bias=bias)
         x = self.attn_norm(self.attn_out(attn.reshape(tokens, -1)), residual=x)
         hidden = linear_activation(self.up, x, self.act_name, self.act)
         return self.ffn_norm(self.down(hidden), residual=x)
@@ -143,33 +177,43 @@ class BertModel(TransformerModel):
     # Tensors a BertModel checkpoint may carry that an embedder does not use.
     unused: ClassVar[tuple[str, ...]] = (r"(^|\.)pooler\.", r"position_ids$", r"^cls\.")
     prefixes: ClassVar[tuple[str, ...]] = ("", "bert.")
+    names: ClassVar[EncoderNames] = EncoderNames()
 
     def __init__(self, config: BertConfig, reader: WeightReader) -> None:
         super().__init__()
         self.config = config
         self.hidden_size = config.hidden_size
         self.vocab_size = config.vocab_size
-        self.type_vocab_size = config.type_vocab_size
+        self.type_vocab_size = max(config.type_vocab_size, 1)
         self.position_offset = self._position_offset(config)
         self.max_positions = config.max_position_embeddings - self.position_offset
-        self.embeddings = BertEmbeddings(config, reader)
+        self.embeddings = BertEmbeddings(config, reader, self.names)
         self.layers = nn.ModuleList(
-            BertLayer(config, reader, i) for i in range(config.num_hidden_layers)
+            BertLayer(config, reader, i, self.names) for i in range(config.num_hidden_layers)
         )
 
     @staticmethod
     def _position_offset(config: BertConfig) -> int:
         return 0
 
+    @classmethod
+    def parse_config(cls, data: dict[str, Any]) -> BertConfig:
+        return BertConfig.from_dict(data)
+
+    def attention_bias(self, meta: AttentionMetadata) -> torch.Tensor | None:
+        """An additive bias for every layer's attention scores (none for BERT)."""
+        return None
+
     def forward(self, batch: PackedBatch, meta: AttentionMetadata) -> torch.Tensor:
         x = self.embeddings(batch)
+        bias = self.attention_bias(meta)
         for layer in self.layers:
-            x = layer(x, meta)
+            x = layer(x, meta, bias)
         return x
 
     @classmethod
     def load(cls, config: dict[str, Any], reader: WeightReader) -> BertModel:
-        return cls(BertConfig.from_dict(config), reader)
+        return cls(cls.parse_config(config), reader)
 
     def classification_head(
         self, config: dict[str, Any], reader: WeightReader, num_labels: int

@@ -52,7 +52,9 @@ class Executor:
         self.info: ModelInfo = model.info
         self.device = model.device
         self.dtype = model.dtype
-        packed = packed_attention_available(self.device, self.dtype)
+        packed = model.network.packed_attention and packed_attention_available(
+            self.device, self.dtype
+        )
         self.bulk = Lane(model.network, self.device, packed_attention=packed)
         self.interactive: InteractiveLane | None = None
         if cuda_graphs and packed:
