@@ -29,6 +29,7 @@ EMBEDDERS = [
     "DistilBertModel",
     "ElectraModel",
     "MPNetModel",
+    "DebertaV2Model",
 ]
 CLASSIFIERS = [
     "BertForSequenceClassification",
@@ -36,14 +37,20 @@ CLASSIFIERS = [
     "DistilBertForSequenceClassification",
     "ElectraForSequenceClassification",
     "MPNetForSequenceClassification",
+    "DebertaV2ForSequenceClassification",
 ]
+
+
+def _weight_scale(arch: str) -> dict[str, float]:
+    """MPNet and DeBERTa at ten times the default weight scale: their relative-position
+    terms then move the states far beyond the tolerance (test_mpnet_bias_changes_the_states)
+    instead of hiding below it."""
+    return {"initializer_range": 0.2} if arch.startswith(("MPNet", "DebertaV2")) else {}
 
 
 @pytest.fixture(scope="module", params=EMBEDDERS)
 def embedder_dir(request, tmp_path_factory):  # type: ignore[no-untyped-def]
-    # MPNet at ten times the default weight scale: its relative-position bias then moves the
-    # states far beyond the tolerance (test_mpnet_bias_changes_the_states).
-    extra = {"initializer_range": 0.2} if request.param.startswith("MPNet") else {}
+    extra = _weight_scale(request.param)
     return make_checkpoint(
         tmp_path_factory.mktemp(request.param), request.param, pooling="mean", **extra
     )
@@ -85,7 +92,7 @@ def test_batch_equals_one_by_one(embedder_dir):  # type: ignore[no-untyped-def]
 @pytest.mark.parametrize("arch", CLASSIFIERS)
 @pytest.mark.parametrize("num_labels", [1, 3])
 def test_classifier_logits_match_transformers(tmp_path, arch, num_labels):  # type: ignore[no-untyped-def]
-    extra = {"initializer_range": 0.2} if arch.startswith("MPNet") else {}
+    extra = _weight_scale(arch)
     folder = make_checkpoint(tmp_path, arch, num_labels=num_labels, **extra)
     model = Model(folder)
     assert model.info.model_type == ("reranker" if num_labels == 1 else "classifier")
@@ -160,6 +167,68 @@ def test_mpnet_bias_changes_the_states(tmp_path, monkeypatch):  # type: ignore[n
     enc = with_bias.tokenizer.encode(TEXTS[1:2])
     batch = PackedBatch.from_sequences([enc[0].ids], [enc[0].type_ids], 2)
     ours = with_bias.executors[0].hidden_states(batch)
-    monkeypatch.setattr(MPNetModel, "attention_bias", lambda self, meta: None)
+    monkeypatch.setattr(MPNetModel, "attention_context", lambda self, meta: None)
     without = Model(folder).executors[0].hidden_states(batch)
     assert cosine(ours, without).min() < 0.9999, 1 - cosine(ours, without)
+
+
+def test_deberta_relative_positions_match_transformers():  # type: ignore[no-untyped-def]
+    from transformers.models.deberta_v2.modeling_deberta_v2 import build_relative_position
+
+    from trt_tei_runtime.models.deberta_v2 import parse_config, relative_positions
+
+    config = parse_config(
+        {
+            "vocab_size": 10,
+            "hidden_size": 8,
+            "num_hidden_layers": 1,
+            "num_attention_heads": 2,
+            "intermediate_size": 8,
+            "relative_attention": True,
+            "position_buckets": 256,
+            "max_relative_positions": -1,
+            "max_position_embeddings": 512,
+        }
+    )
+    x = torch.zeros(1, 700, 8)  # past the 256 buckets and the 512 positions
+    expected = build_relative_position(x, x, bucket_size=256, max_position=512)[0]
+    assert torch.equal(relative_positions(700, config, torch.device("cpu")), expected)
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        # DeBERTa-v2 style: separate position projections, absolute positions, token types,
+        # narrow embeddings; and attention without relative terms.
+        {
+            "share_att_key": False,
+            "position_biased_input": True,
+            "type_vocab_size": 2,
+            "embedding_size": 16,
+            "norm_rel_ebd": "none",
+        },
+        {"relative_attention": False},
+    ],
+    ids=["v2-layout", "no-relative-attention"],
+)
+def test_deberta_variants_match_transformers(tmp_path, overrides):  # type: ignore[no-untyped-def]
+    folder = make_checkpoint(
+        tmp_path,
+        "DebertaV2ForSequenceClassification",
+        num_labels=2,
+        initializer_range=0.2,
+        **overrides,
+    )
+    model = Model(folder)
+    enc = model.tokenizer.encode(PAIRS)
+    refs = torch.stack(hf_encoder_outputs(folder, [e.ids for e in enc], [e.type_ids for e in enc]))
+    raw = torch.from_numpy(model.predict(PAIRS, raw_scores=True))
+    assert (raw - refs).abs().max() <= 1e-4
+
+
+def test_deberta_conv_layer_is_refused(tmp_path):  # type: ignore[no-untyped-def]
+    from trt_tei_runtime import CheckpointError
+
+    folder = make_checkpoint(tmp_path, "DebertaV2Model", conv_kernel_size=3)
+    with pytest.raises(CheckpointError, match="conv_kernel_size"):
+        Model(folder)

@@ -1,8 +1,8 @@
-"""Tier 5 (device): MPNet, DistilBERT and ELECTRA on CUDA in bf16, with CUDA graphs where
+"""Tier 5 (device): MPNet, DistilBERT, ELECTRA and DeBERTa-v2 on CUDA in bf16, with CUDA graphs where
 the family runs packed attention, against fp32 `transformers` references.
 
-MPNet's relative-position bias is not in the packed kernels: it runs padded attention
-(no graphs), which the test checks too. Run with `make test_gpu`; CI skips these.
+MPNet's relative-position bias and DeBERTa's disentangled terms are not in the packed
+kernels: those run padded attention (no graphs), which the test checks too. Run with `make test_gpu`; CI skips these.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ TEXTS = [
     "query",
     "sentence embedding model is fast",
 ]
-PACKED = {"MPNet": False, "DistilBert": True, "Electra": True}
+PACKED = {"MPNet": False, "DistilBert": True, "Electra": True, "DebertaV2": False}
 
 
 def _model(folder, graphs):  # type: ignore[no-untyped-def]

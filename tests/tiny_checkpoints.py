@@ -114,6 +114,25 @@ def make_checkpoint(
         )
         fields.update(config_overrides)
         config = transformers.DistilBertConfig(**fields)
+    elif architecture.startswith("DebertaV2"):
+        # DeBERTa-v3's layout (microsoft/deberta-v3-*): relative attention only, shared
+        # key projections, log buckets (8 here, so the test lengths pass them), normalized
+        # relative embeddings; overrides give v2's separate projections and absolute input.
+        fields = dict(
+            vocab_size=len(vocab),
+            pad_token_id=0,
+            type_vocab_size=0,
+            relative_attention=True,
+            position_buckets=8,
+            max_relative_positions=64,
+            pos_att_type="p2c|c2p",
+            share_att_key=True,
+            norm_rel_ebd="layer_norm",
+            position_biased_input=False,
+            layer_norm_eps=1e-7,
+        )
+        fields.update(config_overrides)
+        config = _small(transformers.DebertaV2Config, **fields)
     elif architecture.startswith("Electra"):
         config = _small(
             transformers.ElectraConfig,

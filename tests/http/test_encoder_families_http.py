@@ -1,4 +1,4 @@
-"""MPNet, DistilBERT and ELECTRA through the router: `/embed` with the checkpoint's
+"""MPNet, DistilBERT, ELECTRA and DeBERTa-v2 through the router: `/embed` with the checkpoint's
 sentence-transformers mean pooling, and `/rerank` on their cross-encoders, each against
 `transformers` on a tiny random checkpoint."""
 
@@ -15,7 +15,7 @@ pytestmark = pytest.mark.integration
 
 QUERY = "what is the capital of france"
 TEXTS = ["paris is the capital of france", "the dog read a book by the river", "cat"]
-FAMILIES = ["MPNet", "DistilBert", "Electra"]
+FAMILIES = ["MPNet", "DistilBert", "Electra", "DebertaV2"]
 
 
 def reference_tokens(folder, texts, pairs=None):  # type: ignore[no-untyped-def]

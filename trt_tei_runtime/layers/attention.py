@@ -98,10 +98,11 @@ def varlen_attention(
     the `sliding_window - 1` keys before it; without, every key at most `sliding_window`
     positions away on either side (transformers' bidirectional sliding mask).
     `softcap` caps the scaled scores as `softcap * tanh(scores / softcap)` (Gemma 2).
-    `bias` `[Hq, L, L]` (L = `meta.max_seqlen`) is added to the scaled scores of every
-    sequence at (query position, key position) within the sequence (MPNet's relative
-    position buckets). Neither kernel takes one: a bias runs the padded eager path, in
-    float32 scores, on every device.
+    `bias` `[Hq, L, L]` or `[n, Hq, L, L]` (L = `meta.max_seqlen`) is added to the scaled
+    scores at (query position, key position) within each sequence: shared by all sequences
+    (MPNet's relative position buckets) or per sequence (DeBERTa's disentangled terms).
+    Neither kernel takes one: a bias runs the padded eager path, in float32 scores, on
+    every device.
     """
     if bias is not None:
         return _padded_eager(q, k, v, meta, causal, sliding_window, scale, softcap, bias)
@@ -145,6 +146,12 @@ def _flash(q, k, v, meta, causal, sliding_window, scale):  # type: ignore[no-unt
         scale=scale,
         window_size=window,
     )
+
+
+def pad_heads(x: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+    """Packed `[T, H, D]` → padded `[n, H, L, D]` (zeros past each sequence's end): for
+    models that compute a per-sequence attention bias from q or k (DeBERTa)."""
+    return _pad(x, meta, meta.padding(x.shape[0])[0])
 
 
 def _pad(x: torch.Tensor, meta: AttentionMetadata, pad_index: torch.Tensor) -> torch.Tensor:
@@ -204,7 +211,7 @@ def _padded_eager(q, k, v, meta, causal, sliding_window, scale, softcap, bias=No
     if softcap is not None:
         scores = torch.tanh(scores / softcap) * softcap
     if bias is not None:
-        scores = scores + bias.float()[None]
+        scores = scores + (bias.float() if bias.dim() == 4 else bias.float()[None])
     allowed = _position_mask(meta.max_seqlen, causal, sliding_window, q.device)
     if allowed is not None:
         mask = mask & allowed[None, None, :, :]

@@ -11,6 +11,7 @@ from ..errors import InputError, UnsupportedArchitectureError
 from .adapters import DECODER, ENCODER, Family, architecture_tables
 from .base import Task, TransformerModel
 from .bert import BertModel
+from .deberta_v2 import DebertaV2Model
 from .distilbert import DistilBertModel
 from .electra import ElectraModel
 from .gemma2 import Gemma2Model
@@ -28,6 +29,7 @@ FAMILIES: tuple[Family, ...] = (
     Family("DistilBert", DistilBertModel, ENCODER),
     Family("Electra", ElectraModel, ENCODER),
     Family("MPNet", MPNetModel, ENCODER),
+    Family("DebertaV2", DebertaV2Model, ENCODER),
     Family("Llama", LlamaModel, DECODER),
     Family("Mistral", MistralModel, DECODER),
     Family("Qwen2", Qwen2Model, DECODER),

@@ -160,16 +160,27 @@ class BertLayer(nn.Module):
         self.scale = 1.0 / math.sqrt(self.head_dim)
 
     def forward(
-        self, x: torch.Tensor, meta: AttentionMetadata, bias: torch.Tensor | None = None
+        self, x: torch.Tensor, meta: AttentionMetadata, context: torch.Tensor | None = None
     ) -> torch.Tensor:
-        """`bias`: an additive attention bias `[heads, L, L]` over in-sequence positions
-        (MPNet's relative positions), shared by every sequence of the batch."""
+        """`context`: per-batch input to `attend`, made once by the model for all layers."""
         tokens = x.shape[0]
         qkv = self.qkv(x).view(tokens, 3, self.num_heads, self.head_dim)
-        attn = varlen_attention(qkv[:, 0], qkv[:, 1], qkv[:, 2], meta, scale=self.scale, bias=bias)
+        attn = self.attend(qkv[:, 0], qkv[:, 1], qkv[:, 2], meta, context)
         x = self.attn_norm(self.attn_out(attn.reshape(tokens, -1)), residual=x)
         hidden = linear_activation(self.up, x, self.act_name, self.act)
         return self.ffn_norm(self.down(hidden), residual=x)
+
+    def attend(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        meta: AttentionMetadata,
+        context: torch.Tensor | None,
+    ) -> torch.Tensor:
+        """Attention over the packed q/k/v `[T, H, D]`; `context` is what the model's
+        `attention_context` made for this batch (a shared bias, or none)."""
+        return varlen_attention(q, k, v, meta, scale=self.scale, bias=context)
 
 
 class BertModel(TransformerModel):
@@ -178,6 +189,7 @@ class BertModel(TransformerModel):
     unused: ClassVar[tuple[str, ...]] = (r"(^|\.)pooler\.", r"position_ids$", r"^cls\.")
     prefixes: ClassVar[tuple[str, ...]] = ("", "bert.")
     names: ClassVar[EncoderNames] = EncoderNames()
+    layer_cls: ClassVar[type[BertLayer]] = BertLayer
 
     def __init__(self, config: BertConfig, reader: WeightReader) -> None:
         super().__init__()
@@ -187,10 +199,14 @@ class BertModel(TransformerModel):
         self.type_vocab_size = max(config.type_vocab_size, 1)
         self.position_offset = self._position_offset(config)
         self.max_positions = config.max_position_embeddings - self.position_offset
-        self.embeddings = BertEmbeddings(config, reader, self.names)
+        self.embeddings = self.build_embeddings(config, reader)
         self.layers = nn.ModuleList(
-            BertLayer(config, reader, i, self.names) for i in range(config.num_hidden_layers)
+            self.layer_cls(config, reader, i, self.names) for i in range(config.num_hidden_layers)
         )
+
+    def build_embeddings(self, config: BertConfig, reader: WeightReader) -> nn.Module:
+        """A module from the packed batch to the first layer's input `[T, H]`."""
+        return BertEmbeddings(config, reader, self.names)
 
     @staticmethod
     def _position_offset(config: BertConfig) -> int:
@@ -200,15 +216,16 @@ class BertModel(TransformerModel):
     def parse_config(cls, data: dict[str, Any]) -> BertConfig:
         return BertConfig.from_dict(data)
 
-    def attention_bias(self, meta: AttentionMetadata) -> torch.Tensor | None:
-        """An additive bias for every layer's attention scores (none for BERT)."""
+    def attention_context(self, meta: AttentionMetadata) -> torch.Tensor | None:
+        """What every layer's `attend` gets for this batch: MPNet's relative-position bias,
+        DeBERTa's relative embeddings; nothing for BERT."""
         return None
 
     def forward(self, batch: PackedBatch, meta: AttentionMetadata) -> torch.Tensor:
         x = self.embeddings(batch)
-        bias = self.attention_bias(meta)
+        context = self.attention_context(meta)
         for layer in self.layers:
-            x = layer(x, meta, bias)
+            x = layer(x, meta, context)
         return x
 
     @classmethod

@@ -90,7 +90,7 @@ class MPNetModel(BertModel):
         fields = {**vars(base), "type_vocab_size": 0}
         return MPNetConfig(**fields, relative_attention_num_buckets=buckets)
 
-    def attention_bias(self, meta: AttentionMetadata) -> torch.Tensor:
+    def attention_context(self, meta: AttentionMetadata) -> torch.Tensor:
         buckets = relative_position_buckets(meta.max_seqlen, self.relative_attention_bias.device)
         return self.relative_attention_bias[buckets].permute(2, 0, 1)
 
