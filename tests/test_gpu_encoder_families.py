@@ -1,8 +1,9 @@
-"""Tier 5 (device): MPNet, DistilBERT, ELECTRA and DeBERTa-v2 on CUDA in bf16, with CUDA graphs where
-the family runs packed attention, against fp32 `transformers` references.
+"""Tier 5 (device): MPNet, DistilBERT, ELECTRA and DeBERTa-v2 on CUDA in bf16, with CUDA
+graphs where the family runs packed attention, against fp32 `transformers` references.
 
 MPNet's relative-position bias and DeBERTa's disentangled terms are not in the packed
-kernels: those run padded attention (no graphs), which the test checks too. Run with `make test_gpu`; CI skips these.
+kernels: those run padded attention (no graphs), which the test checks too.
+Run with `make test_gpu`; CI skips these.
 """
 
 from __future__ import annotations
