@@ -91,6 +91,8 @@ class Backend:
             "default_prompt_name": info.default_prompt_name,
             # Rerankers trained on a prompt (Qwen3-Reranker): how to lay out a pair.
             "pair_template": None if info.pair_template is None else info.pair_template.as_dict(),
+            # Prompt name -> adapter index, sent as every token's type id (jina-embeddings-v3).
+            "adapters": dict(info.adapters),
             "dtype": str(self.model.dtype).removeprefix("torch."),
             "device": str(self.model.device),
             "devices": [str(executor.device) for executor in self.executors],

@@ -118,12 +118,17 @@ class Model:
         self._check_dimensions(dimensions)
         self._check_strings(texts)
         prompt = self._prompt(prompt_name)
+        # Models with per-request adapters read the adapter from the token type ids.
+        adapter = self.info.adapter_for(prompt_name)
 
         def chunks() -> Iterator[Chunk[int]]:
             for start in range(0, len(texts), TOKENIZE_CHUNK):
                 part = texts[start : start + TOKENIZE_CHUNK]
                 ids = self.tokenizer.encode_ids(part, prompt, truncate=truncate)
-                yield Chunk(start, ids, first=start)
+                types = None
+                if adapter:
+                    types = TokenIds(np.full(ids.num_tokens, adapter, np.uint32), ids.offsets)
+                yield Chunk(start, ids, types, first=start)
 
         outputs = self._run(len(texts), chunks(), show_progress_bar, Executor.embed)
         return self._finish(outputs, normalize, dimensions)

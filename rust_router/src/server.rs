@@ -40,6 +40,16 @@ pub fn main_with_args(argv: Vec<String>, make_backend: MakeBackend) -> i32 {
     }
 }
 
+/// The adapter of requests without a prompt name: the default prompt name's, if it names one.
+fn default_adapter(args: &Args, info: &ModelInfo) -> u32 {
+    let adapters = info.adapters.clone().unwrap_or_default();
+    args.default_prompt_name
+        .as_ref()
+        .or(info.default_prompt_name.as_ref())
+        .and_then(|name| adapters.get(name).copied())
+        .unwrap_or(0)
+}
+
 /// The default prompt text: `--default-prompt`, else the prompt named by
 /// `--default-prompt-name` or by the model's own config.
 fn default_prompt(args: &Args, info: &ModelInfo) -> Result<Option<String>, String> {
@@ -251,6 +261,8 @@ fn run(mut args: Args, make_backend: MakeBackend) -> Result<(), String> {
             prompts: info.prompts.clone().unwrap_or_default(),
             default_prompt: prompt,
             pair_template: info.pair_template.clone(),
+            adapters: info.adapters.clone().unwrap_or_default(),
+            default_adapter: default_adapter(&args, &info),
         },
     );
     let runtime = tokio::runtime::Builder::new_multi_thread()

@@ -8,19 +8,34 @@ here; `adapters` derives every architecture name of the row from it.
 from __future__ import annotations
 
 from ..errors import InputError, UnsupportedArchitectureError
-from .adapters import DECODER, ENCODER, Family, architecture_tables
+from .adapters import (
+    DECODER,
+    ENCODER,
+    Family,
+    Variant,
+    architecture_tables,
+    as_causal_lm_embedder,
+    as_embedder,
+)
 from .base import Task, TransformerModel
 from .bert import BertModel
 from .deberta_v2 import DebertaV2Model
 from .distilbert import DistilBertModel
 from .electra import ElectraModel
 from .gemma2 import Gemma2Model
+from .gemma3 import Gemma3TextModel
+from .jina_v3 import JinaEmbeddingsV3Model
 from .llama import LlamaModel
 from .mistral import MistralModel
 from .mpnet import MPNetModel
+from .modernbert import ModernBertModel
+from .nomic_bert import NomicBertModel
 from .qwen2 import Qwen2Model
 from .qwen3 import Qwen3Model
 from .roberta import RobertaModel
+
+# Families whose checkpoints only embed.
+EMBEDDER: tuple[Variant, ...] = (Variant("Model", as_embedder),)
 
 FAMILIES: tuple[Family, ...] = (
     Family("Bert", BertModel, ENCODER),
@@ -30,11 +45,18 @@ FAMILIES: tuple[Family, ...] = (
     Family("Electra", ElectraModel, ENCODER),
     Family("MPNet", MPNetModel, ENCODER),
     Family("DebertaV2", DebertaV2Model, ENCODER),
+    Family("ModernBert", ModernBertModel, ENCODER),
+    Family("NomicBert", NomicBertModel, EMBEDDER),
+    # LoRA task adapters chosen per request (prompt name -> adapter, see jina_v3.py).
+    Family("JinaEmbeddingsV3", JinaEmbeddingsV3Model, EMBEDDER),
     Family("Llama", LlamaModel, DECODER),
     Family("Mistral", MistralModel, DECODER),
     Family("Qwen2", Qwen2Model, DECODER),
     Family("Qwen3", Qwen3Model, DECODER),
     Family("Gemma2", Gemma2Model, DECODER),
+    # EmbeddingGemma: bidirectional, its sentence-transformers Dense modules after pooling.
+    Family("Gemma3Text", Gemma3TextModel, EMBEDDER),
+    Family("Gemma3", Gemma3TextModel, (Variant("ForCausalLM", as_causal_lm_embedder),)),
 )
 
 # ARCHITECTURES: name -> class. TASKS: tasks a checkpoint can be loaded for other than the

@@ -65,6 +65,9 @@ class TransformerModel(nn.Module):
     packed_attention: ClassVar[bool] = True
     # How (query, document) pairs become one prompt, for models trained on a template.
     pair_template: PairTemplate | None = None
+    # Names of adapters chosen per request (jina-embeddings-v3's LoRA tasks); a batch's
+    # token type ids then carry each token's adapter index, 1-based (0: none).
+    adapter_names: tuple[str, ...] = ()
 
     def __init__(self) -> None:
         super().__init__()
@@ -72,6 +75,10 @@ class TransformerModel(nn.Module):
 
     def forward(self, batch: PackedBatch, meta: AttentionMetadata) -> torch.Tensor:
         raise NotImplementedError
+
+    def adapter_index(self, task: str) -> int | None:
+        """1-based index of the adapter a task (prompt) name selects, or None."""
+        return None
 
     def logits(self, hidden: torch.Tensor, batch: PackedBatch) -> torch.Tensor:
         if self.head is None:

@@ -48,6 +48,14 @@ class ModelInfo:
     default_prompt_name: str | None = None
     # Set for models trained on one prompt per (query, document) pair (yes/no rerankers).
     pair_template: PairTemplate | None = None
+    # Prompt name -> adapter index for models with per-request adapters (jina-embeddings-v3):
+    # the token type ids of a request's tokens (see `TransformerModel.adapter_names`).
+    adapters: dict[str, int] = field(default_factory=dict)
+
+    def adapter_for(self, prompt_name: str | None) -> int:
+        """The adapter index of a request with this prompt name (or the default one)."""
+        name = prompt_name or self.default_prompt_name
+        return self.adapters.get(name, 0) if name is not None else 0
 
     @property
     def model_type(self) -> str:
@@ -160,6 +168,7 @@ def _model_info(
         limit = tok_cfg.get("model_max_length")
         if isinstance(limit, int) and 0 < limit < max_length:
             max_length = limit
+    prompts, adapters = _adapter_prompts(network, st.prompts)
     info = ModelInfo(
         architecture=arch_name,
         task=network.task,
@@ -168,9 +177,10 @@ def _model_info(
         max_input_length=max_length,
         position_offset=network.position_offset,
         pooling=None,
-        prompts=st.prompts,
+        prompts=prompts,
         default_prompt_name=st.default_prompt_name,
         pair_template=network.pair_template,
+        adapters=adapters,
     )
     if network.task is Task.EMBEDDING:
         info.pooling = canonical_pooling(pooling or st.pooling or network.default_pooling)
@@ -184,3 +194,23 @@ def _model_info(
             network.classifier.num_labels, network.classifier.problem_type
         )
     return info
+
+
+def _adapter_prompts(
+    network: TransformerModel, prompts: dict[str, str]
+) -> tuple[dict[str, str], dict[str, int]]:
+    """The prompts, with every adapter reachable by a prompt name: the names of the
+    checkpoint's prompts that match an adapter (jina-embeddings-v3's "retrieval.query" for
+    its `retrieval_query/` adapter), and an empty prompt under the adapter's own name for
+    an adapter no prompt names."""
+    prompts = dict(prompts)
+    adapters = {}
+    for name in prompts:
+        index = network.adapter_index(name)
+        if index is not None:
+            adapters[name] = index
+    for index, name in enumerate(network.adapter_names, 1):
+        if index not in adapters.values():
+            prompts.setdefault(name, "")
+            adapters[name] = index
+    return prompts, adapters

@@ -130,6 +130,7 @@ impl FakeBackend {
             prompts: Some([("query".to_string(), "query : ".to_string())].into()),
             default_prompt_name: None,
             pair_template: None,
+            adapters: None,
             dtype: Some("float32".into()),
             device: Some("cpu".into()),
             interactive_lane: false,

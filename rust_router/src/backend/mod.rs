@@ -199,6 +199,10 @@ pub struct ModelInfo {
     /// Set for decoder rerankers that score a templated prompt instead of a plain pair.
     #[serde(default)]
     pub pair_template: Option<PairTemplate>,
+    /// Prompt name -> adapter index for models that choose an adapter per request
+    /// (jina-embeddings-v3's LoRA tasks): the token type id of every token of such a request.
+    #[serde(default)]
+    pub adapters: Option<HashMap<String, u32>>,
     /// The weights' dtype and the device, for `/info` and the `x-compute-type` header.
     #[serde(default)]
     pub dtype: Option<String>,
@@ -217,7 +221,7 @@ pub struct ModelInfo {
 
 impl ModelInfo {
     /// Every key of the contract, in the struct's order.
-    pub const FIELDS: [&'static str; 17] = [
+    pub const FIELDS: [&'static str; 18] = [
         "model_type",
         "tokenizer_path",
         "max_input_length",
@@ -231,6 +235,7 @@ impl ModelInfo {
         "prompts",
         "default_prompt_name",
         "pair_template",
+        "adapters",
         "dtype",
         "device",
         "interactive_lane",

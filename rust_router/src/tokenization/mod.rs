@@ -149,6 +149,11 @@ pub struct TokenizerConfig {
     pub prompts: HashMap<String, String>,
     pub default_prompt: Option<String>,
     pub pair_template: Option<PairTemplate>,
+    /// Prompt name -> adapter index (`Backend.info()`'s `adapters`): a text embedded with
+    /// such a prompt name carries the index as the type id of each of its tokens.
+    pub adapters: HashMap<String, u32>,
+    /// The adapter of texts sent without a prompt name (the default prompt's).
+    pub default_adapter: u32,
 }
 
 #[derive(Debug)]
@@ -158,6 +163,18 @@ struct Config {
 }
 
 impl Config {
+    /// The adapter a prompted text selects, for models with per-request adapters.
+    fn adapter(&self, opts: &EncodeOptions) -> Option<u32> {
+        if !opts.apply_prompts || self.model.adapters.is_empty() {
+            return None;
+        }
+        let index = match &opts.prompt_name {
+            Some(name) => self.model.adapters.get(name).copied().unwrap_or(0),
+            None => self.model.default_adapter,
+        };
+        Some(index)
+    }
+
     fn prompt(&self, opts: &EncodeOptions) -> Result<Option<&str>, TokenizationError> {
         if !opts.apply_prompts {
             return Ok(None);
@@ -437,10 +454,14 @@ impl Worker {
                 if encoding.len() > max {
                     return Err(too_long(encoding.len()));
                 }
-                (
-                    encoding.get_ids().to_vec(),
-                    encoding.get_type_ids().to_vec(),
-                )
+                let ids = encoding.get_ids().to_vec();
+                match cfg.adapter(opts) {
+                    Some(adapter) => {
+                        let n = ids.len();
+                        (ids, vec![adapter; n])
+                    }
+                    None => (ids, encoding.get_type_ids().to_vec()),
+                }
             }
         };
         if input_ids.is_empty() {

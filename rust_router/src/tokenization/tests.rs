@@ -239,3 +239,39 @@ async fn inline_encoding_matches_the_pool() {
         }
     }
 }
+
+#[tokio::test]
+async fn adapter_prompts_set_every_type_id_to_the_adapter() {
+    let config = TokenizerConfig {
+        max_input_length: 16,
+        prompts: [
+            ("query".to_string(), "query : ".to_string()),
+            ("plain".to_string(), String::new()),
+        ]
+        .into(),
+        adapters: [("query".to_string(), 1), ("plain".to_string(), 2)].into(),
+        default_adapter: 2,
+        ..Default::default()
+    };
+    let t = Tokenization::new(test_tokenizer(), 1, config);
+    let named = |name: &str| EncodeOptions {
+        prompt_name: Some(name.into()),
+        apply_prompts: true,
+        ..Default::default()
+    };
+    let e = t.encode(single("hello"), named("query")).await.unwrap();
+    assert_eq!(e.input_ids, vec![2, 10, 11, 4, 3]);
+    assert_eq!(e.token_type_ids, vec![1; 5]);
+    let e = t.encode(single("hello"), named("plain")).await.unwrap();
+    assert_eq!(e.token_type_ids, vec![2; 3]);
+    let dflt = EncodeOptions {
+        apply_prompts: true,
+        ..Default::default()
+    };
+    let e = t.encode(single("hello"), dflt).await.unwrap();
+    assert_eq!(e.token_type_ids, vec![2; 3]);
+    // Classification pairs and token ids are never prompted: no adapter.
+    let pair = EncodingInput::Pair("a".into(), "b".into());
+    let e = t.encode(pair, Default::default()).await.unwrap();
+    assert_eq!(e.token_type_ids, vec![0, 0, 0, 1, 1]);
+}
