@@ -180,7 +180,8 @@ def hf_jina_outputs(folder: Path, ids: list[list[int]], task: str | None) -> lis
 
     model = transformers.JinaEmbeddingsV3Model.from_pretrained(folder).eval()
     if task is not None:
-        model.load_adapter(str(folder), adapter_name=task, adapter_kwargs={"subfolder": task})
+        # What `load_adapter(hub_id, adapter_kwargs={"subfolder": task})` reads, locally.
+        model.load_adapter(str(folder / task), adapter_name=task)
         model.set_adapter(task)
     with torch.no_grad():
         return [model(input_ids=torch.tensor([seq])).last_hidden_state[0] for seq in ids]
