@@ -73,7 +73,8 @@ class ModernBertConfig:
         heads = cfg.int("num_attention_heads", 12)
         if hidden % heads:
             raise CheckpointError(
-                f"config.json: hidden_size {hidden} is not a multiple of num_attention_heads {heads}"
+                f"config.json: hidden_size {hidden} is not a multiple of "
+                f"num_attention_heads {heads}"
             )
         every = cfg.int("global_attn_every_n_layers", 3)
         types = data.get("layer_types") or [SLIDING if i % every else FULL for i in range(layers)]
@@ -185,8 +186,8 @@ class ModernBertModel(TransformerModel):
     def forward(self, batch: PackedBatch, meta: AttentionMetadata) -> torch.Tensor:
         x = self.embed_norm(F.embedding(batch.input_ids, self.tok_embeddings))
         ropes = {kind: rotary(batch.position_ids) for kind, rotary in self.rotary.items()}
-        for layer in self.layers:
-            x = layer(x, ropes[layer.kind], meta)
+        for kind, layer in zip(self.config.layer_types, self.layers):
+            x = layer(x, ropes[kind], meta)
         return self.final_norm(x)
 
     def classification_head(
