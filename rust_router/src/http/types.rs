@@ -254,6 +254,9 @@ pub struct EmbedRequest {
     pub truncation_direction: TruncationDirection,
     /// A key of the model's `prompts` (config_sentence_transformers.json, listed in `/info`)
     /// to prepend; any other name is refused with 422, and so is a prompt with token ids.
+    /// For models with task adapters (jina-embeddings-v3: `retrieval.query`,
+    /// `retrieval.passage`, `separation`, `classification`, `text-matching`) it also picks
+    /// the adapter the inputs run with.
     #[serde(default)]
     pub prompt_name: Option<String>,
     #[serde(default = "default_true")]
