@@ -178,15 +178,20 @@ class Model:
         chunks: Iterable[tuple[K, Ids]],
         normalize: bool = True,
         dimensions: int | None = None,
+        prompt_name: str | None = None,
     ) -> Iterator[tuple[K, np.ndarray]]:
         """`embed_ids` over a stream of `(key, ids)` chunks: yields `(key, (n, dim) float32)`
         per chunk, in order, as soon as the chunk is done, while later chunks already run.
         The devices do not drain between chunks as they do between `embed_ids` calls; the
         chunks iterator is read on a thread of its own. A chunk of no ids passes through
-        (as an empty array) in its place: a marker for the caller."""
+        (as an empty array) in its place: a marker for the caller.
+
+        `prompt_name`: the prompt the ids were tokenized with (`tokenize_ids`); it picks
+        the task adapter of models that have them (jina-embeddings-v3), else changes nothing."""
         self._check_dimensions(dimensions)
         dim = dimensions or self.info.hidden_size
-        stream = (Chunk(key, _token_ids(ids)) for key, ids in chunks)
+        adapter = self.info.adapter_for(prompt_name)
+        stream = (_with_adapter(key, _token_ids(ids), adapter) for key, ids in chunks)
         for key, out in run_chunks(
             self.executors,
             stream,
@@ -379,3 +384,10 @@ def _is_pair(item: object) -> bool:
 
 def _token_ids(ids: Ids) -> TokenIds:
     return ids if isinstance(ids, TokenIds) else TokenIds.from_lists(ids)
+
+
+def _with_adapter(key: K, ids: TokenIds, adapter: int) -> Chunk[K]:
+    """A chunk whose every token carries `adapter` as its type id (0: none)."""
+    if not adapter:
+        return Chunk(key, ids)
+    return Chunk(key, ids, TokenIds(np.full(ids.num_tokens, adapter, np.uint32), ids.offsets))

@@ -294,7 +294,11 @@ def _run(
 
     try:
         # One stream for the whole job: the devices do not drain between chunks.
-        for item, vectors in model.embed_ids_stream(keyed(), dimensions=options.dimensions):
+        # The prompt name also picks a task adapter (jina-embeddings-v3).
+        stream = model.embed_ids_stream(
+            keyed(), dimensions=options.dimensions, prompt_name=options.prompt_name
+        )
+        for item, vectors in stream:
             if isinstance(item, Chunk):
                 tok = item.tokenized
                 summary.bad_rows += len(tok.bad)

@@ -99,7 +99,10 @@ class ShardEmbedder:
             for part in screened.chunks(self.chunk_rows)
         )
         keyed = ((tok, tok.token_ids) for tok in ahead(pieces, PREFETCH_CHUNKS, "shard-tokenizer"))
-        for tok, vectors in self.model.embed_ids_stream(keyed, dimensions=self.dimensions):
+        stream = self.model.embed_ids_stream(
+            keyed, dimensions=self.dimensions, prompt_name=self.prompt_name
+        )
+        for tok, vectors in stream:
             batches.append(shard_rows(tok, vectors, schema))
             _maybe_crash(shard)  # test hook: dies with part of the shard embedded
             bad.extend(tok.bad)

@@ -42,6 +42,7 @@ class EmbeddingModel(Protocol):
         chunks: Iterable[tuple[K, TokenIds]],
         normalize: bool = True,
         dimensions: Optional[int] = None,
+        prompt_name: Optional[str] = None,
     ) -> Iterator[tuple[K, np.ndarray]]: ...
 
 
