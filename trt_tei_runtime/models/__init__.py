@@ -27,8 +27,8 @@ from .gemma3 import Gemma3TextModel
 from .jina_v3 import JinaEmbeddingsV3Model
 from .llama import LlamaModel
 from .mistral import MistralModel
-from .mpnet import MPNetModel
 from .modernbert import ModernBertModel
+from .mpnet import MPNetModel
 from .nomic_bert import NomicBertModel
 from .qwen2 import Qwen2Model
 from .qwen3 import Qwen3Model
