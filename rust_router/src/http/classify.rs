@@ -7,7 +7,7 @@ use super::types::{
     Sequence,
 };
 use super::{AppState, ResponseMeta};
-use crate::infer::InferRequest;
+use crate::infer::{InferMetadata, InferRequest};
 use crate::tokenization::{EncodeOptions, EncodingInput};
 use axum::extract::State;
 use axum::response::Response;
@@ -116,55 +116,77 @@ pub async fn rerank(State(state): State<AppState>, req: TeiJson<RerankRequest>) 
         let req = req.0;
         let start = Instant::now();
         state.require(Needs::Reranker, "/rerank")?;
-        if req.query.is_empty() {
-            return Err(ApiError::empty("query"));
-        }
-        state.check_batch(req.texts.len(), "texts")?;
-        if req.texts.iter().any(String::is_empty) {
-            return Err(ApiError::empty("texts"));
-        }
         let opts = EncodeOptions {
             truncate: req.truncate.unwrap_or(state.config.auto_truncate),
             direction: req.truncation_direction,
             ..Default::default()
         };
-        let query_chars = req.query.chars().count();
-        let chars = req
-            .texts
-            .iter()
-            .map(|t| query_chars + t.chars().count())
-            .sum();
-        let pairs = req
-            .texts
-            .iter()
-            .map(|text| EncodingInput::Pair(req.query.clone(), text.clone()))
-            .collect();
-        let request = InferRequest {
-            inputs: pairs,
-            opts,
-            batched: true,
-        };
-        let results = state.infer.predict(request, req.raw_scores).await?;
-        let mut metas = Vec::with_capacity(results.len());
-        let mut ranks: Vec<Rank> = results
+        let ranked = rank(&state, &req.query, &req.texts, "texts", opts, req.raw_scores).await?;
+        let mut ranks: Vec<Rank> = ranked
+            .scores
             .into_iter()
-            .enumerate()
-            .map(|(index, (scores, meta))| {
-                metas.push(meta);
-                Rank {
-                    index,
-                    text: req.return_text.then(|| req.texts[index].clone()),
-                    score: scores[0],
-                }
+            .map(|(index, score)| Rank {
+                index,
+                text: req.return_text.then(|| req.texts[index].clone()),
+                score,
             })
             .collect();
-        ranks.sort_by(|a, b| descending(a.score, b.score));
         if let Some(n) = req.top_n {
             ranks.truncate(n);
         }
-        let meta = ResponseMeta::new(start, chars, &metas);
+        let meta = ResponseMeta::new(start, ranked.chars, &ranked.metas);
         Ok((meta.finish(&state, "batch"), Json(RerankResponse(ranks))))
     }
     .await;
     state.finish(result)
+}
+
+/// Scores of `texts` against `query`, best first.
+pub(crate) struct Ranked {
+    /// `(index in texts, score)`.
+    pub scores: Vec<(usize, f32)>,
+    pub metas: Vec<InferMetadata>,
+    pub chars: usize,
+}
+
+/// The reranker path of `/rerank` and the Cohere/Jina routes: validates the query and the
+/// texts (`field` names them in errors), scores every (query, text) pair, sorts best first.
+pub(crate) async fn rank(
+    state: &AppState,
+    query: &str,
+    texts: &[String],
+    field: &str,
+    opts: EncodeOptions,
+    raw_scores: bool,
+) -> Result<Ranked, ApiError> {
+    if query.is_empty() {
+        return Err(ApiError::empty("query"));
+    }
+    state.check_batch(texts.len(), field)?;
+    if texts.iter().any(String::is_empty) {
+        return Err(ApiError::empty(field));
+    }
+    let query_chars = query.chars().count();
+    let chars = texts.iter().map(|t| query_chars + t.chars().count()).sum();
+    let pairs = texts
+        .iter()
+        .map(|text| EncodingInput::Pair(query.to_string(), text.clone()))
+        .collect();
+    let request = InferRequest {
+        inputs: pairs,
+        opts,
+        batched: true,
+    };
+    let results = state.infer.predict(request, raw_scores).await?;
+    let (scores, metas): (Vec<f32>, Vec<InferMetadata>) = results
+        .into_iter()
+        .map(|(scores, meta)| (scores[0], meta))
+        .unzip();
+    let mut scores: Vec<(usize, f32)> = scores.into_iter().enumerate().collect();
+    scores.sort_by(|a, b| descending(a.1, b.1));
+    Ok(Ranked {
+        scores,
+        metas,
+        chars,
+    })
 }

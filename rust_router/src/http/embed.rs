@@ -77,7 +77,7 @@ pub(crate) fn encode_options(
         (status = 401, description = "Missing or invalid API key (with `--api-key`)", body = ErrorResponse),
         (status = 408, description = "The request body did not arrive within `--body-read-timeout`", body = ErrorResponse),
         (status = 413, description = "The request body is over `--payload-limit`", body = ErrorResponse),
-        (status = 422, description = "Invalid input: malformed body, more inputs than `--max-client-batch-size`, an input longer than the model's `max_input_length` tokens without truncation, token ids outside the vocabulary, an unknown `prompt_name` or one with token ids, `dimensions` over `hidden_size`", body = ErrorResponse),
+        (status = 422, description = "Invalid input: malformed body, more inputs than `--max-client-batch-size`, an input longer than the model's `max_input_length` tokens without truncation, token ids outside the vocabulary, an unknown `prompt_name` or one with token ids, `dimensions` over `hidden_size`, an unknown `encoding_format`, `quantization_ranges` that do not fit (or `int8`/`uint8` of unnormalized embeddings without them)", body = ErrorResponse),
         (status = 424, description = "Inference failed or wrong model type", body = ErrorResponse),
         (status = 429, description = "Model is overloaded", body = ErrorResponse),
         (status = 503, description = "The model cannot run, or the server is shutting down", body = ErrorResponse),
@@ -91,6 +91,12 @@ pub async fn embed(State(state): State<AppState>, req: TeiJson<EmbedRequest>) ->
         let (batched, inputs) = req.inputs.into_vec();
         let chars = check_inputs(&state, &inputs, "inputs")?;
         state.check_dimensions(req.dimensions)?;
+        let encoder = state.encoder(
+            req.encoding_format,
+            req.quantization_ranges,
+            req.normalize,
+            req.dimensions,
+        )?;
         let opts = encode_options(
             &state,
             req.truncate,
@@ -101,6 +107,7 @@ pub async fn embed(State(state): State<AppState>, req: TeiJson<EmbedRequest>) ->
             embed_inputs(&state, inputs, batched, opts, req.normalize, req.dimensions).await?;
         let meta = ResponseMeta::new(start, chars, &metas);
         let method = if batched { "batch" } else { "single" };
+        let embeddings = embeddings.into_iter().map(|e| encoder.encode(e)).collect();
         Ok((meta.finish(&state, method), Json(EmbedResponse(embeddings))))
     }
     .await;

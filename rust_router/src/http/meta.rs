@@ -2,7 +2,7 @@
 
 use super::error::{ApiError, ErrorResponse, ErrorType, OpenAIErrorResponse, TeiJson};
 use super::types::*;
-use super::{classify, cloud, embed, openai, AppState};
+use super::{classify, cloud, embed, openai, quantize, AppState};
 use crate::tokenization::TruncationDirection;
 use axum::extract::State;
 use axum::http::{header, StatusCode};
@@ -206,7 +206,7 @@ pub async fn metrics(State(state): State<AppState>) -> Response {
         SimilarityRequest, SimilarityResponse, TokenizeInput, TokenizeRequest, SimpleToken,
         TokenizeResponse, InputIdsDoc, DecodeRequest, DecodeResponse, EncodingFormat,
         OpenAICompatRequest, Embedding, OpenAICompatEmbedding, OpenAICompatUsage,
-        OpenAICompatResponse, Info, ModelTypeInfo, EmbeddingModel, ClassifierModel,
+        OpenAICompatResponse, quantize::RangesDoc, Info, ModelTypeInfo, EmbeddingModel, ClassifierModel,
         DeviceInfo, HealthDegraded, DeviceRef,
         ErrorResponse, ErrorType, OpenAIErrorResponse,
         cloud::InvocationDoc, cloud::InvocationAnswerDoc, cloud::VertexRequest, cloud::VertexResponse,

@@ -8,6 +8,7 @@ pub mod error;
 mod meta;
 pub mod model_routes;
 mod openai;
+pub mod quantize;
 pub mod types;
 
 #[cfg(test)]
@@ -106,6 +107,18 @@ impl AppState {
             ))),
             _ => Ok(()),
         }
+    }
+
+    /// The output encoder of an embedding request, checked before any inference.
+    pub(crate) fn encoder(
+        &self,
+        format: types::EncodingFormat,
+        ranges: Option<quantize::Ranges>,
+        normalized: bool,
+        dimensions: Option<usize>,
+    ) -> Result<quantize::Encoder, ApiError> {
+        let dim = dimensions.unwrap_or(self.infer.info().hidden_size);
+        quantize::Encoder::new(format, ranges, normalized, dim)
     }
 
     /// Turns a handler result into a response (failures are counted by [`record_failures`]).

@@ -4,7 +4,7 @@ use super::embed::{check_inputs, embed_inputs, encode_options};
 use super::error::{ApiError, OpenAIErrorResponse, OpenAIJson};
 use super::model_routes::Needs;
 use super::types::{
-    Embedding, EncodingFormat, OpenAICompatEmbedding, OpenAICompatRequest, OpenAICompatResponse,
+    OpenAICompatEmbedding, OpenAICompatRequest, OpenAICompatResponse,
     OpenAICompatUsage,
 };
 use super::{AppState, ResponseMeta};
@@ -14,14 +14,7 @@ use crate::tokenization::TruncationDirection;
 use axum::extract::State;
 use axum::response::Response;
 use axum::Json;
-use base64::Engine;
 use std::time::Instant;
-
-/// Little-endian float32 bytes, base64: what the `openai` SDK decodes with numpy.
-pub fn to_base64(v: &[f32]) -> String {
-    let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
-    base64::engine::general_purpose::STANDARD.encode(bytes)
-}
 
 /// OpenAI's request has no `truncate` field and names its field `input`: say what helps here.
 fn openai_error(err: InferError) -> ApiError {
@@ -47,7 +40,7 @@ fn openai_error(err: InferError) -> ApiError {
         (status = 401, description = "Missing or invalid API key (with `--api-key`)", body = OpenAIErrorResponse),
         (status = 408, description = "The request body did not arrive within `--body-read-timeout`", body = OpenAIErrorResponse),
         (status = 413, description = "The request body is over `--payload-limit`", body = OpenAIErrorResponse),
-        (status = 422, description = "Invalid input: malformed body, more inputs than `--max-client-batch-size`, an input longer than the model's `max_input_length` tokens without truncation, token ids outside the vocabulary, `dimensions` over `hidden_size`", body = OpenAIErrorResponse),
+        (status = 422, description = "Invalid input: malformed body, more inputs than `--max-client-batch-size`, an input longer than the model's `max_input_length` tokens without truncation, token ids outside the vocabulary, `dimensions` over `hidden_size`, an unknown `encoding_format`, `quantization_ranges` that do not fit", body = OpenAIErrorResponse),
         (status = 429, description = "Model is overloaded", body = OpenAIErrorResponse),
         (status = 500, description = "Inference failed", body = OpenAIErrorResponse),
         (status = 503, description = "The model cannot run, or the server is shutting down", body = OpenAIErrorResponse),
@@ -64,6 +57,8 @@ pub async fn embeddings(
         let (batched, inputs) = req.input.into_vec();
         let chars = check_inputs(&state, &inputs, "input")?;
         state.check_dimensions(req.dimensions)?;
+        let encoder =
+            state.encoder(req.encoding_format, req.quantization_ranges, true, req.dimensions)?;
         let opts = encode_options(&state, None, TruncationDirection::Right, None);
         let (embeddings, metas) = embed_inputs(&state, inputs, batched, opts, true, req.dimensions)
             .await
@@ -74,10 +69,7 @@ pub async fn embeddings(
             .enumerate()
             .map(|(index, e)| OpenAICompatEmbedding {
                 object: "embedding",
-                embedding: match req.encoding_format {
-                    EncodingFormat::Float => Embedding::Float(e),
-                    EncodingFormat::Base64 => Embedding::Base64(to_base64(&e)),
-                },
+                embedding: encoder.encode(e),
                 index,
             })
             .collect();
@@ -95,12 +87,4 @@ pub async fn embeddings(
     }
     .await;
     state.finish(result.map_err(|e| e.openai(true)))
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn base64_is_little_endian_f32() {
-        assert_eq!(super::to_base64(&[1.0]), "AACAPw==");
-    }
 }

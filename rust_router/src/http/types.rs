@@ -1,5 +1,6 @@
 //! Wire types: TEI's request and response bodies, field for field, plus OpenAI embeddings.
 
+use super::quantize::{Ranges, RangesDoc};
 use crate::backend::DeviceStatus;
 use crate::tokenization::{EncodingInput, TruncationDirection};
 use serde::{de, Deserialize, Deserializer, Serialize};
@@ -267,6 +268,15 @@ pub struct EmbedRequest {
     #[serde(default)]
     #[schema(minimum = 1)]
     pub dimensions: Option<usize>,
+    /// `float` (default) returns numbers; `base64`, `int8`, `uint8`, `binary`, `ubinary` as on
+    /// `/v1/embeddings` (each vector a base64 string or a list of integers).
+    #[serde(default)]
+    pub encoding_format: EncodingFormat,
+    /// Calibration ranges of the `int8`/`uint8` encodings: needed when `normalize` is false,
+    /// `[-1, 1]` by default otherwise; refused with 422 with any other encoding.
+    #[serde(default)]
+    #[schema(value_type = Option<RangesDoc>)]
+    pub quantization_ranges: Option<Ranges>,
 }
 
 fn default_true() -> bool {
@@ -289,7 +299,7 @@ pub struct EmbedAllRequest {
 
 #[derive(Debug, Serialize, ToSchema)]
 #[schema(example = json!([[0.0, 1.0, 2.0]]))]
-pub struct EmbedResponse(pub Vec<Vec<f32>>);
+pub struct EmbedResponse(pub Vec<Embedding>);
 
 #[derive(Debug, Serialize, ToSchema)]
 #[schema(example = json!([[[0.0, 1.0, 2.0]]]))]
@@ -503,13 +513,39 @@ pub struct DecodeRequest {
 #[schema(example = json!(["test"]))]
 pub struct DecodeResponse(pub Vec<String>);
 
+/// How embeddings are returned. The quantized formats follow sentence-transformers'
+/// `quantize_embeddings`, applied after `dimensions` and normalization.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum EncodingFormat {
+    /// float32 numbers.
     #[default]
     Float,
     /// Little-endian float32 bytes, base64-encoded.
     Base64,
+    /// One integer from -128 to 127 per dimension: the `uint8` bucket minus 128.
+    Int8,
+    /// One integer from 0 to 255 per dimension: `floor((x - min) / ((max - min) / 255))`,
+    /// clipped, with `min`/`max` from `quantization_ranges` (default `[-1, 1]`).
+    Uint8,
+    /// One bit per dimension (set where the value is > 0), packed 8 to a byte, first dimension
+    /// in the high bit, as integers from -128 to 127 (the byte minus 128).
+    Binary,
+    /// As `binary`, the bytes as integers from 0 to 255.
+    Ubinary,
+}
+
+impl EncodingFormat {
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Float => "float",
+            Self::Base64 => "base64",
+            Self::Int8 => "int8",
+            Self::Uint8 => "uint8",
+            Self::Binary => "binary",
+            Self::Ubinary => "ubinary",
+        }
+    }
 }
 
 #[derive(Debug, Deserialize, ToSchema)]
@@ -521,6 +557,11 @@ pub struct OpenAICompatRequest {
     pub model: Option<String>,
     #[serde(default)]
     pub encoding_format: EncodingFormat,
+    /// Calibration ranges of the `int8`/`uint8` encodings (default `[-1, 1]`); refused with
+    /// 422 with any other encoding.
+    #[serde(default)]
+    #[schema(value_type = Option<RangesDoc>)]
+    pub quantization_ranges: Option<Ranges>,
     /// Keep the first `dimensions` values: from 1 to the model's `hidden_size` (`/info`); more
     /// is refused with 422.
     #[serde(default)]
@@ -535,6 +576,10 @@ pub struct OpenAICompatRequest {
 pub enum Embedding {
     Float(Vec<f32>),
     Base64(String),
+    /// `int8` and `binary`.
+    Int8(Vec<i8>),
+    /// `uint8` and `ubinary`.
+    Uint8(Vec<u8>),
 }
 
 #[derive(Debug, Serialize, ToSchema)]
