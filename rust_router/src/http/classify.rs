@@ -121,7 +121,15 @@ pub async fn rerank(State(state): State<AppState>, req: TeiJson<RerankRequest>) 
             direction: req.truncation_direction,
             ..Default::default()
         };
-        let ranked = rank(&state, &req.query, &req.texts, "texts", opts, req.raw_scores).await?;
+        let ranked = rank(
+            &state,
+            &req.query,
+            &req.texts,
+            "texts",
+            opts,
+            req.raw_scores,
+        )
+        .await?;
         let mut ranks: Vec<Rank> = ranked
             .scores
             .into_iter()

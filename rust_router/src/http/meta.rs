@@ -2,7 +2,7 @@
 
 use super::error::{ApiError, ErrorResponse, ErrorType, OpenAIErrorResponse, TeiJson};
 use super::types::*;
-use super::{classify, cloud, embed, openai, quantize, AppState};
+use super::{classify, cloud, embed, openai, quantize, rerank_compat, AppState};
 use crate::tokenization::TruncationDirection;
 use axum::extract::State;
 use axum::http::{header, StatusCode};
@@ -197,6 +197,7 @@ pub async fn metrics(State(state): State<AppState>) -> Response {
         info, health, metrics, tokenize, decode,
         embed::embed, embed::embed_all, embed::embed_sparse, embed::similarity,
         classify::predict, classify::rerank, openai::embeddings,
+        rerank_compat::rerank_v1, rerank_compat::rerank_v2,
         cloud::root, cloud::invocations, cloud::vertex, root_probe,
     ),
     components(schemas(
@@ -206,7 +207,10 @@ pub async fn metrics(State(state): State<AppState>) -> Response {
         SimilarityRequest, SimilarityResponse, TokenizeInput, TokenizeRequest, SimpleToken,
         TokenizeResponse, InputIdsDoc, DecodeRequest, DecodeResponse, EncodingFormat,
         OpenAICompatRequest, Embedding, OpenAICompatEmbedding, OpenAICompatUsage,
-        OpenAICompatResponse, quantize::RangesDoc, Info, ModelTypeInfo, EmbeddingModel, ClassifierModel,
+        OpenAICompatResponse, quantize::RangesDoc, rerank_compat::CompatRerankRequest,
+        rerank_compat::DocumentDoc, rerank_compat::DocumentText, rerank_compat::CompatRerankResult,
+        rerank_compat::CompatRerankResponse, rerank_compat::RerankMeta, rerank_compat::ApiVersion,
+        rerank_compat::BilledUnits, rerank_compat::MetaTokens, rerank_compat::RerankUsage, Info, ModelTypeInfo, EmbeddingModel, ClassifierModel,
         DeviceInfo, HealthDegraded, DeviceRef,
         ErrorResponse, ErrorType, OpenAIErrorResponse,
         cloud::InvocationDoc, cloud::InvocationAnswerDoc, cloud::VertexRequest, cloud::VertexResponse,

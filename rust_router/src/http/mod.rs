@@ -9,6 +9,7 @@ mod meta;
 pub mod model_routes;
 mod openai;
 pub mod quantize;
+pub mod rerank_compat;
 pub mod types;
 
 #[cfg(test)]
@@ -17,6 +18,8 @@ pub(crate) mod test_util;
 mod tests;
 #[cfg(test)]
 mod tests_cloud;
+#[cfg(test)]
+mod tests_compat;
 #[cfg(test)]
 mod tests_devices;
 #[cfg(test)]
@@ -275,8 +278,9 @@ async fn guard(State(state): State<AppState>, req: Request, next: Next) -> Respo
         .into_response()
 }
 
+/// Routes that answer errors in the OpenAI shape: OpenAI's, and the Cohere/Jina rerank.
 pub(crate) fn is_openai_path(path: &str) -> bool {
-    path.starts_with("/v1/") || path == "/embeddings"
+    path.starts_with("/v1/") || path == "/embeddings" || path == "/v2/rerank"
 }
 
 async fn not_found(req: Request) -> Response {
@@ -316,6 +320,8 @@ pub fn app(state: AppState) -> Router {
         .route("/similarity", post(embed::similarity))
         .route("/predict", post(classify::predict))
         .route("/rerank", post(classify::rerank))
+        .route("/v1/rerank", post(rerank_compat::rerank_v1))
+        .route("/v2/rerank", post(rerank_compat::rerank_v2))
         .route("/tokenize", post(meta::tokenize))
         .route("/decode", post(meta::decode))
         .route("/v1/embeddings", post(openai::embeddings))

@@ -8,7 +8,7 @@ pub fn served_routes(model_type: ModelType) -> &'static str {
     match model_type {
         ModelType::Embedding => "/embed, /embed_all, /similarity, /v1/embeddings",
         ModelType::Classifier => "/predict",
-        ModelType::Reranker => "/rerank, /predict",
+        ModelType::Reranker => "/rerank, /v1/rerank, /v2/rerank, /predict",
     }
 }
 

@@ -4,8 +4,7 @@ use super::embed::{check_inputs, embed_inputs, encode_options};
 use super::error::{ApiError, OpenAIErrorResponse, OpenAIJson};
 use super::model_routes::Needs;
 use super::types::{
-    OpenAICompatEmbedding, OpenAICompatRequest, OpenAICompatResponse,
-    OpenAICompatUsage,
+    OpenAICompatEmbedding, OpenAICompatRequest, OpenAICompatResponse, OpenAICompatUsage,
 };
 use super::{AppState, ResponseMeta};
 use crate::infer::InferError;
@@ -57,8 +56,12 @@ pub async fn embeddings(
         let (batched, inputs) = req.input.into_vec();
         let chars = check_inputs(&state, &inputs, "input")?;
         state.check_dimensions(req.dimensions)?;
-        let encoder =
-            state.encoder(req.encoding_format, req.quantization_ranges, true, req.dimensions)?;
+        let encoder = state.encoder(
+            req.encoding_format,
+            req.quantization_ranges,
+            true,
+            req.dimensions,
+        )?;
         let opts = encode_options(&state, None, TruncationDirection::Right, None);
         let (embeddings, metas) = embed_inputs(&state, inputs, batched, opts, true, req.dimensions)
             .await

@@ -178,9 +178,12 @@ impl Encoder {
                 Embedding::Int8(self.buckets(&v).map(|b| (b as i16 - 128) as i8).collect())
             }
             EncodingFormat::Ubinary => Embedding::Uint8(pack_bits(&v)),
-            EncodingFormat::Binary => {
-                Embedding::Int8(pack_bits(&v).into_iter().map(|b| (b ^ 0x80) as i8).collect())
-            }
+            EncodingFormat::Binary => Embedding::Int8(
+                pack_bits(&v)
+                    .into_iter()
+                    .map(|b| (b ^ 0x80) as i8)
+                    .collect(),
+            ),
         }
     }
 
@@ -235,10 +238,16 @@ mod tests {
         let v = [1.0, -1.0, 0.0, 0.5, 0.0, 0.0, 0.0, 2.0, 3.0, -0.1];
         assert_eq!(pack_bits(&v), vec![0b1001_0001, 0b1000_0000]);
         let e = encoder(EncodingFormat::Ubinary, None, v.len()).encode(v.to_vec());
-        assert!(matches!(e, Embedding::Uint8(ref b) if b == &[145, 128]), "{e:?}");
+        assert!(
+            matches!(e, Embedding::Uint8(ref b) if b == &[145, 128]),
+            "{e:?}"
+        );
         // binary is ubinary - 128, as int8: 145 -> 17, 128 -> 0.
         let e = encoder(EncodingFormat::Binary, None, v.len()).encode(v.to_vec());
-        assert!(matches!(e, Embedding::Int8(ref b) if b == &[17, 0]), "{e:?}");
+        assert!(
+            matches!(e, Embedding::Int8(ref b) if b == &[17, 0]),
+            "{e:?}"
+        );
         let e = encoder(EncodingFormat::Binary, None, 8).encode(vec![-1.0; 8]);
         assert!(matches!(e, Embedding::Int8(ref b) if b == &[-128]), "{e:?}");
     }
@@ -250,13 +259,22 @@ mod tests {
         // float32 answer too: `quantize_embeddings` gives [0, 254, 127, 255, 0]).
         let v = vec![-1.0, 1.0, 0.0, 5.0, -5.0];
         let e = encoder(EncodingFormat::Uint8, None, 5).encode(v.clone());
-        assert!(matches!(e, Embedding::Uint8(ref b) if b == &[0, 254, 127, 255, 0]), "{e:?}");
+        assert!(
+            matches!(e, Embedding::Uint8(ref b) if b == &[0, 254, 127, 255, 0]),
+            "{e:?}"
+        );
         let e = encoder(EncodingFormat::Int8, None, 5).encode(v);
-        assert!(matches!(e, Embedding::Int8(ref b) if b == &[-128, 126, -1, 127, -128]), "{e:?}");
+        assert!(
+            matches!(e, Embedding::Int8(ref b) if b == &[-128, 126, -1, 127, -128]),
+            "{e:?}"
+        );
         // Per-dimension ranges; an empty range has step 1 (values at its start -> 0).
         let ranges = Ranges::PerDimension(vec![0.0, 2.0], vec![255.0, 2.0]);
         let e = encoder(EncodingFormat::Uint8, Some(ranges), 2).encode(vec![10.5, 3.5]);
-        assert!(matches!(e, Embedding::Uint8(ref b) if b == &[10, 1]), "{e:?}");
+        assert!(
+            matches!(e, Embedding::Uint8(ref b) if b == &[10, 1]),
+            "{e:?}"
+        );
     }
 
     #[test]
@@ -273,9 +291,19 @@ mod tests {
             2,
         );
         assert!(m.contains("2 dimensions"), "{m}");
-        let m = err(EncodingFormat::Int8, Some(Ranges::Shared(1.0, 0.0)), true, 2);
+        let m = err(
+            EncodingFormat::Int8,
+            Some(Ranges::Shared(1.0, 0.0)),
+            true,
+            2,
+        );
         assert!(m.contains("over its maximum"), "{m}");
-        let m = err(EncodingFormat::Binary, Some(Ranges::Shared(0.0, 1.0)), true, 2);
+        let m = err(
+            EncodingFormat::Binary,
+            Some(Ranges::Shared(0.0, 1.0)),
+            true,
+            2,
+        );
         assert!(m.contains("`int8` and `uint8`"), "{m}");
         let m = err(EncodingFormat::Uint8, None, false, 2);
         assert!(m.contains("unnormalized"), "{m}");
@@ -289,7 +317,13 @@ mod tests {
         assert_eq!(r, Ranges::Shared(-0.5, 0.5));
         let r: Ranges = serde_json::from_str("[[0, 1], [2, 3]]").unwrap();
         assert_eq!(r, Ranges::PerDimension(vec![0.0, 1.0], vec![2.0, 3.0]));
-        for bad in ["[1]", "[[0], 1]", "\"x\"", "[1, 2, 3]", "[[0, \"a\"], [1, 2]]"] {
+        for bad in [
+            "[1]",
+            "[[0], 1]",
+            "\"x\"",
+            "[1, 2, 3]",
+            "[[0, \"a\"], [1, 2]]",
+        ] {
             let e = serde_json::from_str::<Ranges>(bad).unwrap_err().to_string();
             assert!(e.contains("quantization_ranges"), "{bad}: {e}");
         }
