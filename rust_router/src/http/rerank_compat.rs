@@ -90,8 +90,8 @@ pub struct CompatRerankRequest {
     pub documents: Documents,
     /// Return only the `top_n` best documents (at least 1; default all).
     #[serde(default)]
-    #[schema(minimum = 1)]
-    pub top_n: Option<usize>,
+    #[schema(value_type = Option<usize>, minimum = 1)]
+    pub top_n: Option<i64>,
     /// Return each document's text as `document: {text}` (default false, as Cohere; Jina's
     /// clients send `true` to get them).
     #[serde(default)]
@@ -200,11 +200,16 @@ async fn rerank(
     let result = async {
         let start = Instant::now();
         state.require(Needs::Reranker, route)?;
-        if req.top_n == Some(0) {
-            return Err(ApiError::validation(
-                "Input validation error: `top_n` must be at least 1",
-            ));
-        }
+        // Signed, so that a negative one gets this message rather than serde's.
+        let top_n = match req.top_n {
+            Some(n) if n < 1 => {
+                return Err(ApiError::validation(format!(
+                    "Input validation error: `top_n` must be at least 1, got {n}"
+                )))
+            }
+            Some(n) => usize::try_from(n).unwrap_or(usize::MAX),
+            None => usize::MAX,
+        };
         if let Some(fields) = &req.rank_fields {
             if fields.iter().any(|f| f != "text") {
                 return Err(ApiError::validation(format!(
@@ -224,10 +229,9 @@ async fn rerank(
             metas,
             chars,
         } = classify::rank(&state, &req.query, &texts, "documents", opts, false).await?;
-        let n = req.top_n.unwrap_or(scores.len());
         let results = scores
             .into_iter()
-            .take(n)
+            .take(top_n)
             .map(|(index, relevance_score)| CompatRerankResult {
                 index,
                 relevance_score,
