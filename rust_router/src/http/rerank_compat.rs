@@ -90,14 +90,15 @@ pub struct CompatRerankRequest {
     pub documents: Documents,
     /// Return only the `top_n` best documents (at least 1; default all).
     #[serde(default)]
-    #[schema(value_type = Option<usize>, minimum = 1)]
-    pub top_n: Option<i64>,
+    #[schema(value_type = Option<u64>, minimum = 1)]
+    pub top_n: Option<i128>,
     /// Return each document's text as `document: {text}` (default false, as Cohere; Jina's
     /// clients send `true` to get them).
     #[serde(default)]
     pub return_documents: bool,
     /// Cohere v1's fields of object documents to rank on: only `["text"]` is served.
     #[serde(default)]
+    #[schema(value_type = Option<Vec<RankFieldDoc>>)]
     pub rank_fields: Option<Vec<String>>,
     /// Truncate documents longer than the model's limit (default true: Cohere and Jina
     /// truncate long documents rather than fail).
@@ -107,7 +108,16 @@ pub struct CompatRerankRequest {
 
 #[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct DocumentText {
+    #[schema(min_length = 1)]
     pub text: String,
+}
+
+/// The one field of a document that is ranked.
+#[allow(dead_code)]
+#[derive(ToSchema)]
+#[schema(rename_all = "lowercase")]
+pub enum RankFieldDoc {
+    Text,
 }
 
 #[derive(Debug, Serialize, ToSchema)]

@@ -84,6 +84,11 @@ async fn compat_rerank_bad_inputs() {
             "`top_n`",
         ),
         (
+            json!({"query": "q", "documents": ["a"], "top_n": -3}),
+            422,
+            "`top_n` must be at least 1, got -3",
+        ),
+        (
             json!({"query": "q", "documents": []}),
             400,
             "`documents` cannot be empty",

@@ -571,7 +571,8 @@ pub struct OpenAICompatRequest {
     pub user: Option<String>,
 }
 
-#[derive(Debug, Serialize, ToSchema)]
+/// One vector as `encoding_format` asks (its schema is written out below).
+#[derive(Debug, Serialize)]
 #[serde(untagged)]
 pub enum Embedding {
     Float(Vec<f32>),
@@ -581,6 +582,37 @@ pub enum Embedding {
     /// `uint8` and `ubinary`.
     Uint8(Vec<u8>),
 }
+
+impl utoipa::PartialSchema for Embedding {
+    /// `anyOf`, not the `oneOf` a derived untagged enum gets: a list of small integers is
+    /// also a list of numbers, and `oneOf` forbids a value that fits two branches.
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        use utoipa::openapi::schema::{AnyOfBuilder, ArrayBuilder, ObjectBuilder, Type};
+        let floats = ArrayBuilder::new()
+            .items(ObjectBuilder::new().schema_type(Type::Number))
+            .description(Some("`float`: float32 numbers"));
+        let base64 = ObjectBuilder::new()
+            .schema_type(Type::String)
+            .description(Some("`base64`: little-endian float32 bytes"));
+        let codes = ArrayBuilder::new()
+            .items(
+                ObjectBuilder::new()
+                    .schema_type(Type::Integer)
+                    .minimum(Some(-128))
+                    .maximum(Some(255)),
+            )
+            .description(Some(
+                "`int8`/`binary`: integers from -128 to 127; `uint8`/`ubinary`: from 0 to 255",
+            ));
+        AnyOfBuilder::new()
+            .item(floats)
+            .item(base64)
+            .item(codes)
+            .into()
+    }
+}
+
+impl ToSchema for Embedding {}
 
 #[derive(Debug, Serialize, ToSchema)]
 pub struct OpenAICompatEmbedding {
