@@ -157,9 +157,13 @@ impl Encoder {
         let steps = lo
             .iter()
             .zip(&hi)
-            .map(|(l, h)| match (h - l) / 255.0 {
-                s if s == 0.0 => 1.0,
-                s => s,
+            .map(|(l, h)| {
+                let step = (h - l) / 255.0;
+                if step == 0.0 {
+                    1.0
+                } else {
+                    step
+                }
             })
             .collect();
         Ok(Self {
