@@ -243,3 +243,38 @@ async fn bad_encodings_are_422() {
         assert!(message.contains(expected), "{uri} {body}: {message}");
     }
 }
+
+#[tokio::test]
+async fn openapi_documents_the_routes_and_fields() {
+    let app = test_app(Options::default());
+    let spec = app.get("/api-doc/openapi.json").await.json;
+    for path in ["/v1/rerank", "/v2/rerank"] {
+        let body = &spec["paths"][path]["post"]["requestBody"]["content"]["application/json"];
+        assert_eq!(
+            body["schema"]["$ref"], "#/components/schemas/CompatRerankRequest",
+            "{path}"
+        );
+    }
+    let schemas = &spec["components"]["schemas"];
+    let formats: Vec<&str> = schemas["EncodingFormat"]["enum"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap())
+        .collect();
+    assert_eq!(
+        formats,
+        ["float", "base64", "int8", "uint8", "binary", "ubinary"]
+    );
+    for request in ["EmbedRequest", "OpenAICompatRequest"] {
+        let props = &schemas[request]["properties"];
+        assert!(props.get("encoding_format").is_some(), "{request}");
+        assert!(props.get("quantization_ranges").is_some(), "{request}");
+    }
+    // Integer codes are numbers too: the branches must be `anyOf`, not `oneOf`.
+    assert_eq!(schemas["Embedding"]["anyOf"].as_array().unwrap().len(), 3);
+    let result = &schemas["CompatRerankResult"]["properties"];
+    for field in ["index", "relevance_score", "document"] {
+        assert!(result.get(field).is_some(), "{field}");
+    }
+}
