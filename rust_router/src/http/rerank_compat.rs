@@ -90,8 +90,8 @@ pub struct CompatRerankRequest {
     pub documents: Documents,
     /// Return only the `top_n` best documents (at least 1; default all).
     #[serde(default)]
-    #[schema(value_type = Option<u64>, minimum = 1)]
-    pub top_n: Option<i128>,
+    #[schema(minimum = 1)]
+    pub top_n: Option<i64>,
     /// Return each document's text as `document: {text}` (default false, as Cohere; Jina's
     /// clients send `true` to get them).
     #[serde(default)]

@@ -273,6 +273,10 @@ async fn openapi_documents_the_routes_and_fields() {
     }
     // Integer codes are numbers too: the branches must be `anyOf`, not `oneOf`.
     assert_eq!(schemas["Embedding"]["anyOf"].as_array().unwrap().len(), 3);
+    // Within what the server parses (i64): a larger `top_n` is refused, as the spec says.
+    let top_n = &schemas["CompatRerankRequest"]["properties"]["top_n"];
+    assert_eq!(top_n["format"], "int64", "{top_n}");
+    assert_eq!(top_n["minimum"], 1, "{top_n}");
     let result = &schemas["CompatRerankResult"]["properties"];
     for field in ["index", "relevance_score", "document"] {
         assert!(result.get(field).is_some(), "{field}");
