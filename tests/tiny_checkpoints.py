@@ -273,3 +273,50 @@ def write_sentence_transformers_files(
         (folder / "config_sentence_transformers.json").write_text(
             json.dumps({"prompts": prompts, "default_prompt_name": default_prompt_name})
         )
+
+
+def make_splade_checkpoint(
+    folder: Path,
+    architecture: str = "BertForMaskedLM",
+    *,
+    pooling_strategy: str = "max",
+    activation_function: str = "relu",
+    seed: int = 0,
+    max_seq_length: int | None = None,
+) -> Path:
+    """A tiny random masked-LM checkpoint saved as a sentence-transformers `SparseEncoder`
+    folder: the transformer at the root, then a `SpladePooling` module."""
+    make_checkpoint(folder, architecture, seed=seed)
+    modules = [
+        {
+            "idx": 0,
+            "name": "0",
+            "path": "",
+            "type": "sentence_transformers.sparse_encoder.models.MLMTransformer",
+        },
+        {
+            "idx": 1,
+            "name": "1",
+            "path": "1_SpladePooling",
+            "type": "sentence_transformers.sparse_encoder.models.SpladePooling",
+        },
+    ]
+    (folder / "1_SpladePooling").mkdir(exist_ok=True)
+    (folder / "1_SpladePooling" / "config.json").write_text(
+        json.dumps(
+            {
+                "pooling_strategy": pooling_strategy,
+                "activation_function": activation_function,
+                "word_embedding_dimension": None,
+            }
+        )
+    )
+    (folder / "modules.json").write_text(json.dumps(modules))
+    (folder / "config_sentence_transformers.json").write_text(
+        json.dumps({"model_type": "SparseEncoder", "similarity_fn_name": "dot"})
+    )
+    if max_seq_length is not None:
+        (folder / "sentence_bert_config.json").write_text(
+            json.dumps({"max_seq_length": max_seq_length, "do_lower_case": False})
+        )
+    return folder

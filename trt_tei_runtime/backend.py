@@ -50,9 +50,11 @@ class Backend:
         max_batch_tokens: int | None = None,
         max_batch_requests: int | None = None,
         devices: str | None = None,
+        max_active_dims: int | None = None,
     ) -> None:
         """`device` names one device, `devices` several ("all", "cuda:0,cuda:1", "cpu,cpu");
-        neither: every visible GPU, else the CPU."""
+        neither: every visible GPU, else the CPU. `max_active_dims` caps a SPLADE model's
+        active dimensions per vector."""
         if device is not None and devices is not None:
             raise ValueError("pass device or devices, not both")
         # The router's batch limits size the CUDA graphs: every batch it sends replays one.
@@ -66,6 +68,7 @@ class Backend:
             max_num_tokens=max_batch_tokens,
             max_batch_size=max_batch_requests,
             full_length_must_fit=max_batch_tokens is not None,
+            max_active_dims=max_active_dims,
         )
         # Every executor holds the same model; the first answers for all in `info()`.
         self.model = self.executors[0]
@@ -117,6 +120,11 @@ class Backend:
 
     def predict(self, *arrays: Any, interactive: bool = False, device: int = 0) -> np.ndarray:
         return self._run(Executor.predict, arrays, interactive, device)
+
+    def embed_sparse(self, *arrays: Any, interactive: bool = False, device: int = 0) -> np.ndarray:
+        """SPLADE vectors as `[n, 2k]` float32: per row k vocabulary indices (integral
+        floats), then their k values; entries of value 0 are padding (`sparse.top_active`)."""
+        return self._run(Executor.embed_sparse, arrays, interactive, device)
 
     def _run(
         self,

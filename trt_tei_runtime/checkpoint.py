@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import CheckpointError
+from .sparse import SpladeConfig
 
 # Only what the runtime reads; weights in other formats (pytorch_model.bin, onnx) are skipped.
 _HUB_PATTERNS = [
@@ -97,6 +98,13 @@ class SentenceTransformersConfig:
     normalize: bool = False
     prompts: dict[str, str] = field(default_factory=dict)
     default_prompt_name: str | None = None
+    # Set for a SparseEncoder folder: its `SpladePooling` module's config.
+    splade: SpladeConfig | None = None
+
+
+# sentence-transformers modules of sparse encoders the runtime does not implement: a folder
+# holding one fails at load rather than serving different numbers.
+_UNSUPPORTED_MODULES = ("SparseStaticEmbedding", "SparseAutoEncoder", "Router", "Asym")
 
 
 # sentence-transformers' pooling config flags, in the order it checks them.
@@ -140,6 +148,14 @@ def read_sentence_transformers_config(model_dir: Path) -> SentenceTransformersCo
             st.dense.append(_read_dense(sub))
         elif kind == "Normalize":
             st.normalize = True
+        elif kind == "SpladePooling":
+            path = sub / "config.json"
+            st.splade = SpladeConfig.from_dict(read_json(path, required=False) or {}, str(path))
+        elif kind in _UNSUPPORTED_MODULES:
+            raise CheckpointError(
+                f"{modules_path}: the sentence-transformers module {kind} is not supported "
+                "(supported sparse encoders: a masked-LM transformer followed by SpladePooling)"
+            )
     return st
 
 

@@ -12,12 +12,14 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from .batch import PackedBatch
 from .errors import InputError
 from .pooling import apply_score_activation, finish_embeddings
 from .runtime import Executor, LoadedModel, ModelInfo, load_executors, parse_device
 from .runtime.devices import DeviceSpec
 from .runtime.dispatch import Method
-from .runtime.stream import Chunk, run_chunks
+from .runtime.stream import Chunk, cat_rows, run_chunks
+from .sparse import unpack_active
 from .token_ids import TokenIds
 from .tokenization import TextOrPair, TextTokenizer
 
@@ -56,6 +58,7 @@ class Model:
         max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS,
         task: str | None = None,
         cuda_graphs: bool | None = None,
+        max_active_dims: int | None = None,
     ) -> None:
         if max_batch_tokens <= 0:
             raise InputError(f"max_batch_tokens must be positive, got {max_batch_tokens}")
@@ -67,6 +70,7 @@ class Model:
             pooling=pooling,
             task=task,
             cuda_graphs=cuda_graphs,
+            max_active_dims=max_active_dims,
             max_num_tokens=max_batch_tokens,
             # No queries arrive between a Model's batches: nothing to keep a lane free for.
             interactive_lane=False,
@@ -132,6 +136,47 @@ class Model:
 
         outputs = self._run(len(texts), chunks(), show_progress_bar, Executor.embed)
         return self._finish(outputs, normalize, dimensions)
+
+    def embed_sparse(
+        self,
+        texts: str | Sequence[str],
+        *,
+        prompt_name: str | None = None,
+        truncate: bool = True,
+        max_active_dims: int | None = None,
+        sparse_tensor: bool = False,
+        show_progress_bar: bool | None = None,
+    ) -> list[dict[int, float]] | torch.Tensor:
+        """A SPLADE model's sparse vectors, one per text: `{vocabulary index: value}` of the
+        active dimensions in index order, or with `sparse_tensor=True` one float32
+        `torch.sparse_coo_tensor` of shape `(n, vocab_size)` (what sentence-transformers'
+        `SparseEncoder.encode` returns). `max_active_dims` keeps the largest values only
+        (default: the model's, from `Model(..., max_active_dims=)`)."""
+        if self.info.splade is None:
+            raise InputError(
+                f"{self.info.architecture} is not a SPLADE model: embed_sparse needs a "
+                "masked-LM checkpoint (BertForMaskedLM) with SpladePooling"
+            )
+        if max_active_dims is not None and max_active_dims <= 0:
+            raise InputError(f"max_active_dims must be a positive integer, got {max_active_dims}")
+        texts = [texts] if isinstance(texts, str) else list(texts)
+        self._check_strings(texts)
+        prompt = self._prompt(prompt_name)
+
+        def chunks() -> Iterator[Chunk[int]]:
+            for start in range(0, len(texts), TOKENIZE_CHUNK):
+                part = texts[start : start + TOKENIZE_CHUNK]
+                ids = self.tokenizer.encode_ids(part, prompt, truncate=truncate)
+                yield Chunk(start, ids, first=start)
+
+        def method(executor: Executor, batch: PackedBatch) -> torch.Tensor:
+            return executor.embed_sparse(batch, max_active_dims=max_active_dims)
+
+        packed = self._run(len(texts), chunks(), show_progress_bar, method)
+        rows = [] if packed is None else [unpack_active(row) for row in packed]
+        if not sparse_tensor:
+            return rows
+        return _sparse_tensor(rows, self.info.hidden_size)
 
     def tokenize(
         self,
@@ -340,7 +385,7 @@ class Model:
             ):
                 if out is not None:
                     outputs.append(out)
-        return torch.cat(outputs)
+        return cat_rows(outputs)
 
     def _with_suffix(
         self, ids: list[int], suffix: tuple[int, ...], truncate: bool, index: int
@@ -391,3 +436,16 @@ def _with_adapter(key: K, ids: TokenIds, adapter: int) -> Chunk[K]:
     if not adapter:
         return Chunk(key, ids)
     return Chunk(key, ids, TokenIds(np.full(ids.num_tokens, adapter, np.uint32), ids.offsets))
+
+
+def _sparse_tensor(rows: list[dict[int, float]], vocab_size: int) -> torch.Tensor:
+    row_ids = [i for i, row in enumerate(rows) for _ in row]
+    col_ids = [j for row in rows for j in row]
+    values = [v for row in rows for v in row.values()]
+    return torch.sparse_coo_tensor(
+        torch.tensor([row_ids, col_ids], dtype=torch.int64).reshape(2, -1),
+        torch.tensor(values, dtype=torch.float32),
+        (len(rows), vocab_size),
+        # Built here from indices in range: checking costs little at this size.
+        check_invariants=True,
+    ).coalesce()

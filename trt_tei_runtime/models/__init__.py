@@ -11,6 +11,7 @@ from ..errors import InputError, UnsupportedArchitectureError
 from .adapters import (
     DECODER,
     ENCODER,
+    MASKED_LM,
     Family,
     Variant,
     architecture_tables,
@@ -38,10 +39,10 @@ from .roberta import RobertaModel
 EMBEDDER: tuple[Variant, ...] = (Variant("Model", as_embedder),)
 
 FAMILIES: tuple[Family, ...] = (
-    Family("Bert", BertModel, ENCODER),
-    Family("Roberta", RobertaModel, ENCODER),
-    Family("XLMRoberta", RobertaModel, ENCODER),
-    Family("DistilBert", DistilBertModel, ENCODER),
+    Family("Bert", BertModel, ENCODER + MASKED_LM),
+    Family("Roberta", RobertaModel, ENCODER + MASKED_LM),
+    Family("XLMRoberta", RobertaModel, ENCODER + MASKED_LM),
+    Family("DistilBert", DistilBertModel, ENCODER + MASKED_LM),
     Family("Electra", ElectraModel, ENCODER),
     Family("MPNet", MPNetModel, ENCODER),
     Family("DebertaV2", DebertaV2Model, ENCODER),

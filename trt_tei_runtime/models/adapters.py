@@ -62,6 +62,30 @@ def as_sequence_classifier(base: type[TransformerModel], name: str) -> type[Tran
     )
 
 
+def as_masked_lm_encoder(base: type[TransformerModel], name: str) -> type[TransformerModel]:
+    """`*ForMaskedLM` as a SPLADE encoder: the base model plus the family's masked-LM head,
+    whose per-token vocabulary logits `sparse.py` pools into one sparse vector."""
+
+    def from_checkpoint(
+        cls: type[TransformerModel],
+        config: dict[str, Any],
+        reader: WeightReader,
+        vocab: Vocabulary,
+    ) -> TransformerModel:
+        model = cls.load(config, reader)
+        model.head = model.masked_lm_head(config, reader)
+        return model
+
+    attrs: dict[str, Any] = {
+        "task": Task.SPARSE_EMBEDDING,
+        "default_pooling": "splade",
+        # BertForPreTraining checkpoints also carry the next-sentence head.
+        "unused": (*base.unused, r"^cls\.seq_relationship\."),
+        "from_checkpoint": classmethod(from_checkpoint),
+    }
+    return _subclass(base, name, attrs)
+
+
 def as_token_pair_scorer(template: PairTemplate, tokens: tuple[str, str], label: str) -> Adapter:
     """A causal LM read as a reranker: logit(tokens[1]) - logit(tokens[0]) at the last
     position, with pairs rendered by `template` (Qwen3-Reranker: "no" vs "yes")."""
@@ -106,6 +130,8 @@ ENCODER: tuple[Variant, ...] = (
     Variant("Model", as_embedder),
     Variant("ForSequenceClassification", as_sequence_classifier),
 )
+# Encoders whose family writes `masked_lm_head`: SPLADE sparse encoders.
+MASKED_LM: tuple[Variant, ...] = (Variant("ForMaskedLM", as_masked_lm_encoder),)
 DECODER: tuple[Variant, ...] = (
     Variant("Model", as_embedder),
     # Causal LMs embed (last-token pooling by default) ...

@@ -19,6 +19,9 @@ from .config import ClassifierInfo
 class Task(str, Enum):
     EMBEDDING = "embedding"
     CLASSIFICATION = "classification"
+    # SPLADE: vocabulary logits of every token (a masked-LM head), pooled into one sparse
+    # vector per sequence (`sparse.py`).
+    SPARSE_EMBEDDING = "sparse-embedding"
 
 
 class TaskHead(nn.Module):
@@ -27,6 +30,18 @@ class TaskHead(nn.Module):
 
     def forward(self, hidden: torch.Tensor, batch: PackedBatch) -> torch.Tensor:
         raise NotImplementedError
+
+
+class TokenLogitsHead(TaskHead):
+    """A masked-LM head: vocabulary logits of every token rather than one row per
+    sequence. `forward` gives the whole batch's `[T, vocab]`; SPLADE pooling calls
+    `token_logits` on a few sequences at a time instead, as the whole is vocabulary-sized."""
+
+    def token_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def forward(self, hidden: torch.Tensor, batch: PackedBatch) -> torch.Tensor:
+        return self.token_logits(hidden)
 
 
 class TransformerModel(nn.Module):
@@ -94,6 +109,17 @@ class TransformerModel(nn.Module):
     def token_pair_head(self, reader: WeightReader, token_ids: tuple[int, int]) -> TaskHead:
         """A head scoring logit(token_ids[1]) - logit(token_ids[0]) of the LM head."""
         raise CheckpointError(f"{type(self).__name__} has no LM head to score tokens with")
+
+    def masked_lm_head(self, config: dict[str, Any], reader: WeightReader) -> TokenLogitsHead:
+        """The head of this family's `*ForMaskedLM` checkpoints (SPLADE encoders)."""
+        raise CheckpointError(f"{type(self).__name__} has no masked-LM head")
+
+    def token_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Vocabulary logits `[t, vocab_size]` of hidden states `[t, H]`: SPLADE calls it a
+        group of sequences at a time (`sparse.splade_pool`)."""
+        if not isinstance(self.head, TokenLogitsHead):
+            raise CheckpointError(f"{type(self).__name__} has no masked-LM head")
+        return self.head.token_logits(hidden)
 
     @classmethod
     def load(cls, config: dict[str, Any], reader: WeightReader) -> TransformerModel:

@@ -1,6 +1,6 @@
 """BERT: a post-norm encoder over packed tokens with absolute position and token-type
 embeddings. `*ForSequenceClassification` reads the pooler (dense + tanh on [CLS]) and a
-linear classifier."""
+linear classifier; `*ForMaskedLM` (SPLADE encoders) the masked-LM head."""
 
 from __future__ import annotations
 
@@ -23,9 +23,9 @@ from ..layers import (
     varlen_attention,
 )
 from ..weights import WeightReader
-from .base import TaskHead, TransformerModel
+from .base import TaskHead, TokenLogitsHead, TransformerModel
 from .config import ConfigReader
-from .heads import FirstTokenClassifier
+from .heads import FirstTokenClassifier, MaskedLMHead
 from .linears import take_fused_linear, take_linear
 
 
@@ -242,4 +242,18 @@ class BertModel(TransformerModel):
             hidden_size=self.hidden_size,
             num_labels=num_labels,
             activation="tanh",
+        )
+
+    def masked_lm_head(self, config: dict[str, Any], reader: WeightReader) -> TokenLogitsHead:
+        return MaskedLMHead(
+            reader,
+            dense="cls.predictions.transform.dense",
+            norm="cls.predictions.transform.LayerNorm",
+            decoder="cls.predictions.decoder",
+            bias="cls.predictions.bias",
+            hidden_size=self.hidden_size,
+            vocab_size=self.vocab_size,
+            activation=self.config.hidden_act,
+            eps=self.config.layer_norm_eps,
+            word_embeddings=self.embeddings.word,
         )

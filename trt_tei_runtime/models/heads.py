@@ -10,7 +10,9 @@ from torch import nn
 from ..batch import PackedBatch
 from ..layers import get_activation
 from ..weights import WeightReader
-from .base import TaskHead
+from ..errors import CheckpointError
+from ..layers import LayerNorm, linear_activation
+from .base import TaskHead, TokenLogitsHead
 from .linears import take_linear
 
 
@@ -97,3 +99,52 @@ class TokenPairScore(TaskHead):
         if self.final_softcap is not None:
             scores = torch.tanh(scores / self.final_softcap) * self.final_softcap
         return scores[:, 1:2] - scores[:, 0:1]
+
+
+class MaskedLMHead(TokenLogitsHead):
+    """`decoder(norm(act(dense(h))))` for every token: BERT's, RoBERTa's and DistilBERT's
+    masked-LM heads, which differ in tensor names and activation. The decoder's weight is
+    the word embedding matrix (tied) unless the checkpoint stores a different one."""
+
+    def __init__(
+        self,
+        reader: WeightReader,
+        *,
+        dense: str,
+        norm: str,
+        decoder: str,
+        bias: str,
+        hidden_size: int,
+        vocab_size: int,
+        activation: str,
+        eps: float,
+        word_embeddings: nn.Parameter,
+    ) -> None:
+        super().__init__()
+        h = hidden_size
+        self.dense = take_linear(reader, dense, h, h)
+        self.act_name = activation
+        self.act = get_activation(activation)
+        self.norm = LayerNorm(
+            reader.take(f"{norm}.weight", (h,)), reader.take(f"{norm}.bias", (h,)), eps
+        )
+        # Tied checkpoints store the bias once (`bias`); untied ones, and older tied ones
+        # as a copy, also as the decoder's own, which is the one the decoder adds.
+        own = reader.take_optional(f"{decoder}.weight", (vocab_size, h))
+        head_bias = reader.take_optional(bias, (vocab_size,))
+        decoder_bias = reader.take_optional(f"{decoder}.bias", (vocab_size,))
+        if decoder_bias is None:
+            decoder_bias = head_bias
+        if decoder_bias is None:
+            raise CheckpointError(f"missing tensor {bias!r} (the masked-LM decoder's bias)")
+        # Tied: the decoder reads the embedding matrix itself, so the largest tensor of the
+        # model is not on the device twice. (An engine's skeleton has no values to compare.)
+        self.tied = own is None or (not own.is_meta and torch.equal(own, word_embeddings.data))
+        self.decoder_weight = (
+            word_embeddings if self.tied else nn.Parameter(own, requires_grad=False)
+        )
+        self.decoder_bias = nn.Parameter(decoder_bias, requires_grad=False)
+
+    def token_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        x = self.norm(linear_activation(self.dense, hidden, self.act_name, self.act))
+        return F.linear(x, self.decoder_weight, self.decoder_bias)

@@ -6,9 +6,9 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from ..weights import WeightReader
-from .base import TaskHead
+from .base import TaskHead, TokenLogitsHead
 from .bert import BertConfig, BertModel
-from .heads import FirstTokenClassifier
+from .heads import FirstTokenClassifier, MaskedLMHead
 
 
 class RobertaModel(BertModel):
@@ -30,4 +30,19 @@ class RobertaModel(BertModel):
             hidden_size=self.hidden_size,
             num_labels=num_labels,
             activation="tanh",
+        )
+
+    def masked_lm_head(self, config: dict[str, Any], reader: WeightReader) -> TokenLogitsHead:
+        # RoBERTa's LM head applies GELU whatever `hidden_act` says.
+        return MaskedLMHead(
+            reader,
+            dense="lm_head.dense",
+            norm="lm_head.layer_norm",
+            decoder="lm_head.decoder",
+            bias="lm_head.bias",
+            hidden_size=self.hidden_size,
+            vocab_size=self.vocab_size,
+            activation="gelu",
+            eps=self.config.layer_norm_eps,
+            word_embeddings=self.embeddings.word,
         )

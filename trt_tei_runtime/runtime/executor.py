@@ -17,6 +17,7 @@ from ..errors import InputError
 from ..layers.attention import packed_attention_available
 from ..models import Task
 from ..pooling import pool
+from ..sparse import splade_pool, top_active
 from .devices import DeviceSpec, parse_devices
 from .graphs import MAX_GRAPH_TOKENS, CudaGraphRunner
 from .lanes import InteractiveLane, Lane, on_device
@@ -103,9 +104,11 @@ class Executor:
         block a batch of up to `max_num_tokens` needs, so no request calls cudaMalloc."""
         length = min(self.info.max_input_length, max_num_tokens)
         sequences = [[1] * length] * max(1, max_num_tokens // length)
-        self.hidden_states(
-            PackedBatch.from_sequences(sequences, position_offset=self.info.position_offset)
-        )
+        batch = PackedBatch.from_sequences(sequences, position_offset=self.info.position_offset)
+        if self.info.splade is not None:
+            self.embed_sparse(batch)  # also the vocabulary logits' chunk
+        else:
+            self.hidden_states(batch)
         torch.cuda.synchronize(self.device)
 
     @torch.inference_mode()
@@ -116,6 +119,11 @@ class Executor:
     @torch.inference_mode()
     def embed(self, batch: PackedBatch, lane: Lane | None = None) -> torch.Tensor:
         """Pooled embeddings `[n, dim]` in float32, not normalized."""
+        if self.info.splade is not None:
+            raise InputError(
+                f"{self.info.architecture} is a SPLADE (sparse) model: use embed_sparse "
+                "(/embed_sparse), not embed"
+            )
         if self.info.pooling is None:
             raise InputError(
                 f"{self.info.architecture} is a {self.info.model_type}: use predict, not embed"
@@ -125,6 +133,24 @@ class Executor:
         for layer in self.model.dense:
             pooled = layer(pooled)
         return pooled
+
+    @torch.inference_mode()
+    def embed_sparse(
+        self, batch: PackedBatch, lane: Lane | None = None, max_active_dims: int | None = None
+    ) -> torch.Tensor:
+        """A SPLADE model's sparse vectors as `[n, 2k]` float32 (`sparse.top_active`: k
+        vocabulary indices, then their values), at most `max_active_dims` (default: the
+        model's) per sequence."""
+        splade = self.info.splade
+        if splade is None:
+            raise InputError(
+                f"{self.info.architecture} is not a SPLADE model: embed_sparse needs a "
+                "masked-LM checkpoint (BertForMaskedLM) with SpladePooling"
+            )
+        hidden, _ = self._forward(batch, lane)
+        cu_seqlens = [int(x) for x in batch.cu_seqlens.tolist()]
+        pooled = splade_pool(self.model.network.token_logits, hidden, cu_seqlens, splade)
+        return top_active(pooled, max_active_dims or self.info.max_active_dims)
 
     @torch.inference_mode()
     def embed_tokens(self, batch: PackedBatch, lane: Lane | None = None) -> torch.Tensor:

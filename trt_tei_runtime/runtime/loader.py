@@ -22,6 +22,7 @@ from ..dense import DenseLayer
 from ..errors import CheckpointError, InputError
 from ..models import Task, TransformerModel, architecture_class
 from ..pooling import canonical_pooling, score_activation
+from ..sparse import SpladeConfig
 from ..templates import PairTemplate, Vocabulary
 from ..weights import WeightReader, load_checkpoint_tensors
 from .devices import parse_device, parse_dtype
@@ -56,11 +57,16 @@ class ModelInfo:
         """The adapter index of a request with this prompt name (or the default one)."""
         name = prompt_name or self.default_prompt_name
         return self.adapters.get(name, 0) if name is not None else 0
+    # SPLADE models: how token logits are pooled, and the default cap on active dimensions.
+    splade: SpladeConfig | None = None
+    max_active_dims: int | None = None
 
     @property
     def model_type(self) -> str:
         if self.task is Task.EMBEDDING:
             return "embedding"
+        if self.task is Task.SPARSE_EMBEDDING:
+            return "sparse"
         return "reranker" if self.num_labels == 1 else "classifier"
 
 
@@ -89,13 +95,18 @@ def load_model(
     task: str | None = None,
     max_num_tokens: int | None = None,
     full_length_must_fit: bool = False,
+    max_active_dims: int | None = None,
 ) -> LoadedModel:
     """Loads a checkpoint folder, hub id or engine directory.
 
     `full_length_must_fit` (the router's case: it never splits a sequence) refuses a
     `max_num_tokens` below the model's input limit, before the slow part of loading.
     `task` loads a checkpoint for a task other than its architecture's (see
-    `models.TASKS`), e.g. "rerank-yes-no" for Qwen3-Reranker's `Qwen3ForCausalLM`."""
+    `models.TASKS`), e.g. "rerank-yes-no" for Qwen3-Reranker's `Qwen3ForCausalLM`.
+    `max_active_dims` caps the active dimensions of a SPLADE model's sparse vectors (as
+    sentence-transformers' `SparseEncoder(max_active_dims=...)`)."""
+    if max_active_dims is not None and max_active_dims <= 0:
+        raise InputError(f"max_active_dims must be a positive integer, got {max_active_dims}")
     model_dir = resolve_model_dir(model_id, revision)
     config = read_json(model_dir / "config.json")
     assert config is not None
@@ -129,6 +140,9 @@ def load_model(
         checkpoint_tensors = reader.taken
     dense = [DenseLayer(spec).eval() for spec in st.dense]
     info = _model_info(arch_name, network, model_dir, st, dense, pooling)
+    if max_active_dims is not None and info.splade is None:
+        raise InputError(f"max_active_dims applies to SPLADE models; {arch_name} is not one")
+    info.max_active_dims = max_active_dims
     # Before the slow part (moving to the GPU, warming up, capturing graphs).
     too_small = max_num_tokens is not None and info.max_input_length > max_num_tokens
     if full_length_must_fit and too_small:
@@ -182,7 +196,19 @@ def _model_info(
         pair_template=network.pair_template,
         adapters=adapters,
     )
-    if network.task is Task.EMBEDDING:
+    if network.task is Task.SPARSE_EMBEDDING:
+        _sparse_info(info, arch_name, network, model_dir, st, dense, pooling)
+    elif st.splade is not None:
+        raise CheckpointError(
+            f"{model_dir / 'modules.json'}: SpladePooling needs a masked-LM checkpoint "
+            f"(BertForMaskedLM); config.json says {arch_name}"
+        )
+    elif network.task is Task.EMBEDDING:
+        if pooling is not None and pooling.lower() == "splade":
+            raise InputError(
+                f"pooling 'splade' needs a masked-LM checkpoint (BertForMaskedLM); "
+                f"{arch_name} has no masked-LM head"
+            )
         info.pooling = canonical_pooling(pooling or st.pooling or network.default_pooling)
     else:
         if pooling is not None:
@@ -214,3 +240,27 @@ def _adapter_prompts(
             prompts.setdefault(name, "")
             adapters[name] = index
     return prompts, adapters
+
+def _sparse_info(
+    info: ModelInfo,
+    arch_name: str,
+    network: TransformerModel,
+    model_dir: Path,
+    st: SentenceTransformersConfig,
+    dense: list[DenseLayer],
+    pooling: str | None,
+) -> None:
+    """A SPLADE model: its vectors have one dimension per vocabulary entry. A masked-LM
+    checkpoint without sentence-transformers files pools as SPLADE v2 does (max, relu)."""
+    if pooling is not None and pooling.lower() != "splade":
+        raise InputError(
+            f"{arch_name} is a SPLADE (sparse) model: its pooling is 'splade', not {pooling!r}"
+        )
+    if dense or st.pooling is not None:
+        raise CheckpointError(
+            f"{model_dir / 'modules.json'}: a masked-LM (SPLADE) model takes SpladePooling, "
+            "not Pooling or Dense modules"
+        )
+    info.pooling = "splade"
+    info.splade = st.splade or SpladeConfig()
+    info.hidden_size = network.vocab_size

@@ -16,6 +16,7 @@ from typing import Generic, Optional, TypeVar
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 from ..batch import PackedBatch, token_budget_batches
 from ..errors import InputError
@@ -52,11 +53,19 @@ class _Pending(Generic[K]):
         """The chunk's rows in input order (None for a chunk of no inputs)."""
         if not self.parts:
             return None
-        stacked = torch.cat([out for _, out in self.parts])
+        stacked = cat_rows([out for _, out in self.parts])
         order = np.fromiter((i for rows, _ in self.parts for i in rows), dtype=np.int64)
         result = torch.empty_like(stacked)
         result[torch.from_numpy(order)] = stacked
         return result
+
+
+def cat_rows(parts: list[torch.Tensor]) -> torch.Tensor:
+    """`torch.cat` of row blocks; blocks narrower than the widest are right-padded with
+    zeros first. Only sparse (SPLADE) outputs vary in width: pairs of (index, value), where
+    a zero pair is padding (`sparse.top_active`)."""
+    width = max(part.shape[1] for part in parts)
+    return torch.cat([F.pad(part, (0, width - part.shape[1])) for part in parts])
 
 
 # Called for each finished batch with (rows of its chunk, device, tokens).
