@@ -85,7 +85,8 @@ pub fn build_info(args: &Args, info: &ModelInfo, workers: usize) -> Info {
         ClassifierModel { id2label, label2id }
     };
     let model_type = match info.model_type {
-        ModelType::Embedding => ModelTypeInfo::Embedding(EmbeddingModel {
+        // TEI shows a SPLADE model as an embedding model with `splade` pooling.
+        ModelType::Embedding | ModelType::Sparse => ModelTypeInfo::Embedding(EmbeddingModel {
             pooling: info.pooling.clone().unwrap_or_else(|| "unknown".into()),
         }),
         ModelType::Classifier => ModelTypeInfo::Classifier(classifier()),

@@ -4,6 +4,7 @@ use super::{
     Backend, BackendError, BackendFactory, Batch, BatchKind, DeviceBackends, LoadedBackend, Matrix,
     ModelInfo, ModelType,
 };
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
@@ -114,7 +115,27 @@ pub fn logits(ids: &[u32], num_labels: usize) -> Vec<f32> {
         .collect()
 }
 
+/// A fake SPLADE vector: each distinct token id is active, weighted by how often it occurs
+/// over 10; (index, value) pairs in index order.
+pub fn sparse(ids: &[u32]) -> Vec<(u32, f32)> {
+    let mut counts: BTreeMap<u32, f32> = BTreeMap::new();
+    for &i in ids {
+        *counts.entry(i).or_default() += 0.1;
+    }
+    counts.into_iter().collect()
+}
+
 impl FakeBackend {
+    /// A SPLADE model whose vocabulary is the fake tokenizer's.
+    pub fn sparse_info() -> ModelInfo {
+        ModelInfo {
+            model_type: ModelType::Sparse,
+            hidden_size: 30522,
+            pooling: Some("splade".into()),
+            ..Self::info()
+        }
+    }
+
     pub fn info() -> ModelInfo {
         ModelInfo {
             model_type: ModelType::Embedding,
@@ -284,6 +305,23 @@ impl Backend for FakeBackend {
                     .flat_map(|(&i, &p)| (0..HIDDEN).map(move |c| token_state(i, p, c)))
                     .collect(),
             ),
+            BatchKind::Sparse => {
+                // k indices then k values per row; rows with fewer pairs padded with value 0.
+                let rows: Vec<Vec<(u32, f32)>> = seqs.map(|(i, _)| sparse(i)).collect();
+                let k = rows.iter().map(Vec::len).max().unwrap_or(0).max(1);
+                let mut data = Vec::with_capacity(rows.len() * 2 * k);
+                for row in &rows {
+                    let mut indices = vec![0.0; k];
+                    let mut values = vec![0.0; k];
+                    for (j, &(i, v)) in row.iter().enumerate() {
+                        indices[j] = i as f32;
+                        values[j] = v;
+                    }
+                    data.extend(indices);
+                    data.extend(values);
+                }
+                (2 * k, data)
+            }
             BatchKind::Predict => {
                 let n = self.info.num_labels;
                 (

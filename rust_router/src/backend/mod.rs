@@ -74,6 +74,9 @@ pub enum BatchKind {
     AllTokens,
     /// Classification logits, `[n_seqs, num_labels]`.
     Predict,
+    /// SPLADE sparse vectors, `[n_seqs, 2k]`: per row k vocabulary indices (integral floats,
+    /// ascending) then their k values; a value of 0 is padding. k varies from batch to batch.
+    Sparse,
 }
 
 /// A dense row-major float matrix returned by the runtime.
@@ -149,6 +152,8 @@ pub enum ModelType {
     Embedding,
     Classifier,
     Reranker,
+    /// A SPLADE model: sparse vectors over the vocabulary (`/embed_sparse`).
+    Sparse,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -164,7 +169,7 @@ pub enum ScoreActivation {
 /// required: the rest default as documented, so a minimal backend needs little.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ModelInfo {
-    /// `embedding`, `classifier` or `reranker` (a classifier with one label).
+    /// `embedding`, `classifier`, `reranker` (a classifier with one label) or `sparse` (SPLADE).
     pub model_type: ModelType,
     /// The `tokenizer.json` the router tokenizes with.
     pub tokenizer_path: String,
@@ -173,7 +178,8 @@ pub struct ModelInfo {
     /// The checkpoint's architecture name, for logs.
     #[serde(default)]
     pub architecture: String,
-    /// Width of a pooled embedding; also the width of `embed_all` rows.
+    /// Width of a pooled embedding; also the width of `embed_all` rows. For a sparse model,
+    /// the vocabulary size (the dimension of its sparse vectors).
     #[serde(default)]
     pub hidden_size: usize,
     /// First position id (2 for RoBERTa-style models).
@@ -253,7 +259,7 @@ impl ModelInfo {
             return fail("max_input_length must be positive".into());
         }
         match self.model_type {
-            ModelType::Embedding if self.hidden_size == 0 => {
+            ModelType::Embedding | ModelType::Sparse if self.hidden_size == 0 => {
                 fail("hidden_size must be positive for an embedding model".into())
             }
             ModelType::Classifier | ModelType::Reranker if self.num_labels == 0 => {
@@ -294,11 +300,12 @@ impl ModelInfo {
         })
     }
 
-    /// Width of one output row for a batch kind.
-    pub fn output_cols(&self, kind: BatchKind) -> usize {
+    /// Width of one output row for a batch kind; `None` when it varies by batch (sparse).
+    pub fn output_cols(&self, kind: BatchKind) -> Option<usize> {
         match kind {
-            BatchKind::Pooled | BatchKind::AllTokens => self.hidden_size,
-            BatchKind::Predict => self.num_labels,
+            BatchKind::Pooled | BatchKind::AllTokens => Some(self.hidden_size),
+            BatchKind::Predict => Some(self.num_labels),
+            BatchKind::Sparse => None,
         }
     }
 }

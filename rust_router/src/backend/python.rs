@@ -329,6 +329,7 @@ impl PyBackend {
             BatchKind::Pooled => "embed",
             BatchKind::AllTokens => "embed_all",
             BatchKind::Predict => "predict",
+            BatchKind::Sparse => "embed_sparse",
         };
         let args = (
             u32_bytes(py, &batch.input_ids)?,

@@ -6,6 +6,7 @@ use super::classify::{predict, rerank};
 use super::embed::{embed, similarity};
 use super::error::{ApiError, Body, ErrorResponse, TeiJson};
 use super::model_routes::{not_served, require, Needs};
+use super::sparse::{embed_sparse, EmbedSparseRequest};
 use super::types::{EmbedRequest, PredictRequest};
 use super::AppState;
 use crate::backend::ModelType;
@@ -30,13 +31,15 @@ fn any_of(names: &[&str]) -> RefOr<Schema> {
         .into()
 }
 
-/// Documentation-only: the body of `/embed`, `/similarity`, `/predict` or `/rerank`.
+/// Documentation-only: the body of `/embed`, `/embed_sparse`, `/similarity`, `/predict` or
+/// `/rerank`.
 pub struct InvocationDoc;
 
 impl utoipa::PartialSchema for InvocationDoc {
     fn schema() -> RefOr<Schema> {
         any_of(&[
             "EmbedRequest",
+            "EmbedSparseRequest",
             "SimilarityRequest",
             "PredictRequest",
             "RerankRequest",
@@ -53,6 +56,7 @@ impl utoipa::PartialSchema for InvocationAnswerDoc {
     fn schema() -> RefOr<Schema> {
         any_of(&[
             "EmbedResponse",
+            "EmbedSparseResponse",
             "SimilarityResponse",
             "PredictResponse",
             "RerankResponse",
@@ -82,7 +86,8 @@ fn bad_json(err: serde_json::Error) -> Response {
 
 /// Runs `body` on the route it is shaped for. A rerank body (`query` + `texts`) and a
 /// similarity body (`inputs: {source_sentence, ...}`) are told by their fields; any other
-/// body is the model's own route's (`/embed`, or `/predict` for classifiers and rerankers).
+/// body is the model's own route's (`/embed`, `/embed_sparse` for SPLADE models, or
+/// `/predict` for classifiers and rerankers).
 /// A body of a route the model does not serve is 424, like that route itself.
 pub(crate) async fn dispatch(state: AppState, body: Value) -> Response {
     let model = state.infer.info().model_type;
@@ -105,6 +110,12 @@ pub(crate) async fn dispatch(state: AppState, body: Value) -> Response {
         }
         return match serde_json::from_value(body) {
             Ok(r) => similarity(State(state), Body(r)).await,
+            Err(e) => bad_json(e),
+        };
+    }
+    if model == ModelType::Sparse {
+        return match serde_json::from_value::<EmbedSparseRequest>(body) {
+            Ok(r) => embed_sparse(State(state), Body(r)).await,
             Err(e) => bad_json(e),
         };
     }

@@ -1,7 +1,7 @@
-//! Embedding routes: `/embed`, `/embed_all`, `/embed_sparse`, `/similarity`.
+//! Embedding routes: `/embed`, `/embed_all`, `/similarity` (`/embed_sparse`: `sparse.rs`).
 
 use super::error::{ApiError, ErrorResponse, TeiJson};
-use super::model_routes::{self, Needs};
+use super::model_routes::Needs;
 use super::types::{
     EmbedAllRequest, EmbedAllResponse, EmbedRequest, EmbedResponse, InputType, SimilarityRequest,
     SimilarityResponse,
@@ -10,7 +10,7 @@ use super::{AppState, ResponseMeta};
 use crate::infer::{InferError, InferMetadata, InferRequest};
 use crate::tokenization::{EncodeOptions, EncodingInput};
 use axum::extract::State;
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use axum::Json;
 use std::time::Instant;
 
@@ -159,19 +159,6 @@ pub async fn embed_all(State(state): State<AppState>, req: TeiJson<EmbedAllReque
     }
     .await;
     state.finish(result)
-}
-
-/// Sparse (SPLADE) embeddings. The runtime serves no SPLADE models, so this always answers 424.
-#[utoipa::path(
-    post, path = "/embed_sparse", tag = "Text Embeddings Inference",
-    responses(
-        (status = 401, description = "Missing or invalid API key (with `--api-key`)", body = ErrorResponse),
-        (status = 424, description = "Not a SPLADE model", body = ErrorResponse),
-        (status = 503, description = "The server is shutting down", body = ErrorResponse),
-    )
-)]
-pub async fn embed_sparse(State(state): State<AppState>) -> Response {
-    model_routes::not_a_sparse_model(state.infer.info().model_type).into_response()
 }
 
 /// Cosine similarity of `source_sentence` with each of `sentences`.

@@ -2,7 +2,7 @@
 
 use super::error::{ApiError, ErrorResponse, ErrorType, OpenAIErrorResponse, TeiJson};
 use super::types::*;
-use super::{classify, cloud, embed, openai, quantize, rerank_compat, AppState};
+use super::{classify, cloud, embed, openai, quantize, rerank_compat, sparse, AppState};
 use crate::tokenization::TruncationDirection;
 use axum::extract::State;
 use axum::http::{header, StatusCode};
@@ -195,7 +195,7 @@ pub async fn metrics(State(state): State<AppState>) -> Response {
 #[openapi(
     paths(
         info, health, metrics, tokenize, decode,
-        embed::embed, embed::embed_all, embed::embed_sparse, embed::similarity,
+        embed::embed, embed::embed_all, sparse::embed_sparse, embed::similarity,
         classify::predict, classify::rerank, openai::embeddings,
         rerank_compat::rerank_v1, rerank_compat::rerank_v2,
         cloud::root, cloud::invocations, cloud::vertex, root_probe,
@@ -214,6 +214,7 @@ pub async fn metrics(State(state): State<AppState>) -> Response {
         rerank_compat::RankFieldDoc, Info, ModelTypeInfo, EmbeddingModel, ClassifierModel,
         DeviceInfo, HealthDegraded, DeviceRef,
         ErrorResponse, ErrorType, OpenAIErrorResponse,
+        sparse::EmbedSparseRequest, sparse::SparseValue, sparse::EmbedSparseResponse,
         cloud::InvocationDoc, cloud::InvocationAnswerDoc, cloud::VertexRequest, cloud::VertexResponse,
     )),
     tags((name = "Text Embeddings Inference", description = "TEI-compatible API")),

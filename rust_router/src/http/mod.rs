@@ -10,6 +10,7 @@ pub mod model_routes;
 mod openai;
 pub mod quantize;
 pub mod rerank_compat;
+mod sparse;
 pub mod types;
 
 #[cfg(test)]
@@ -26,6 +27,8 @@ mod tests_devices;
 mod tests_errors;
 #[cfg(test)]
 mod tests_hardening;
+#[cfg(test)]
+mod tests_sparse;
 #[cfg(test)]
 mod tests_types;
 
@@ -316,7 +319,7 @@ pub fn app(state: AppState) -> Router {
         .route("/info", get(meta::info))
         .route("/embed", post(embed::embed))
         .route("/embed_all", post(embed::embed_all))
-        .route("/embed_sparse", post(embed::embed_sparse))
+        .route("/embed_sparse", post(sparse::embed_sparse))
         .route("/similarity", post(embed::similarity))
         .route("/predict", post(classify::predict))
         .route("/rerank", post(classify::rerank))

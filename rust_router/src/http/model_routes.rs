@@ -9,6 +9,7 @@ pub fn served_routes(model_type: ModelType) -> &'static str {
         ModelType::Embedding => "/embed, /embed_all, /similarity, /v1/embeddings",
         ModelType::Classifier => "/predict",
         ModelType::Reranker => "/rerank, /v1/rerank, /v2/rerank, /predict",
+        ModelType::Sparse => "/embed_sparse",
     }
 }
 
@@ -17,6 +18,7 @@ fn describe(model_type: ModelType) -> &'static str {
         ModelType::Embedding => "an embedding model",
         ModelType::Classifier => "a classifier",
         ModelType::Reranker => "a reranker",
+        ModelType::Sparse => "a SPLADE (sparse embedding) model",
     }
 }
 
@@ -27,14 +29,19 @@ pub enum Needs {
     /// A classifier or a reranker (`/predict`).
     Classifier,
     Reranker,
+    /// A SPLADE model (`/embed_sparse`).
+    Sparse,
 }
 
 impl Needs {
     fn accepts(self, model_type: ModelType) -> bool {
         match self {
             Needs::Embedding => model_type == ModelType::Embedding,
-            Needs::Classifier => model_type != ModelType::Embedding,
+            Needs::Classifier => {
+                matches!(model_type, ModelType::Classifier | ModelType::Reranker)
+            }
             Needs::Reranker => model_type == ModelType::Reranker,
+            Needs::Sparse => model_type == ModelType::Sparse,
         }
     }
 }
@@ -52,16 +59,15 @@ pub fn not_served(model_type: ModelType, route: &str) -> ApiError {
     unavailable(route, describe(model_type), model_type)
 }
 
-/// `/embed_sparse`: the runtime serves no SPLADE models.
-pub fn not_a_sparse_model(model_type: ModelType) -> ApiError {
-    unavailable("/embed_sparse", "not a SPLADE model", model_type)
-}
-
 fn unavailable(route: &str, what: &str, model_type: ModelType) -> ApiError {
+    let hint = match route {
+        "/embed_sparse" => " (`/embed_sparse` needs a SPLADE model: a `*ForMaskedLM` checkpoint)",
+        _ => "",
+    };
     ApiError::new(
         ErrorType::ModelType,
         format!(
-            "`{route}` is not available: the model is {what} and serves {}",
+            "`{route}` is not available: the model is {what} and serves {}{hint}",
             served_routes(model_type)
         ),
     )
@@ -79,7 +85,13 @@ mod tests {
         assert_eq!(e.kind, ErrorType::ModelType);
         assert!(e.message.contains("a classifier"), "{}", e.message);
         assert!(e.message.contains("/predict"), "{}", e.message);
-        let e = not_a_sparse_model(ModelType::Embedding);
-        assert!(e.message.contains("not a SPLADE model"), "{}", e.message);
+        let e = require(ModelType::Embedding, Needs::Sparse, "/embed_sparse").unwrap_err();
+        assert_eq!(e.kind, ErrorType::ModelType);
+        assert!(e.message.contains("needs a SPLADE model"), "{}", e.message);
+        let e = require(ModelType::Sparse, Needs::Embedding, "/embed").unwrap_err();
+        assert!(e.message.contains("a SPLADE (sparse embedding) model"), "{}", e.message);
+        assert!(e.message.contains("serves /embed_sparse"), "{}", e.message);
+        assert!(require(ModelType::Sparse, Needs::Classifier, "/predict").is_err());
+        assert!(require(ModelType::Sparse, Needs::Sparse, "/embed_sparse").is_ok());
     }
 }

@@ -361,11 +361,18 @@ fn check_shape(
         BatchKind::AllTokens => batch.num_tokens(),
         _ => batch.num_seqs(),
     };
-    let cols = info.output_cols(kind);
     let m = &out.matrix;
-    if m.rows != rows || m.cols != cols || m.data.len() != rows * cols {
+    let (cols_ok, expected) = match info.output_cols(kind) {
+        Some(cols) => (m.cols == cols, cols.to_string()),
+        // Sparse rows: k indices then k values, k at least 1 and at most the vocabulary.
+        None => (
+            m.cols >= 2 && m.cols % 2 == 0 && m.cols / 2 <= info.hidden_size.max(1),
+            "2k".to_string(),
+        ),
+    };
+    if m.rows != rows || !cols_ok || m.data.len() != rows * m.cols {
         return Err(BackendError::Inference(format!(
-            "the backend returned a [{}, {}] array for a {kind:?} batch, expected [{rows}, {cols}]",
+            "the backend returned a [{}, {}] array for a {kind:?} batch, expected [{rows}, {expected}]",
             m.rows, m.cols
         )));
     }

@@ -332,6 +332,19 @@ impl Infer {
             .collect())
     }
 
+    /// SPLADE sparse vectors, one per input: the active dimensions as (vocabulary index,
+    /// value), in index order.
+    pub async fn embed_sparse(
+        &self,
+        request: InferRequest,
+    ) -> Result<Vec<(Vec<(u32, f32)>, InferMetadata)>, InferError> {
+        let results = self.run(request, BatchKind::Sparse).await?;
+        Ok(results
+            .into_iter()
+            .map(|(result, meta)| (sparse_pairs(&result.values), meta))
+            .collect())
+    }
+
     /// Classification scores, one per label, activated unless `raw_scores`, for each input.
     pub async fn predict(
         &self,
@@ -352,7 +365,33 @@ impl Infer {
     }
 }
 
+/// One row of a sparse batch (k indices, then k values) as its active (index, value) pairs;
+/// values of 0 are padding (the row had fewer than k active dimensions).
+fn sparse_pairs(row: &[f32]) -> Vec<(u32, f32)> {
+    let (indices, values) = row.split_at(row.len() / 2);
+    indices
+        .iter()
+        .zip(values)
+        .filter(|(_, &v)| v > 0.0)
+        .map(|(&i, &v)| (i as u32, v))
+        .collect()
+}
+
 #[cfg(test)]
 mod tests;
 #[cfg(test)]
 mod tests_devices;
+
+#[cfg(test)]
+mod sparse_tests {
+    use super::sparse_pairs;
+
+    #[test]
+    fn sparse_rows_drop_their_padding() {
+        assert_eq!(
+            sparse_pairs(&[3.0, 17.0, 0.0, 0.5, 1.25, 0.0]),
+            vec![(3, 0.5), (17, 1.25)]
+        );
+        assert!(sparse_pairs(&[0.0, 0.0]).is_empty());
+    }
+}
