@@ -77,13 +77,39 @@ def test_matches_sparse_encoder(tmp_path, strategy, activation):  # type: ignore
     assert_same_sparse(tensor.to_dense(), ref)
 
 
+@pytest.mark.parametrize("arch", ["RobertaForMaskedLM", "XLMRobertaForMaskedLM"])
+def test_roberta_family_matches_transformers(tmp_path, arch):  # type: ignore[no-untyped-def]
+    """RoBERTa's masked-LM head (`lm_head.*`, GELU) against transformers' own logits, pooled
+    as SpladePooling does. (SparseEncoder's AutoTokenizer does not read the test's WordPiece
+    tokenizer as a RoBERTa one, so the reference starts from our token ids instead.)"""
+    import transformers
+
+    folder = make_splade_checkpoint(tmp_path, arch, seed=7, max_seq_length=64)
+    model = Model(folder, device="cpu")
+    hf = getattr(transformers, arch).from_pretrained(folder).eval()
+    ref = []
+    with torch.no_grad():
+        for ids in model.tokenize(TEXTS):
+            logits = hf(input_ids=torch.tensor([ids])).logits[0]
+            ref.append(torch.log1p(torch.relu(logits)).amax(0))
+    rows = model.embed_sparse(TEXTS)
+    assert_same_sparse(as_dense(rows, model.info.hidden_size), torch.stack(ref))  # type: ignore[arg-type]
+
+
+def test_masked_lm_architectures_are_listed() -> None:
+    from trt_tei_runtime.models import ARCHITECTURES, Task
+
+    for name in ("BertForMaskedLM", "RobertaForMaskedLM", "XLMRobertaForMaskedLM"):
+        assert ARCHITECTURES[name].task is Task.SPARSE_EMBEDDING
+
+
 def test_untied_decoder_and_bert_prefix(tmp_path):  # type: ignore[no-untyped-def]
     """A checkpoint whose decoder has its own weight (tie_word_embeddings false)."""
     folder = make_splade_checkpoint(tmp_path, seed=5)
     make_checkpoint(folder, "BertForMaskedLM", seed=5, tie_word_embeddings=False)
     ref = sparse_encoder(folder).encode(TEXTS, convert_to_sparse_tensor=False)
     model = Model(folder, device="cpu")
-    assert not model.loaded_model.network.mlm.tied
+    assert not model.loaded_model.network.head.tied  # type: ignore[union-attr]
     assert_same_sparse(as_dense(model.embed_sparse(TEXTS), ref.shape[1]), ref)  # type: ignore[arg-type]
 
 
@@ -99,9 +125,13 @@ def test_max_active_dims_as_sparse_encoder(splade_dir, k):  # type: ignore[no-un
     assert at_load == per_call
 
 
-def test_batch_equals_one_by_one(splade_dir):  # type: ignore[no-untyped-def]
-    model = Model(splade_dir, device="cpu", max_batch_tokens=128)
+def test_batch_equals_one_by_one(tmp_path):  # type: ignore[no-untyped-def]
+    # 16-token batches: the call runs in several batches, each as wide as its most active
+    # row, and the rows come back padded to one width and in input order.
+    folder = make_splade_checkpoint(tmp_path, max_seq_length=16)
+    model = Model(folder, device="cpu", max_batch_tokens=16)
     together = model.embed_sparse(TEXTS)
+    assert len({len(row) for row in together}) > 1
     for text, row in zip(TEXTS, together):
         alone = model.embed_sparse(text)[0]  # type: ignore[index]
         assert alone.keys() == row.keys()
@@ -130,10 +160,11 @@ def test_sequence_groups() -> None:
     assert sequence_groups([0, 30], 4) == [(0, 1)]
 
 
-def test_top_active_packs_indices_then_values() -> None:
+def test_top_active_packs_index_value_pairs() -> None:
     pooled = torch.tensor([[0.0, 2.0, 0.0, 1.0, 3.0], [0.5, 0.0, 0.0, 0.0, 0.0]])
     packed = top_active(pooled, None)
     assert packed.shape == (2, 6)  # the most active row has 3
+    assert packed[0].tolist() == [1.0, 2.0, 3.0, 1.0, 4.0, 3.0]  # (index, value) pairs
     assert unpack_active(packed[0]) == {1: 2.0, 3: 1.0, 4: 3.0}
     assert unpack_active(packed[1]) == {0: 0.5}
     assert unpack_active(top_active(pooled, 2)[0]) == {1: 2.0, 4: 3.0}
@@ -151,9 +182,10 @@ def test_backend_serves_packed_sparse_rows(splade_dir):  # type: ignore[no-untyp
     model = Model(splade_dir, device="cpu")
     ids = model.tokenize(TEXTS)
     batch = PackedBatch.from_sequences(ids)
-    arrays = [t.numpy().astype(np.uint32).tobytes() for t in (
-        batch.input_ids, batch.token_type_ids, batch.position_ids, batch.cu_seqlens
-    )]
+    arrays = [
+        t.numpy().astype(np.uint32).tobytes()
+        for t in (batch.input_ids, batch.token_type_ids, batch.position_ids, batch.cu_seqlens)
+    ]
     out = backend.embed_sparse(*arrays)
     assert out.dtype == np.float32 and out.shape[0] == len(TEXTS) and out.shape[1] % 2 == 0
     rows = [unpack_active(torch.from_numpy(row)) for row in out]

@@ -122,8 +122,9 @@ class Backend:
         return self._run(Executor.predict, arrays, interactive, device)
 
     def embed_sparse(self, *arrays: Any, interactive: bool = False, device: int = 0) -> np.ndarray:
-        """SPLADE vectors as `[n, 2k]` float32: per row k vocabulary indices (integral
-        floats), then their k values; entries of value 0 are padding (`sparse.top_active`)."""
+        """SPLADE vectors as `[n, 2k]` float32: per row k (vocabulary index, value) pairs in
+        index order, the index an integral float; pairs of value 0 are padding
+        (`sparse.top_active`)."""
         return self._run(Executor.embed_sparse, arrays, interactive, device)
 
     def _run(

@@ -442,10 +442,10 @@ def _sparse_tensor(rows: list[dict[int, float]], vocab_size: int) -> torch.Tenso
     row_ids = [i for i, row in enumerate(rows) for _ in row]
     col_ids = [j for row in rows for j in row]
     values = [v for row in rows for v in row.values()]
-    return torch.sparse_coo_tensor(
-        torch.tensor([row_ids, col_ids], dtype=torch.int64).reshape(2, -1),
-        torch.tensor(values, dtype=torch.float32),
-        (len(rows), vocab_size),
-        # Built here from indices in range: checking costs little at this size.
-        check_invariants=True,
-    ).coalesce()
+    # Checked (cheap at this size): torch warns on every sparse tensor built unchecked.
+    with torch.sparse.check_sparse_tensor_invariants(enable=True):
+        return torch.sparse_coo_tensor(
+            torch.tensor([row_ids, col_ids], dtype=torch.int64).reshape(2, -1),
+            torch.tensor(values, dtype=torch.float32),
+            (len(rows), vocab_size),
+        ).coalesce()

@@ -107,8 +107,8 @@ def top_active(pooled: torch.Tensor, max_active_dims: int | None) -> torch.Tenso
     pairs in index order, the index an integral float (exact below 2**24); k is the most
     active dimensions of any row, capped at `max_active_dims` (the largest values are kept,
     as sentence-transformers' `select_max_active_dims`). Rows with fewer active dimensions
-    end in (0, 0) pairs, which readers drop: so blocks of different k can be right-padded
-    with zeros to one width."""
+    hold pairs of value 0, which readers drop: so blocks of different k can also be
+    right-padded with zeros to one width."""
     if max_active_dims is not None and max_active_dims <= 0:
         raise InputError(f"max_active_dims must be a positive integer, got {max_active_dims}")
     vocab = pooled.shape[-1]

@@ -8,10 +8,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..batch import PackedBatch
-from ..layers import get_activation
-from ..weights import WeightReader
 from ..errors import CheckpointError
-from ..layers import LayerNorm, linear_activation
+from ..layers import LayerNorm, get_activation, linear_activation
+from ..weights import WeightReader
 from .base import TaskHead, TokenLogitsHead
 from .linears import take_linear
 
@@ -141,7 +140,7 @@ class MaskedLMHead(TokenLogitsHead):
         # model is not on the device twice. (An engine's skeleton has no values to compare.)
         self.tied = own is None or (not own.is_meta and torch.equal(own, word_embeddings.data))
         self.decoder_weight = (
-            word_embeddings if self.tied else nn.Parameter(own, requires_grad=False)
+            word_embeddings if own is None or self.tied else nn.Parameter(own, requires_grad=False)
         )
         self.decoder_bias = nn.Parameter(decoder_bias, requires_grad=False)
 

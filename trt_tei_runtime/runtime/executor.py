@@ -139,7 +139,7 @@ class Executor:
         self, batch: PackedBatch, lane: Lane | None = None, max_active_dims: int | None = None
     ) -> torch.Tensor:
         """A SPLADE model's sparse vectors as `[n, 2k]` float32 (`sparse.top_active`: k
-        vocabulary indices, then their values), at most `max_active_dims` (default: the
+        (vocabulary index, value) pairs per row), at most `max_active_dims` (default: the
         model's) per sequence."""
         splade = self.info.splade
         if splade is None:

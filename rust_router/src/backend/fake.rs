@@ -306,19 +306,13 @@ impl Backend for FakeBackend {
                     .collect(),
             ),
             BatchKind::Sparse => {
-                // k indices then k values per row; rows with fewer pairs padded with value 0.
+                // k (index, value) pairs per row; shorter rows end in (0, 0) pairs.
                 let rows: Vec<Vec<(u32, f32)>> = seqs.map(|(i, _)| sparse(i)).collect();
                 let k = rows.iter().map(Vec::len).max().unwrap_or(0).max(1);
                 let mut data = Vec::with_capacity(rows.len() * 2 * k);
                 for row in &rows {
-                    let mut indices = vec![0.0; k];
-                    let mut values = vec![0.0; k];
-                    for (j, &(i, v)) in row.iter().enumerate() {
-                        indices[j] = i as f32;
-                        values[j] = v;
-                    }
-                    data.extend(indices);
-                    data.extend(values);
+                    data.extend(row.iter().flat_map(|&(i, v)| [i as f32, v]));
+                    data.resize(data.len() + 2 * (k - row.len()), 0.0);
                 }
                 (2 * k, data)
             }

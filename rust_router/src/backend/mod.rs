@@ -74,8 +74,9 @@ pub enum BatchKind {
     AllTokens,
     /// Classification logits, `[n_seqs, num_labels]`.
     Predict,
-    /// SPLADE sparse vectors, `[n_seqs, 2k]`: per row k vocabulary indices (integral floats,
-    /// ascending) then their k values; a value of 0 is padding. k varies from batch to batch.
+    /// SPLADE sparse vectors, `[n_seqs, 2k]`: per row k (vocabulary index, value) pairs, the
+    /// index an integral float, in index order; a pair of value 0 is padding. k varies from
+    /// batch to batch.
     Sparse,
 }
 

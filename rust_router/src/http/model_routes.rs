@@ -89,7 +89,11 @@ mod tests {
         assert_eq!(e.kind, ErrorType::ModelType);
         assert!(e.message.contains("needs a SPLADE model"), "{}", e.message);
         let e = require(ModelType::Sparse, Needs::Embedding, "/embed").unwrap_err();
-        assert!(e.message.contains("a SPLADE (sparse embedding) model"), "{}", e.message);
+        assert!(
+            e.message.contains("a SPLADE (sparse embedding) model"),
+            "{}",
+            e.message
+        );
         assert!(e.message.contains("serves /embed_sparse"), "{}", e.message);
         assert!(require(ModelType::Sparse, Needs::Classifier, "/predict").is_err());
         assert!(require(ModelType::Sparse, Needs::Sparse, "/embed_sparse").is_ok());

@@ -364,9 +364,9 @@ fn check_shape(
     let m = &out.matrix;
     let (cols_ok, expected) = match info.output_cols(kind) {
         Some(cols) => (m.cols == cols, cols.to_string()),
-        // Sparse rows: k indices then k values, k at least 1 and at most the vocabulary.
+        // Sparse rows: k (index, value) pairs, k at least 1 and at most the vocabulary.
         None => (
-            m.cols >= 2 && m.cols % 2 == 0 && m.cols / 2 <= info.hidden_size.max(1),
+            m.cols >= 2 && m.cols.is_multiple_of(2) && m.cols / 2 <= info.hidden_size.max(1),
             "2k".to_string(),
         ),
     };

@@ -365,15 +365,12 @@ impl Infer {
     }
 }
 
-/// One row of a sparse batch (k indices, then k values) as its active (index, value) pairs;
-/// values of 0 are padding (the row had fewer than k active dimensions).
+/// One row of a sparse batch ((index, value) pairs) as its active pairs; pairs of value 0
+/// are padding (the row had fewer active dimensions than the batch's widest).
 fn sparse_pairs(row: &[f32]) -> Vec<(u32, f32)> {
-    let (indices, values) = row.split_at(row.len() / 2);
-    indices
-        .iter()
-        .zip(values)
-        .filter(|(_, &v)| v > 0.0)
-        .map(|(&i, &v)| (i as u32, v))
+    row.chunks_exact(2)
+        .filter(|pair| pair[1] > 0.0)
+        .map(|pair| (pair[0] as u32, pair[1]))
         .collect()
 }
 
@@ -389,7 +386,7 @@ mod sparse_tests {
     #[test]
     fn sparse_rows_drop_their_padding() {
         assert_eq!(
-            sparse_pairs(&[3.0, 17.0, 0.0, 0.5, 1.25, 0.0]),
+            sparse_pairs(&[3.0, 0.5, 17.0, 1.25, 0.0, 0.0]),
             vec![(3, 0.5), (17, 1.25)]
         );
         assert!(sparse_pairs(&[0.0, 0.0]).is_empty());
