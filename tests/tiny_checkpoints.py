@@ -283,10 +283,11 @@ def make_splade_checkpoint(
     activation_function: str = "relu",
     seed: int = 0,
     max_seq_length: int | None = None,
+    **config_overrides: object,
 ) -> Path:
     """A tiny random masked-LM checkpoint saved as a sentence-transformers `SparseEncoder`
     folder: the transformer at the root, then a `SpladePooling` module."""
-    make_checkpoint(folder, architecture, seed=seed)
+    make_checkpoint(folder, architecture, seed=seed, **config_overrides)
     modules = [
         {
             "idx": 0,
