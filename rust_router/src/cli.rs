@@ -44,9 +44,15 @@ pub struct Args {
     #[arg(long, env = "DTYPE")]
     pub dtype: Option<String>,
 
-    /// Pooling override for embedding models: cls, mean or last-token.
+    /// Pooling override for embedding models: cls, mean or last-token (`splade` is the only
+    /// pooling of a SPLADE model, and its default).
     #[arg(long, env = "POOLING")]
     pub pooling: Option<String>,
+
+    /// SPLADE models: keep at most this many active dimensions (the largest) per sparse
+    /// vector, as sentence-transformers' `max_active_dims` [default: all].
+    #[arg(long, env = "MAX_ACTIVE_DIMS", value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_active_dims: Option<u32>,
 
     /// Load the checkpoint for another task than its architecture's, e.g. `rerank-yes-no`
     /// for a Qwen3-Reranker `*ForCausalLM` (scored as logit("yes") - logit("no")).

@@ -24,6 +24,7 @@ pub fn backend_options(args: &Args) -> PythonBackendOptions {
         device: args.device.clone(),
         devices: args.devices.clone(),
         task: args.task.clone(),
+        max_active_dims: args.max_active_dims,
         max_batch_tokens: args.max_batch_tokens,
         max_batch_requests: args.max_batch_requests,
         interactive_lane: args.interactive_max_tokens > 0,

@@ -85,3 +85,16 @@ def test_dense_model_on_embed_sparse_is_a_clear_424(start_server, folders):  # t
     assert r.status_code == 424, r.text
     assert r.json()["error_type"] == "model_type"
     assert "needs a SPLADE model" in r.json()["error"]
+
+
+def test_max_active_dims_flag(start_server, folders):  # type: ignore[no-untyped-def]
+    from sentence_transformers import SparseEncoder
+
+    server = start_server(folders["splade"], "--max-active-dims", "3", "--pooling", "splade")
+    answers = server.post("/embed_sparse", {"inputs": TEXTS}).json()
+    ref = SparseEncoder(str(folders["splade"]), device="cpu").encode(
+        TEXTS, convert_to_sparse_tensor=False, max_active_dims=3
+    )
+    for ours, row in zip(answers, ref):
+        assert len(ours) == 3
+        assert_same(as_dict(ours), {int(j): float(row[j]) for j in row.nonzero().flatten()})

@@ -27,6 +27,8 @@ pub struct PythonBackendOptions {
     pub devices: Option<String>,
     /// Only passed when set: backends without a `task` argument still load.
     pub task: Option<String>,
+    /// `--max-active-dims` (SPLADE models): only passed when set.
+    pub max_active_dims: Option<u32>,
     /// The router's batch limits, passed to constructors that accept them (the runtime sizes
     /// its buffers and CUDA graphs with them).
     pub max_batch_tokens: usize,
@@ -154,6 +156,9 @@ fn constructor_kwargs<'py>(
     kwargs.set_item("device", &opts.device)?;
     if let Some(task) = &opts.task {
         kwargs.set_item("task", task)?;
+    }
+    if let Some(k) = opts.max_active_dims {
+        kwargs.set_item("max_active_dims", k)?;
     }
     let inspect = py.import("inspect")?;
     let params = inspect
