@@ -77,6 +77,24 @@ def test_matches_sparse_encoder(tmp_path, strategy, activation):  # type: ignore
     assert_same_sparse(tensor.to_dense(), ref)
 
 
+@pytest.mark.parametrize(
+    ("strategy", "activation"), [("max", "relu"), ("max", "log1p_relu"), ("sum", "relu")]
+)
+def test_distilbert_matches_sparse_encoder(tmp_path, strategy, activation):  # type: ignore[no-untyped-def]
+    """DistilBERT SPLADE (OpenSearch's neural-sparse encoders): `vocab_transform`,
+    `vocab_layer_norm`, `vocab_projector` tied to the word embeddings."""
+    folder = make_splade_checkpoint(
+        tmp_path,
+        "DistilBertForMaskedLM",
+        pooling_strategy=strategy,
+        activation_function=activation,
+        seed=9,
+    )
+    ref = sparse_encoder(folder).encode(TEXTS, convert_to_sparse_tensor=False)
+    rows = Model(folder, device="cpu").embed_sparse(TEXTS)
+    assert_same_sparse(as_dense(rows, ref.shape[1]), ref)  # type: ignore[arg-type]
+
+
 @pytest.mark.parametrize("arch", ["RobertaForMaskedLM", "XLMRobertaForMaskedLM"])
 def test_roberta_family_matches_transformers(tmp_path, arch):  # type: ignore[no-untyped-def]
     """RoBERTa's masked-LM head (`lm_head.*`, GELU) against transformers' own logits, pooled
@@ -99,7 +117,12 @@ def test_roberta_family_matches_transformers(tmp_path, arch):  # type: ignore[no
 def test_masked_lm_architectures_are_listed() -> None:
     from trt_tei_runtime.models import ARCHITECTURES, Task
 
-    for name in ("BertForMaskedLM", "RobertaForMaskedLM", "XLMRobertaForMaskedLM"):
+    for name in (
+        "BertForMaskedLM",
+        "RobertaForMaskedLM",
+        "XLMRobertaForMaskedLM",
+        "DistilBertForMaskedLM",
+    ):
         assert ARCHITECTURES[name].task is Task.SPARSE_EMBEDDING
 
 

@@ -36,7 +36,9 @@ def dense(rows: list[dict[int, float]], width: int) -> torch.Tensor:
 
 @pytest.mark.parametrize("dtype", HALF)
 @pytest.mark.parametrize("strategy", ["max", "sum"])
-@pytest.mark.parametrize("arch", ["BertForMaskedLM", "XLMRobertaForMaskedLM"])
+@pytest.mark.parametrize(
+    "arch", ["BertForMaskedLM", "XLMRobertaForMaskedLM", "DistilBertForMaskedLM"]
+)
 def test_splade_half_precision_on_gpu(tmp_path, arch, strategy, dtype):  # type: ignore[no-untyped-def]
     folder = make_splade_checkpoint(
         tmp_path, arch, pooling_strategy=strategy, hidden_size=64, max_seq_length=64

@@ -244,6 +244,13 @@ class BertModel(TransformerModel):
             activation="tanh",
         )
 
+    def word_embedding_matrix(self) -> nn.Parameter:
+        """The word embedding matrix, which masked-LM decoders are tied to."""
+        word = self.embeddings.word
+        if not isinstance(word, nn.Parameter):
+            raise CheckpointError(f"{type(self).__name__} has no word embedding matrix")
+        return word
+
     def masked_lm_head(self, config: dict[str, Any], reader: WeightReader) -> TokenLogitsHead:
         return MaskedLMHead(
             reader,
@@ -255,5 +262,5 @@ class BertModel(TransformerModel):
             vocab_size=self.vocab_size,
             activation=self.config.hidden_act,
             eps=self.config.layer_norm_eps,
-            word_embeddings=self.embeddings.word,
+            word_embeddings=self.word_embedding_matrix(),
         )

@@ -1,16 +1,17 @@
 """DistilBERT: BERT's post-norm encoder with DistilBERT's own config keys and tensor names,
 no token-type embeddings, and, for classification, `pre_classifier` + ReLU + `classifier` on
-the first token."""
+the first token; `DistilBertForMaskedLM` (SPLADE encoders) `vocab_transform` + activation +
+`vocab_layer_norm` + `vocab_projector`."""
 
 from __future__ import annotations
 
 from typing import Any, ClassVar
 
 from ..weights import WeightReader
-from .base import TaskHead
+from .base import TaskHead, TokenLogitsHead
 from .bert import BertConfig, BertModel, EncoderNames
 from .config import ConfigReader
-from .heads import FirstTokenClassifier
+from .heads import FirstTokenClassifier, MaskedLMHead
 
 
 class DistilBertModel(BertModel):
@@ -56,4 +57,18 @@ class DistilBertModel(BertModel):
             hidden_size=self.hidden_size,
             num_labels=num_labels,
             activation="relu",
+        )
+
+    def masked_lm_head(self, config: dict[str, Any], reader: WeightReader) -> TokenLogitsHead:
+        return MaskedLMHead(
+            reader,
+            dense="vocab_transform",
+            norm="vocab_layer_norm",
+            decoder="vocab_projector",
+            bias="vocab_projector.bias",
+            hidden_size=self.hidden_size,
+            vocab_size=self.vocab_size,
+            activation=self.config.hidden_act,
+            eps=self.config.layer_norm_eps,
+            word_embeddings=self.word_embedding_matrix(),
         )

@@ -44,5 +44,5 @@ class RobertaModel(BertModel):
             vocab_size=self.vocab_size,
             activation="gelu",
             eps=self.config.layer_norm_eps,
-            word_embeddings=self.embeddings.word,
+            word_embeddings=self.word_embedding_matrix(),
         )
