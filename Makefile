@@ -15,7 +15,7 @@ PORT ?= 8080
 CONFIG ?= release_matrix_cfg/builder_config_embed.yaml
 
 .PHONY: setup python_deps router_dev run_embed run_reranker test test_unit test_integration \
-	test_gpu lint wheel image test_image benchmark_embed engine clean
+	test_gpu snapshots lint wheel image test_image benchmark_embed engine clean
 
 setup: python_deps router_dev
 
@@ -62,6 +62,12 @@ test_integration: setup
 
 test_gpu: setup
 	$(PY) -m pytest -q tests -m gpu
+
+# Regenerates tests/snapshots/ (tiny checkpoints + transformers/sentence-transformers
+# outputs + manifest.json) from the references; NAMES="BertModel ..." for some rows only.
+# Run it after adding an architecture or task, or changing generate.py; commit the result.
+snapshots: setup
+	$(PY) tests/snapshots/generate.py $(NAMES)
 
 lint: python_deps
 	$(VENV)/bin/ruff check trt_tei_runtime tests benchmarks
