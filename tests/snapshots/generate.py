@@ -25,7 +25,7 @@ import shutil
 import sys
 import zlib
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -269,7 +269,12 @@ class Row:
     dense: tuple[int, ...] = ()
     # The transformers class to instantiate (default: the architecture name).
     model_class: str | None = None
-    config_overrides: dict[str, Any] = field(default_factory=dict)
+    # Called on the saved checkpoint folder, for what save_pretrained does not write
+    # (adapters, extra modules); must be deterministic too.
+    finish: Callable[[Path], None] | None = None
+    # Replaces the default reference (sentence-transformers embeddings of TEXTS, or
+    # transformers logits of CLASSIFIER_INPUTS) for the row's own task.
+    reference: Callable[[Path], torch.Tensor] | None = None
 
 
 ROWS: dict[str, Row] = {
@@ -330,6 +335,8 @@ def build_checkpoint(folder: Path, architecture: str, row: Row) -> None:
     _write_json(folder / "tokenizer_config.json", style.config)
     if row.pooling is not None:
         _write_sentence_transformers_files(folder, architecture, config.hidden_size, row)
+    if row.finish is not None:
+        row.finish(folder)
 
 
 def _write_sentence_transformers_files(
@@ -461,11 +468,13 @@ def checks_for(architecture: str) -> list[Check]:
     from trt_tei_runtime.models import ARCHITECTURES, TASKS
 
     checks = []
+    row = ROWS[architecture]
     if architecture in ARCHITECTURES:
-        if ROWS[architecture].pooling is None:
-            checks.append(Check(None, "scores", CLASSIFIER_INPUTS, classifier_reference))
+        if row.pooling is None:
+            reference = row.reference or classifier_reference
+            checks.append(Check(None, "scores", CLASSIFIER_INPUTS, reference))
         else:
-            checks.append(Check(None, "embed", TEXTS, embed_reference))
+            checks.append(Check(None, "embed", TEXTS, row.reference or embed_reference))
     for task in sorted(TASKS):
         if architecture in TASKS[task]:
             if task not in TASK_REFERENCES:
