@@ -29,7 +29,7 @@ REGENERATE = "run `make snapshots` (tests/snapshots/generate.py) and commit the 
 class SnapshotCheck:
     name: str  # the folder under tests/snapshots
     task: str | None
-    kind: str  # "embed" or "scores"
+    kind: str  # "embed", "scores" or "sparse" (see tests/snapshots/generate.py's Check)
     inputs: list[Any]
     expected: np.ndarray
     # Embeddings stored normalized (a Normalize module), compared normalized.
@@ -78,6 +78,9 @@ def run(model: Model, check: SnapshotCheck) -> np.ndarray:
     if check.kind == "scores":
         items = [tuple(item) if isinstance(item, list) else item for item in check.inputs]
         return model.predict(items, raw_scores=True)
+    if check.kind == "sparse":
+        sparse = model.embed_sparse(check.inputs, sparse_tensor=True)  # type: ignore[attr-defined]
+        return sparse.to_dense().numpy()
     raise AssertionError(f"{check.id}: unknown kind {check.kind!r}; teach tests/snapshot_suite.py")
 
 

@@ -98,7 +98,7 @@ def test_snapshot_fp32_cpu(models, check):  # type: ignore[no-untyped-def]
         # Cosine misses a wrong scale (a missing norm weight, a Dense module skipped).
         norms = np.linalg.norm(ours, axis=1) / np.linalg.norm(check.expected, axis=1)
         np.testing.assert_allclose(norms, 1.0, rtol=1e-4)
-    else:
+    else:  # logits and sparse vectors, element by element
         assert np.abs(ours - check.expected).max() <= 1e-4, (ours, check.expected)
 
 

@@ -263,6 +263,9 @@ class Row:
     # "lasttoken"); None for classifiers.
     pooling: str | None = None
     num_labels: int = 1
+    # What the architecture's own task outputs (see Check.kind); default: "embed" with a
+    # pooling, else "scores".
+    kind: str | None = None
     # sentence_bert_config.json's input limit (the decoders' yes/no prompts are long).
     max_seq_length: int = 128
     # Output sizes of sentence-transformers Dense modules chained after pooling.
@@ -447,7 +450,9 @@ class Check:
     output stored under `key` in outputs.safetensors."""
 
     task: str | None
-    kind: str  # "embed": Model.embed, cosine; "scores": Model.predict raw logits, 1e-4
+    # "embed": Model.embed, cosine; "scores": Model.predict raw logits, 1e-4; "sparse":
+    # Model.embed_sparse as a dense (n, vocab) array, 1e-4.
+    kind: str
     inputs: list[Any]
     reference: Callable[[Path], torch.Tensor]
 
@@ -470,11 +475,12 @@ def checks_for(architecture: str) -> list[Check]:
     checks = []
     row = ROWS[architecture]
     if architecture in ARCHITECTURES:
-        if row.pooling is None:
+        kind = row.kind or ("scores" if row.pooling is None else "embed")
+        if kind == "scores":
             reference = row.reference or classifier_reference
-            checks.append(Check(None, "scores", CLASSIFIER_INPUTS, reference))
+            checks.append(Check(None, kind, CLASSIFIER_INPUTS, reference))
         else:
-            checks.append(Check(None, "embed", TEXTS, row.reference or embed_reference))
+            checks.append(Check(None, kind, TEXTS, row.reference or embed_reference))
     for task in sorted(TASKS):
         if architecture in TASKS[task]:
             if task not in TASK_REFERENCES:
