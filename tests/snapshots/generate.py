@@ -232,6 +232,54 @@ def decoder(config_class: str, **overrides: Any) -> Callable[[int], Any]:
     return make
 
 
+ROBERTA_IDS = dict(pad_token_id=1, bos_token_id=0, eos_token_id=2, max_position_embeddings=130)
+DISTILBERT = dict(pad_token_id=0, hidden_dim=64)
+# A factorized embedding (16 wide) projected to the 32-wide encoder.
+ELECTRA = dict(pad_token_id=0, embedding_size=16)
+# DeBERTa-v3 style: relative positions in buckets, c2p and p2c terms, no absolute positions.
+DEBERTA = dict(
+    pad_token_id=0,
+    relative_attention=True,
+    pos_att_type=["p2c", "c2p"],
+    position_buckets=8,
+    max_relative_positions=-1,
+    position_biased_input=False,
+    norm_rel_ebd="layer_norm",
+    share_att_key=True,
+    type_vocab_size=0,
+)
+ROPE_100 = {"rope_type": "default", "rope_theta": 100.0}
+# Four layers, every second one global, with a local window shorter than the longer inputs.
+MODERNBERT = dict(
+    num_hidden_layers=4,
+    local_attention=8,
+    global_attn_every_n_layers=2,
+    pad_token_id=0,
+    bos_token_id=2,
+    eos_token_id=3,
+    cls_token_id=2,
+    sep_token_id=3,
+    norm_bias=True,
+    attention_bias=True,
+    mlp_bias=True,
+    rope_parameters={
+        "full_attention": {"rope_type": "default", "rope_theta": 1000.0},
+        "sliding_attention": ROPE_100,
+    },
+)
+GEMMA3 = decoder(
+    "Gemma3TextConfig",
+    head_dim=16,
+    sliding_window=8,
+    query_pre_attn_scalar=24,
+    layer_types=["sliding_attention", "full_attention"],
+    use_bidirectional_attention=True,
+    rope_parameters={
+        "full_attention": {"rope_type": "default", "rope_theta": 5000.0},
+        "sliding_attention": ROPE_100,
+    },
+)
+
 DECODERS = {
     "Llama": decoder("LlamaConfig", head_dim=8, attention_bias=True, mlp_bias=True),
     "Mistral": decoder("MistralConfig", head_dim=8, sliding_window=None),
@@ -289,6 +337,27 @@ ROWS: dict[str, Row] = {
         encoder("RobertaConfig", **ROBERTA), "roberta", num_labels=3
     ),
     "XLMRobertaForSequenceClassification": Row(encoder("XLMRobertaConfig", **ROBERTA), "roberta"),
+    "MPNetModel": Row(encoder("MPNetConfig", **ROBERTA_IDS), "roberta", pooling="mean"),
+    "MPNetForSequenceClassification": Row(encoder("MPNetConfig", **ROBERTA_IDS), "roberta"),
+    "DistilBertModel": Row(encoder("DistilBertConfig", **DISTILBERT), pooling="mean"),
+    "DistilBertForSequenceClassification": Row(encoder("DistilBertConfig", **DISTILBERT)),
+    "ElectraModel": Row(encoder("ElectraConfig", **ELECTRA), pooling="cls"),
+    "ElectraForSequenceClassification": Row(encoder("ElectraConfig", **ELECTRA)),
+    "DebertaV2Model": Row(encoder("DebertaV2Config", **DEBERTA), pooling="mean"),
+    "DebertaV2ForSequenceClassification": Row(encoder("DebertaV2Config", **DEBERTA), num_labels=3),
+    "ModernBertModel": Row(encoder("ModernBertConfig", **MODERNBERT), pooling="mean"),
+    "ModernBertForSequenceClassification": Row(encoder("ModernBertConfig", **MODERNBERT)),
+    "NomicBertModel": Row(
+        encoder("NomicBertConfig", pad_token_id=0, rope_parameters=ROPE_100), pooling="mean"
+    ),
+    "JinaEmbeddingsV3Model": Row(
+        encoder("JinaEmbeddingsV3Config", pad_token_id=1, bos_token_id=0, eos_token_id=2),
+        "roberta",
+        pooling="mean",
+    ),
+    # EmbeddingGemma: bidirectional, mean pooling, then Dense(h -> 4h) and Dense(4h -> h).
+    "Gemma3TextModel": Row(GEMMA3, "bpe", pooling="mean", dense=(128, 32), max_seq_length=512),
+    "Gemma3ForCausalLM": Row(GEMMA3, "bpe", pooling="lasttoken", max_seq_length=512),
     # Decoders: the base model and the causal LM embed with last-token pooling; one of the
     # classifiers has two labels.
     **{
