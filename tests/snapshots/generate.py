@@ -49,6 +49,7 @@ OUTPUTS = "outputs.safetensors"
 SNAPSHOT = "snapshot.json"
 # The checkpoint sits in a folder of its own: the loader reads every *.safetensors in it.
 CHECKPOINT = "checkpoint"
+SPARSE_MODULES = "sentence_transformers.sparse_encoder.models"
 
 # --- fixed inputs ---------------------------------------------------------------------------
 
@@ -337,6 +338,33 @@ ROWS: dict[str, Row] = {
         encoder("RobertaConfig", **ROBERTA), "roberta", num_labels=3
     ),
     "XLMRobertaForSequenceClassification": Row(encoder("XLMRobertaConfig", **ROBERTA), "roberta"),
+    # SPLADE: the masked-LM head's logits pooled as a sentence-transformers SparseEncoder.
+    "BertForMaskedLM": Row(
+        encoder("BertConfig", pad_token_id=0),
+        kind="sparse",
+        finish=lambda folder: splade_modules(folder, "max", "log1p_relu"),
+        reference=lambda folder: sparse_reference(folder),
+    ),
+    "RobertaForMaskedLM": Row(
+        encoder("RobertaConfig", **ROBERTA),
+        "roberta",
+        kind="sparse",
+        finish=lambda folder: splade_modules(folder, "sum", "relu"),
+        reference=lambda folder: sparse_reference(folder),
+    ),
+    "XLMRobertaForMaskedLM": Row(
+        encoder("XLMRobertaConfig", **ROBERTA),
+        "roberta",
+        kind="sparse",
+        finish=lambda folder: splade_modules(folder, "max", "relu"),
+        reference=lambda folder: sparse_reference(folder),
+    ),
+    "DistilBertForMaskedLM": Row(
+        encoder("DistilBertConfig", **DISTILBERT),
+        kind="sparse",
+        finish=lambda folder: splade_modules(folder, "sum", "log1p_relu"),
+        reference=lambda folder: sparse_reference(folder),
+    ),
     "MPNetModel": Row(encoder("MPNetConfig", **ROBERTA_IDS), "roberta", pooling="mean"),
     "MPNetForSequenceClassification": Row(encoder("MPNetConfig", **ROBERTA_IDS), "roberta"),
     "DistilBertModel": Row(encoder("DistilBertConfig", **DISTILBERT), pooling="mean"),
@@ -454,6 +482,43 @@ def _write_sentence_transformers_files(
         width = out
     _write_json(folder / "modules.json", modules)
     _write_json(folder / "sentence_bert_config.json", {"max_seq_length": row.max_seq_length})
+
+
+def splade_modules(folder: Path, strategy: str, activation: str) -> None:
+    """sentence-transformers' SparseEncoder files: the masked LM, then SpladePooling."""
+    _write_json(
+        folder / "modules.json",
+        [
+            {"idx": 0, "name": "0", "path": "", "type": f"{SPARSE_MODULES}.MLMTransformer"},
+            {
+                "idx": 1,
+                "name": "1",
+                "path": "1_SpladePooling",
+                "type": f"{SPARSE_MODULES}.SpladePooling",
+            },
+        ],
+    )
+    _write_json(
+        folder / "1_SpladePooling" / "config.json",
+        {
+            "pooling_strategy": strategy,
+            "activation_function": activation,
+            "word_embedding_dimension": None,
+        },
+    )
+    _write_json(
+        folder / "config_sentence_transformers.json",
+        {"model_type": "SparseEncoder", "similarity_fn_name": "dot"},
+    )
+    _write_json(folder / "sentence_bert_config.json", {"max_seq_length": 128})
+
+
+def sparse_reference(folder: Path) -> torch.Tensor:
+    """SparseEncoder's vectors of TEXTS, dense `(n, vocab)`."""
+    from sentence_transformers import SparseEncoder
+
+    encoder = SparseEncoder(str(folder), device="cpu")
+    return encoder.encode(TEXTS, convert_to_sparse_tensor=True).to_dense()
 
 
 def embed_reference(folder: Path) -> torch.Tensor:
