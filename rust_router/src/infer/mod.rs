@@ -21,9 +21,6 @@ use tokio::task::JoinHandle;
 
 pub use batching::batching_takes;
 
-/// Requests in flight up to which small ones are tokenized inline (see [`Infer::inline_ok`]).
-pub const INLINE_MAX_IN_FLIGHT: usize = 1;
-
 #[derive(Debug, thiserror::Error)]
 pub enum InferError {
     #[error(transparent)]
@@ -184,14 +181,14 @@ impl Infer {
             .map_err(|_| InferError::Overloaded(self.max_concurrent_requests))
     }
 
-    /// Whether a request whose inputs total `total_bytes` should be tokenized inline on the
-    /// calling tokio worker rather than on the pool: only small requests, and only while the
-    /// server is nearly idle (at most [`INLINE_MAX_IN_FLIGHT`] requests in flight, this one
-    /// included), where the pool's two thread hand-offs are most of the tokenization time.
-    /// Under load the pool keeps tokenization off the workers that serve HTTP.
+    /// Whether a request whose inputs total `total_bytes` is tokenized inline on the calling
+    /// tokio worker rather than on the pool: every small request (a query), busy server or
+    /// not. The pool is a FIFO that a backfill fills with thousands of documents; a query sent
+    /// there waits behind all of them (on real text, longer than its own forward pass). Inline,
+    /// it waits for nothing, and its cost is bounded by [`INLINE_MAX_BYTES`] (tens of
+    /// microseconds), about what parsing its JSON body costs the same worker.
     fn inline_ok(&self, total_bytes: usize) -> bool {
-        let in_flight = self.max_concurrent_requests - self.permits.available_permits();
-        total_bytes <= INLINE_MAX_BYTES && in_flight <= INLINE_MAX_IN_FLIGHT
+        total_bytes <= INLINE_MAX_BYTES
     }
 
     /// Every healthy device's health check (a failed device is not called again).

@@ -295,3 +295,42 @@ async fn a_request_whose_client_left_leaves_the_queue_at_once() {
     }
     assert_eq!(h.passes().len(), 2, "the abandoned request ran");
 }
+
+/// A query is tokenized while a backfill's documents fill the tokenization pool: it does not
+/// wait in the pool's queue behind them, even with other requests in flight.
+#[tokio::test]
+async fn a_query_is_tokenized_while_a_backfill_is_being_tokenized() {
+    let h = harness(true, 8);
+    // 16 documents of 200,000 words each, truncated to the limit: the pool's two workers
+    // take seconds over them (the tokenizer reads every word before truncating).
+    let document = format!("g {}", "a b c d ".repeat(50_000));
+    let infer = h.infer.clone();
+    let backfill = tokio::spawn(async move {
+        let request = InferRequest {
+            inputs: vec![EncodingInput::Single(document); 16],
+            opts: EncodeOptions {
+                truncate: true,
+                ..Default::default()
+            },
+            batched: true,
+        };
+        let started = Instant::now();
+        let out = infer.embed_pooled(request, true, None).await?;
+        Ok::<_, InferError>((out.len(), started.elapsed()))
+    });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let started = Instant::now();
+    let query = h.embed(&["hello"]).await.unwrap().unwrap();
+    let query_took = started.elapsed();
+    assert_eq!(query, 1);
+    // The backfill's sequences reach the queue only once all 16 are tokenized.
+    assert!(
+        h.gate.held() == 0 && h.infer.queue.is_empty() && !backfill.is_finished(),
+        "the backfill was tokenized before the query was answered ({query_took:?})"
+    );
+    until("the backfill reaches the backend", || h.gate.held() == 1).await;
+    h.gate.open();
+    let (n, backfill_took) = backfill.await.unwrap().unwrap();
+    assert_eq!(n, 16);
+    assert!(query_took * 4 < backfill_took, "{query_took:?} vs {backfill_took:?}");
+}
