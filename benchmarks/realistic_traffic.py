@@ -1,0 +1,170 @@
+"""Realistic traffic for `bench_router.py --realistic` (BENCHMARKS.md, "Realistic traffic"):
+a deterministic corpus of varied English text (benchmarks/corpus_text.py, seed 0) cut to
+token lengths uniform in [min, max] by the served model's own tokenizer; a backfill sent by
+`baseten-performance-client` (a Rust client, so the client is not the bottleneck) as
+requests of 32 documents with base64 results over N connections; and 24-token
+`/v1/embeddings` queries of varied text, one every interval, on their own keep-alive
+connection (Python's http.client: one request at a time costs it ~0.1 ms).
+
+The client is installed for the benchmark only (`make bench_client` downloads its wheel into
+.carry/wheels; `ensure_client` installs it from there with --no-deps --target .carry/pyclient,
+so the GPU machine, which has no package index, needs only the carried .carry/ folder).
+"""
+
+from __future__ import annotations
+
+import http.client
+import importlib
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from corpus_text import corpus, sentence
+from tokenizers import Tokenizer
+
+ROOT = Path(__file__).resolve().parents[1]
+CARRY = ROOT / ".carry"
+QUERY_TOKENS = 24
+
+
+def ensure_client() -> Any:
+    """Imports baseten_performance_client, installing its carried wheel first if needed."""
+    target = CARRY / "pyclient"
+    sys.path.insert(0, str(target))
+    try:
+        return importlib.import_module("baseten_performance_client")
+    except ImportError:
+        pass
+    wheels = sorted((CARRY / "wheels").glob("baseten_performance_client-*.whl"))
+    if not wheels:
+        raise SystemExit(
+            "baseten-performance-client is not installed and no wheel is in .carry/wheels: "
+            "run `make bench_client` (needs PyPI) and carry .carry/"
+        )
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-index"]
+        + ["--target", str(target), str(wheels[-1])],
+        check=True,
+    )
+    importlib.invalidate_caches()
+    return importlib.import_module("baseten_performance_client")
+
+
+def cut(tokenizer: Tokenizer, text: str, tokens: int) -> str:
+    """`text` cut so that it encodes to `tokens` tokens, special tokens included (or fewer when
+    the text is shorter)."""
+    encoding = tokenizer.encode(text)
+    keep = tokens - encoding.word_ids.count(None)  # room left by [CLS]/[SEP] and the like
+    offsets = [o for o, w in zip(encoding.offsets, encoding.word_ids, strict=True) if w is not None]
+    if keep >= len(offsets):
+        return text
+    return text[: offsets[keep - 1][1]]
+
+
+def documents(
+    tokenizer: Tokenizer, count: int, min_tokens: int, max_tokens: int
+) -> tuple[list[str], int]:
+    """(`count` documents of lengths uniform in [min_tokens, max_tokens], their real tokens)."""
+    rng = np.random.default_rng(0)
+    targets = rng.integers(min_tokens, max_tokens + 1, size=count)
+    # Words are ~1.3 WordPiece tokens: generate enough words, then cut by tokens.
+    texts = corpus(count, min_words=max_tokens, max_words=max_tokens, seed=0)
+    docs = [cut(tokenizer, t, int(n)) for t, n in zip(texts, targets, strict=True)]
+    tokens = sum(len(e.ids) for e in tokenizer.encode_batch(docs))
+    return docs, tokens
+
+
+def queries(tokenizer: Tokenizer, count: int = 64) -> list[bytes]:
+    """`count` request bodies of one 24-token query each, of varied text (seed 1)."""
+    import json
+
+    rng = np.random.default_rng(1)
+    bodies = []
+    for _ in range(count):
+        text = cut(tokenizer, " ".join(sentence(rng) for _ in range(3)), QUERY_TOKENS)
+        bodies.append(json.dumps({"input": text, "model": "bench"}).encode())
+    return bodies
+
+
+@dataclass
+class Backfill:
+    """Passes over the corpus by the Rust client; tokens per second over all passes."""
+
+    client: Any
+    preference: Any
+    docs: list[str]
+    tokens: int
+
+    @classmethod
+    def connect(
+        cls, module: Any, port: int, docs: list[str], tokens: int, connections: int, per_request: int
+    ) -> Backfill:
+        client = module.PerformanceClient(base_url=f"http://127.0.0.1:{port}", api_key="unused")
+        preference = module.RequestProcessingPreference(
+            max_concurrent_requests=connections,
+            batch_size=per_request,
+            # The default (8,000 characters) would split a request of 32 long documents.
+            max_chars_per_request=1_048_576,
+            timeout_s=600.0,
+            max_retries=0,
+        )
+        return cls(client, preference, docs, tokens)
+
+    def run(self, passes: int) -> float:
+        start = time.perf_counter()
+        for _ in range(passes):
+            response = self.client.embed(
+                self.docs, model="bench", encoding_format="base64", preference=self.preference
+            )
+            if len(response.data) != len(self.docs):
+                raise SystemExit(f"backfill: {len(response.data)} of {len(self.docs)} answered")
+        return self.tokens * passes / (time.perf_counter() - start)
+
+
+class Queries:
+    """One query every `interval_s` on one keep-alive connection, until stopped."""
+
+    def __init__(self, port: int, bodies: list[bytes], interval_s: float) -> None:
+        self.port, self.bodies, self.interval_s = port, bodies, interval_s
+        self.latencies: list[float] = []
+        self.errors = 0
+
+    def run(self, stop: threading.Event | None = None, seconds: float | None = None) -> None:
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=600)
+        start = next_at = time.perf_counter()
+        i = 0
+        while not (stop is not None and stop.is_set()) and not (
+            seconds is not None and time.perf_counter() - start >= seconds
+        ):
+            body = self.bodies[i % len(self.bodies)]
+            i += 1
+            t0 = time.perf_counter()
+            conn.request("POST", "/v1/embeddings", body, {"Content-Type": "application/json"})
+            resp = conn.getresponse()
+            resp.read()
+            if resp.status == 200:
+                self.latencies.append(time.perf_counter() - t0)
+            else:
+                self.errors += 1
+            # Open loop on a schedule: a slow answer is not followed by a burst.
+            next_at = max(next_at + self.interval_s, time.perf_counter())
+            time.sleep(max(0.0, next_at - time.perf_counter()))
+        conn.close()
+
+
+def mixed(backfill: Backfill, queries: Queries, passes: int, settle_s: float) -> float:
+    """The backfill's tokens/s over `passes` while queries run beside it; queries start
+    `settle_s` after the backfill so that they all meet a saturated server."""
+    stop = threading.Event()
+    query_thread = threading.Thread(target=lambda: (time.sleep(settle_s), queries.run(stop)))
+    query_thread.start()
+    try:
+        return backfill.run(passes)
+    finally:
+        stop.set()
+        query_thread.join()
