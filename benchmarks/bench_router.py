@@ -161,14 +161,18 @@ def realistic_row(
     tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
     tokenizer.no_truncation()  # as the router does: the file's own limits are not the model's
     tokenizer.no_padding()
-    count = args.docs or (512 if shape == "qwen3-8b" else 2048)
-    docs, tokens = rt.documents(tokenizer, count, args.min_tokens, args.max_tokens)
-    bodies = rt.queries(tokenizer)
     extra = args.router_args.split()
     if shape == "minilm-real" and torch.cuda.is_available() and "--dtype" not in extra:
         extra += ["--dtype", "float16"]
     proc = serve(folder, port, extra)
     try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/info", timeout=10) as r:
+            model_max = json.load(r)["max_input_length"]
+        # all-MiniLM-L6-v2 takes 256 tokens: its documents are cut there.
+        count = args.docs or (512 if shape == "qwen3-8b" else 2048)
+        max_tokens = min(args.max_tokens, model_max)
+        docs, tokens = rt.documents(tokenizer, count, min(args.min_tokens, max_tokens), max_tokens)
+        bodies = rt.queries(tokenizer)
         interval = args.query_interval_ms / 1e3
         warm = rt.Queries(port, bodies, interval)
         warm.run(seconds=1.0)

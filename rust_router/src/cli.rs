@@ -77,6 +77,13 @@ pub struct Args {
     #[arg(long, env = "INTERACTIVE_MAX_TOKENS", default_value_t = 256)]
     pub interactive_max_tokens: usize,
 
+    /// Where the runtime has no interactive lane (CPU), one backend thread runs both queues
+    /// and a query waits for the bulk batch in progress: bulk batches are then bounded to
+    /// about this many milliseconds of forward pass (their token budget follows the measured
+    /// speed), so queries stay fast during a backfill. 0: bounded by tokens only.
+    #[arg(long, env = "MAX_BULK_BATCH_MS", default_value_t = 50)]
+    pub max_bulk_batch_ms: u64,
+
     /// After each batch, a backend thread busy-waits this many microseconds for the next one
     /// before it sleeps. A thread that slept wakes on a cold core and the next query's host
     /// work runs slower (0.1-0.3 ms measured); spinning costs a busy core per backend
@@ -204,6 +211,8 @@ impl Args {
             max_batch_requests: self.max_batch_requests,
             max_concurrent_requests: self.max_concurrent_requests,
             interactive_max_tokens: self.interactive_max_tokens,
+            max_bulk_batch_time: (self.max_bulk_batch_ms > 0)
+                .then(|| std::time::Duration::from_millis(self.max_bulk_batch_ms)),
         }
     }
 

@@ -32,6 +32,8 @@ pub fn batching_takes(backend: &BackendHandle, interactive_max_tokens: usize) ->
 /// What every batch's results need, shared by the tasks.
 struct Context {
     backend: BackendHandle,
+    /// Told each bulk batch's size and duration, for time-bounded bulk batches.
+    queue: Queue,
     info: Arc<ModelInfo>,
     metrics: Arc<Metrics>,
     /// The `device` label of the `te_batch_*` metrics, by device index. `None` with one
@@ -70,6 +72,7 @@ pub fn spawn_tasks(
     let devices = backend.num_devices();
     let ctx = Arc::new(Context {
         backend: backend.clone(),
+        queue: queue.clone(),
         info: info.clone(),
         metrics: metrics.clone(),
         device_labels: (devices > 1).then(|| (0..devices).map(|i| i.to_string()).collect()),
@@ -107,9 +110,9 @@ async fn batching_task(queue: Queue, take: Take, ctx: Arc<Context>) {
         // `None`: every queued entry's client went away; the slot goes back unused.
         let Some(NextBatch {
             kind,
+            lane: packed,
             batch,
             metadata,
-            ..
         }) = queue.try_next_batch(take, ctx.device_label(slot.device()))
         else {
             continue;
@@ -120,6 +123,7 @@ async fn batching_task(queue: Queue, take: Take, ctx: Arc<Context>) {
         let job = Job {
             kind,
             lane: take.backend_lane(),
+            paced: packed == Lane::Bulk,
             metadata,
         };
         tokio::spawn(job.finish(rx, ctx.clone()));
@@ -142,6 +146,9 @@ struct Job {
     kind: BatchKind,
     /// The lane whose threads run the batch (re-runs go to that lane, on any device).
     lane: Lane,
+    /// Whether it is a bulk batch, whose size and duration pace the next ones (re-runs are
+    /// not: they are split apart).
+    paced: bool,
     /// One per sequence, in batch order.
     metadata: Vec<Metadata>,
 }
@@ -198,6 +205,9 @@ impl Job {
     /// Splits the results back to the sequences; a sequence whose values are not all finite
     /// gets an error of its own instead of `null`s in JSON.
     fn deliver(self, batch: &Batch, out: Output, device: usize, ctx: &Context) {
+        if self.paced {
+            ctx.queue.record_bulk(batch.num_tokens(), out.duration);
+        }
         let m = &ctx.metrics;
         ctx.labels(device, |labels| {
             m.inc("te_batch_inference_success", labels);
@@ -315,6 +325,7 @@ impl Job {
         Self {
             kind,
             lane,
+            paced: false,
             metadata,
         }
     }

@@ -8,7 +8,7 @@ use crate::backend::{
     BackendError, BackendHandle, BatchKind, DeviceStatus, Health, Lane, ModelInfo, ScoreActivation,
 };
 use crate::metrics::Metrics;
-use crate::queue::{Entry, InferResult, Metadata, Queue, RequestId};
+use crate::queue::{Entry, InferResult, Metadata, Queue, RequestId, Take};
 use crate::tokenization::{
     EncodeOptions, EncodingInput, Tokenization, TokenizationError, ValidEncoding, INLINE_MAX_BYTES,
 };
@@ -48,6 +48,10 @@ pub struct InferConfig {
     pub max_concurrent_requests: usize,
     /// Requests of at most this many tokens in all are interactive; 0: all are bulk.
     pub interactive_max_tokens: usize,
+    /// Where one backend thread serves both lanes (no interactive lane: the CPU), bulk
+    /// batches hold about this much forward-pass time at most, so a query waits for little
+    /// more than that; `None`: tokens only.
+    pub max_bulk_batch_time: Option<Duration>,
 }
 
 /// One client request's inputs and how to encode them. `batched` says whether the client sent
@@ -142,6 +146,10 @@ impl Infer {
             config.max_batch_requests,
             metrics.clone(),
         );
+        let takes = batching_takes(&backend, config.interactive_max_tokens);
+        if let (Some(target), [Take::Priority]) = (config.max_bulk_batch_time, takes.as_slice()) {
+            queue.pace_bulk(target);
+        }
         let tasks = batching::spawn_tasks(
             &queue,
             &backend,

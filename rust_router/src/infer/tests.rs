@@ -55,6 +55,7 @@ fn harness(interactive_lane: bool, interactive_max_tokens: usize) -> Harness {
         max_batch_requests: None,
         max_concurrent_requests: 64,
         interactive_max_tokens,
+        max_bulk_batch_time: None,
     };
     let (infer, _task) = Infer::new(
         test_tokenization(16, 0),

@@ -35,6 +35,7 @@ fn devices(n: usize, delay: Duration) -> Devices {
         max_concurrent_requests: 64,
         // Every request is bulk: one batching task feeds every device.
         interactive_max_tokens: 0,
+        max_bulk_batch_time: None,
     };
     let (infer, _task) = Infer::new(
         test_tokenization(16, 0),

@@ -89,6 +89,62 @@ impl Take {
     }
 }
 
+/// Bulk batches bounded by time as well as tokens, for backends without an interactive lane
+/// (the CPU): there a query waits for the bulk batch that runs, and a 16k-token batch takes
+/// seconds on a CPU. The token budget of bulk batches follows the device's measured speed so
+/// that one takes about `target`; tokens per second stay about the same, since a CPU is as
+/// efficient on a few hundred tokens as on thousands.
+#[derive(Debug, Clone)]
+pub struct BulkPacing {
+    target: Duration,
+    /// Smoothed tokens per second of the bulk batches run so far.
+    tokens_per_s: Option<f64>,
+}
+
+/// Bulk batches before the device's speed is known hold at most this many tokens, so the
+/// first one cannot hold a query for seconds either.
+pub const PACED_FIRST_BATCH_TOKENS: usize = 1024;
+
+/// Paced bulk batches never get a smaller budget than this. A batch's duration has a fixed
+/// part (the Python call; on a CPU shared with other busy processes, the thread pool's
+/// barriers, measured at ~1 s per batch), so tokens/s measured on tiny batches understates
+/// the device and would shrink the next batches further, down to one short document.
+pub const PACED_MIN_BATCH_TOKENS: usize = 256;
+
+impl BulkPacing {
+    pub fn new(target: Duration) -> Self {
+        Self {
+            target,
+            tokens_per_s: None,
+        }
+    }
+
+    /// Folds in one bulk batch's size and duration. Weighted towards the latest: the speed
+    /// moves with the batch size (small batches run slower on a GPU) and with other load.
+    pub fn record(&mut self, tokens: usize, took: Duration) {
+        let seconds = took.as_secs_f64();
+        if tokens == 0 || seconds <= 0.0 {
+            return;
+        }
+        let rate = tokens as f64 / seconds;
+        self.tokens_per_s = Some(match self.tokens_per_s {
+            Some(old) => 0.5 * old + 0.5 * rate,
+            None => rate,
+        });
+    }
+
+    /// Tokens of a bulk batch that runs about `target`, within
+    /// `[PACED_MIN_BATCH_TOKENS, max_batch_tokens]`.
+    pub fn budget(&self, max_batch_tokens: usize) -> usize {
+        match self.tokens_per_s {
+            Some(rate) => ((rate * self.target.as_secs_f64()) as usize)
+                .max(PACED_MIN_BATCH_TOKENS)
+                .min(max_batch_tokens),
+            None => PACED_FIRST_BATCH_TOKENS.min(max_batch_tokens),
+        }
+    }
+}
+
 /// Queue contents and the packing rule, with no I/O so it can be tested directly.
 #[derive(Debug)]
 pub struct State {
@@ -96,6 +152,8 @@ pub struct State {
     lanes: [VecDeque<Entry>; 2],
     max_batch_tokens: usize,
     max_batch_requests: Option<usize>,
+    /// `Some` when bulk batches are bounded by time too.
+    pacing: Option<BulkPacing>,
     dropped: u64,
 }
 
@@ -105,7 +163,28 @@ impl State {
             lanes: Default::default(),
             max_batch_tokens,
             max_batch_requests,
+            pacing: None,
             dropped: 0,
+        }
+    }
+
+    /// Bounds bulk batches by `target` of forward-pass time as well (see [`BulkPacing`]).
+    pub fn pace_bulk(&mut self, target: Duration) {
+        self.pacing = Some(BulkPacing::new(target));
+    }
+
+    /// One bulk batch ran: its tokens and forward-pass time set the next ones' budget.
+    pub fn record_bulk(&mut self, tokens: usize, took: Duration) {
+        if let Some(pacing) = &mut self.pacing {
+            pacing.record(tokens, took);
+        }
+    }
+
+    /// The token budget of `lane`'s next batch.
+    pub fn batch_tokens(&self, lane: Lane) -> usize {
+        match (&self.pacing, lane) {
+            (Some(pacing), Lane::Bulk) => pacing.budget(self.max_batch_tokens),
+            _ => self.max_batch_tokens,
         }
     }
 
@@ -156,6 +235,7 @@ impl State {
     /// first and fit in the token and sequence budgets. Entries whose receiver is gone are
     /// discarded, so a disconnected client costs no compute.
     pub fn next_batch(&mut self, lane: Lane) -> Option<NextBatch> {
+        let max_tokens = self.batch_tokens(lane);
         let entries = &mut self.lanes[lane.index()];
         let mut kind = None;
         let mut batch = Batch {
@@ -170,7 +250,7 @@ impl State {
                 continue;
             }
             let len = entry.encoding.input_ids.len();
-            let fits = batch.input_ids.len() + len <= self.max_batch_tokens
+            let fits = batch.input_ids.len() + len <= max_tokens
                 // A sequence longer than the whole budget still has to run somewhere: alone.
                 || metadata.is_empty();
             if kind.is_some_and(|k| k != entry.kind) || !fits {
@@ -281,6 +361,21 @@ impl Queue {
 
     pub fn is_empty(&self) -> bool {
         self.state().is_empty()
+    }
+
+    /// Bounds bulk batches by `target` of forward-pass time as well (see [`BulkPacing`]).
+    pub fn pace_bulk(&self, target: Duration) {
+        self.state().pace_bulk(target);
+    }
+
+    /// A bulk batch of `tokens` ran in `took` (no-op unless bulk batches are paced).
+    pub fn record_bulk(&self, tokens: usize, took: Duration) {
+        self.state().record_bulk(tokens, took);
+    }
+
+    /// The token budget of `lane`'s next batch.
+    pub fn batch_tokens(&self, lane: Lane) -> usize {
+        self.state().batch_tokens(lane)
     }
 
     /// Packs the next batch for `take` from what is queued now, if anything is. `device` labels

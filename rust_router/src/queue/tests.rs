@@ -287,3 +287,39 @@ async fn each_lane_wakes_only_its_own_consumer() {
     assert!(!queue.wait_ready(Take::Lane(Lane::Interactive)).await);
     assert!(!queue.wait_ready(Take::Priority).await);
 }
+
+#[test]
+fn paced_bulk_batches_follow_the_measured_speed_and_queries_keep_the_full_budget() {
+    let mut state = State::new(5000, None);
+    // Unpaced: the token budget alone.
+    assert_eq!(state.batch_tokens(Lane::Bulk), 5000);
+    state.pace_bulk(Duration::from_millis(100));
+    // Before any batch has run: a small first batch.
+    assert_eq!(state.batch_tokens(Lane::Bulk), PACED_FIRST_BATCH_TOKENS);
+    // 4,000 tokens in 1 s: a 100 ms batch holds 400 tokens.
+    state.record_bulk(4000, Duration::from_secs(1));
+    assert_eq!(state.batch_tokens(Lane::Bulk), 400);
+    assert_eq!(state.batch_tokens(Lane::Interactive), 5000);
+    let _rx = fill(&mut state, &[150, 150, 150, 600, 10]);
+    let _q = fill_lanes(&mut state, &[(60, Lane::Interactive), (60, Lane::Interactive)]);
+    // Two 150-token entries fit in 400; a 600-token sequence still runs, alone.
+    assert_eq!(sizes(&mut state), [vec![150, 150], vec![150], vec![600], vec![10]]);
+    let queries = state.next_batch(Lane::Interactive).unwrap();
+    assert_eq!(seq_lens(&queries), [60, 60]);
+    // A slow batch never shrinks the budget below the floor.
+    state.record_bulk(10, Duration::from_secs(10));
+    assert_eq!(state.batch_tokens(Lane::Bulk), PACED_MIN_BATCH_TOKENS);
+    // A faster device (10,000 tokens/s measured) earns bigger batches, up to the budget.
+    for _ in 0..20 {
+        state.record_bulk(10_000, Duration::from_secs(1));
+    }
+    assert!((990..=1000).contains(&state.batch_tokens(Lane::Bulk)));
+    for _ in 0..20 {
+        state.record_bulk(1_000_000, Duration::from_secs(1));
+    }
+    assert_eq!(state.batch_tokens(Lane::Bulk), 5000);
+    // Nonsense measurements are ignored.
+    state.record_bulk(0, Duration::from_secs(1));
+    state.record_bulk(10, Duration::ZERO);
+    assert_eq!(state.batch_tokens(Lane::Bulk), 5000);
+}
