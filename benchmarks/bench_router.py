@@ -251,8 +251,9 @@ def main() -> None:
     )
     parser.add_argument("--shapes", default="bert-large")
     parser.add_argument(
-        "--tokenizer-from", type=Path, help="tokenizer.json for random shapes (required but "
-        "for --realistic --shapes minilm-real)"
+        "--tokenizer-from",
+        type=Path,
+        help="tokenizer.json for random shapes (required but for --realistic --shapes minilm-real)",
     )
     parser.add_argument("--realistic", action="store_true", help="realistic traffic (above)")
     parser.add_argument("--docs", type=int, help="realistic: documents (BENCHMARKS.md's count)")

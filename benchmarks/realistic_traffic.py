@@ -102,7 +102,13 @@ class Backfill:
 
     @classmethod
     def connect(
-        cls, module: Any, port: int, docs: list[str], tokens: int, connections: int, per_request: int
+        cls,
+        module: Any,
+        port: int,
+        docs: list[str],
+        tokens: int,
+        connections: int,
+        per_request: int,
     ) -> Backfill:
         client = module.PerformanceClient(base_url=f"http://127.0.0.1:{port}", api_key="unused")
         preference = module.RequestProcessingPreference(

@@ -333,5 +333,8 @@ async fn a_query_is_tokenized_while_a_backfill_is_being_tokenized() {
     h.gate.open();
     let (n, backfill_took) = backfill.await.unwrap().unwrap();
     assert_eq!(n, 16);
-    assert!(query_took * 4 < backfill_took, "{query_took:?} vs {backfill_took:?}");
+    assert!(
+        query_took * 4 < backfill_took,
+        "{query_took:?} vs {backfill_took:?}"
+    );
 }

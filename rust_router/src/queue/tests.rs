@@ -301,9 +301,15 @@ fn paced_bulk_batches_follow_the_measured_speed_and_queries_keep_the_full_budget
     assert_eq!(state.batch_tokens(Lane::Bulk), 400);
     assert_eq!(state.batch_tokens(Lane::Interactive), 5000);
     let _rx = fill(&mut state, &[150, 150, 150, 600, 10]);
-    let _q = fill_lanes(&mut state, &[(60, Lane::Interactive), (60, Lane::Interactive)]);
+    let _q = fill_lanes(
+        &mut state,
+        &[(60, Lane::Interactive), (60, Lane::Interactive)],
+    );
     // Two 150-token entries fit in 400; a 600-token sequence still runs, alone.
-    assert_eq!(sizes(&mut state), [vec![150, 150], vec![150], vec![600], vec![10]]);
+    assert_eq!(
+        sizes(&mut state),
+        [vec![150, 150], vec![150], vec![600], vec![10]]
+    );
     let queries = state.next_batch(Lane::Interactive).unwrap();
     assert_eq!(seq_lens(&queries), [60, 60]);
     // A slow batch never shrinks the budget below the floor.
