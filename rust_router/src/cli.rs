@@ -308,6 +308,19 @@ mod tests {
     }
 
     #[test]
+    fn bulk_batches_are_bounded_by_50_ms_unless_zero() {
+        use std::time::Duration;
+        let config = |args: &[&str]| parse(args).unwrap().infer_config().max_bulk_batch_time;
+        assert_eq!(config(&[]), Some(Duration::from_millis(50)));
+        assert_eq!(
+            config(&["--max-bulk-batch-ms", "200"]),
+            Some(Duration::from_millis(200))
+        );
+        assert_eq!(config(&["--max-bulk-batch-ms", "0"]), None);
+        assert!(parse(&["--max-bulk-batch-ms", "-5"]).is_err());
+    }
+
+    #[test]
     fn backend_spin_is_off_unless_asked_for() {
         assert_eq!(parse(&[]).unwrap().backend_spin_us, 0);
         assert_eq!(

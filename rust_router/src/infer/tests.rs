@@ -338,3 +338,38 @@ async fn a_query_is_tokenized_while_a_backfill_is_being_tokenized() {
         "{query_took:?} vs {backfill_took:?}"
     );
 }
+
+/// Bulk batches are bounded by time only where one backend thread serves both lanes: with an
+/// interactive lane the runtime pauses bulk batches for queries itself.
+#[tokio::test]
+async fn bulk_batches_are_paced_only_without_an_interactive_lane() {
+    for (interactive_lane, paced) in [(false, true), (true, false)] {
+        let fake = FakeBackend::new(ModelInfo {
+            interactive_lane,
+            ..FakeBackend::info()
+        });
+        let (backend, info, _threads) = BackendHandle::spawn(fake.into_factory()).unwrap();
+        let metrics = Arc::new(Metrics::new(info.max_input_length));
+        let config = InferConfig {
+            max_batch_tokens: 4096,
+            max_batch_requests: None,
+            max_concurrent_requests: 64,
+            interactive_max_tokens: 8,
+            max_bulk_batch_time: Some(Duration::from_millis(50)),
+        };
+        let (infer, _task) = Infer::new(
+            test_tokenization(16, 0),
+            backend,
+            Arc::new(info),
+            config,
+            metrics,
+        );
+        let expected = if paced {
+            crate::queue::PACED_FIRST_BATCH_TOKENS
+        } else {
+            4096
+        };
+        assert_eq!(infer.queue.batch_tokens(Lane::Bulk), expected);
+        assert_eq!(infer.queue.batch_tokens(Lane::Interactive), 4096);
+    }
+}
