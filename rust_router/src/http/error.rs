@@ -212,9 +212,14 @@ pub struct Body<T, const OPENAI: bool>(pub T);
 pub type TeiJson<T> = Body<T, false>;
 pub type OpenAIJson<T> = Body<T, true>;
 
+/// Bodies larger than this are parsed on a blocking-pool thread: a backfill request of 32
+/// long documents is 100 KB or more (a 2 MB one takes milliseconds to parse), and parsing
+/// it on a tokio worker would hold up the queries that worker serves meanwhile.
+pub const BLOCKING_PARSE_BYTES: usize = 64 * 1024;
+
 impl<T, const OPENAI: bool> FromRequest<AppState> for Body<T, OPENAI>
 where
-    T: DeserializeOwned,
+    T: DeserializeOwned + Send + 'static,
 {
     type Rejection = ApiError;
 
@@ -255,7 +260,16 @@ where
             .close_connection()),
         }
         .map_err(|e| e.openai(OPENAI))?;
-        serde_json::from_slice(&bytes).map(Body).map_err(|err| {
+        let large = bytes.len() > BLOCKING_PARSE_BYTES;
+        let parse = move || serde_json::from_slice::<T>(&bytes);
+        let parsed = if large {
+            tokio::task::spawn_blocking(parse)
+                .await
+                .map_err(|e| ApiError::validation(format!("cannot parse the body: {e}")))?
+        } else {
+            parse()
+        };
+        parsed.map(Body).map_err(|err| {
             ApiError::validation(format!("Failed to parse the JSON body: {err}")).openai(OPENAI)
         })
     }

@@ -159,3 +159,29 @@ async fn a_half_sent_body_is_answered_503_when_draining() {
     assert_eq!(r.status, 503);
     assert_eq!(r.json["error"]["type"], "shutting_down");
 }
+
+/// Bodies over `BLOCKING_PARSE_BYTES` are parsed off the tokio workers, with the same answers
+/// as small ones: the embeddings, or a 422 in the route's own error shape.
+#[tokio::test]
+async fn large_bodies_parse_off_the_workers_with_the_same_answers() {
+    let app = test_app(Options {
+        payload_limit: 1_000_000,
+        ..Default::default()
+    });
+    let padding = " ".repeat(super::error::BLOCKING_PARSE_BYTES);
+    let body = format!("{{\"inputs\": [\"hello world\", \"hello\"]{padding}}}");
+    let r = app.post_raw("/embed", body, &[]).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    assert_eq!(r.json.as_array().unwrap().len(), 2);
+    let body = format!("{{\"input\": \"hello\", \"model\": \"m\"{padding}}}");
+    let r = app.post_raw("/v1/embeddings", body, &[]).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    let r = app
+        .post_raw("/v1/embeddings", format!("{{\"input\": {padding}"), &[])
+        .await;
+    assert_eq!(r.status, 422);
+    assert!(r.json["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("Failed to parse the JSON body"));
+}
