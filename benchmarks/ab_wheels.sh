@@ -7,6 +7,7 @@
 # Each wheel is installed with --no-deps into its own folder under $AB_ROOT (default
 # /tmp/ab); the command runs with that folder first on PYTHONPATH and its bin/ first on PATH
 # (the `text-embeddings-router` console script). Output lines are prefixed with the build.
+# AB_ORDER changes the order (e.g. "old new" when one pass of each fits the time limit).
 set -euo pipefail
 
 if [[ $# -lt 4 || $3 != "--" ]]; then
@@ -24,7 +25,7 @@ for build in old new; do
     python3 -m pip install -q --no-deps --upgrade --target "$root/$build" "$wheel"
 done
 
-for build in old new new old; do
+for build in ${AB_ORDER:-old new new old}; do
     echo "=== $build"
     PYTHONPATH="$root/$build${PYTHONPATH:+:$PYTHONPATH}" PATH="$root/$build/bin:$PATH" \
         "$@" 2>&1 | sed "s/^/[$build] /"

@@ -71,7 +71,7 @@ def make_config(name: str):  # type: ignore[no-untyped-def]
 # them (config class, architecture, fields over the class defaults).
 FAMILY_SHAPES: dict[str, tuple[str, str, dict[str, object]]] = {
     # sentence-transformers/all-mpnet-base-v2
-    "mpnet-base": ("MPNetConfig", "MPNetModel", {}),
+    "mpnet-base": ("MPNetConfig", "MPNetModel", {"max_position_embeddings": 514}),
     # distilbert-base-uncased (msmarco-distilbert-base-v4 and the DistilBERT cross-encoders)
     "distilbert-base": ("DistilBertConfig", "DistilBertModel", {}),
     # microsoft/deberta-v3-base
