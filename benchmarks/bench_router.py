@@ -34,6 +34,7 @@ import argparse
 import http.client
 import itertools
 import json
+import math
 import shutil
 import subprocess
 import sys
@@ -182,9 +183,13 @@ def realistic_row(
         backfill.docs = docs[: max(DOCS_PER_REQUEST * args.clients, len(docs) // 4)]
         backfill.run(1)  # warm-up: every bulk code path once
         backfill.docs = docs
-        solo = backfill.run(args.passes)
+        # Enough passes that queries meet the backfill for `--seconds` after it settles: a
+        # small model runs the whole corpus in a fraction of a second.
+        estimate = backfill.run(1)
+        passes = max(args.passes, math.ceil((args.settle + args.seconds) * estimate / tokens))
+        solo = backfill.run(passes)
         loaded = rt.Queries(port, bodies, interval)
-        under = rt.mixed(backfill, loaded, args.passes, settle_s=args.settle)
+        under = rt.mixed(backfill, loaded, passes, settle_s=args.settle)
     finally:
         proc.terminate()
         proc.wait(timeout=60)
@@ -281,7 +286,9 @@ def main() -> None:
     parser.add_argument("--workloads", default="query,backfill,mixed")
     parser.add_argument("--seconds", type=float, default=5)
     parser.add_argument("--clients", type=int, default=8, help="backfill connections")
-    parser.add_argument("--passes", type=int, default=2, help="backfill corpus repetitions")
+    parser.add_argument(
+        "--passes", type=int, default=2, help="backfill corpus repetitions (realistic: at least)"
+    )
     parser.add_argument("--router-args", default="", help="extra router flags, space-separated")
     args = parser.parse_args()
     if args.tokenizer_from is None and not (args.realistic and args.shapes == "minilm-real"):
