@@ -57,6 +57,7 @@ class ModelInfo:
         """The adapter index of a request with this prompt name (or the default one)."""
         name = prompt_name or self.default_prompt_name
         return self.adapters.get(name, 0) if name is not None else 0
+
     # SPLADE models: how token logits are pooled, and the default cap on active dimensions.
     splade: SpladeConfig | None = None
     max_active_dims: int | None = None
@@ -240,6 +241,7 @@ def _adapter_prompts(
             prompts.setdefault(name, "")
             adapters[name] = index
     return prompts, adapters
+
 
 def _sparse_info(
     info: ModelInfo,
