@@ -81,7 +81,7 @@ pub struct Args {
     /// and a query waits for the bulk batch in progress: bulk batches are then bounded to
     /// about this many milliseconds of forward pass (their token budget follows the measured
     /// speed), so queries stay fast during a backfill. 0: bounded by tokens only.
-    #[arg(long, env = "MAX_BULK_BATCH_MS", default_value_t = 50)]
+    #[arg(long, env = "MAX_BULK_BATCH_MS", default_value_t = 40)]
     pub max_bulk_batch_ms: u64,
 
     /// After each batch, a backend thread busy-waits this many microseconds for the next one
@@ -308,10 +308,10 @@ mod tests {
     }
 
     #[test]
-    fn bulk_batches_are_bounded_by_50_ms_unless_zero() {
+    fn bulk_batches_are_bounded_by_40_ms_unless_zero() {
         use std::time::Duration;
         let config = |args: &[&str]| parse(args).unwrap().infer_config().max_bulk_batch_time;
-        assert_eq!(config(&[]), Some(Duration::from_millis(50)));
+        assert_eq!(config(&[]), Some(Duration::from_millis(40)));
         assert_eq!(
             config(&["--max-bulk-batch-ms", "200"]),
             Some(Duration::from_millis(200))
