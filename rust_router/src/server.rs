@@ -300,10 +300,21 @@ fn run(mut args: Args, make_backend: MakeBackend) -> Result<(), String> {
              running); exiting without waiting for it"
         );
         result?;
-        std::process::exit(0);
+        exit_now(0);
     }
     tracing::info!("stopped");
     result
+}
+
+/// Ends the process at once, without `exit`'s atexit handlers and C++ static destructors: a
+/// forward pass still runs on a backend thread, and tearing down the libraries it is using
+/// under it (torch's thread pools) crashes the process instead of exiting with `code`.
+fn exit_now(code: i32) -> ! {
+    use std::io::Write;
+    let _ = std::io::stdout().flush();
+    let _ = std::io::stderr().flush();
+    // SAFETY: `_exit` only ends the process; nothing runs after it in this or any thread.
+    unsafe { libc::_exit(code) }
 }
 
 /// One full-length input must fit in a batch.

@@ -11,6 +11,7 @@ import os
 import time
 
 import numpy as np
+import torch
 
 from trt_tei_runtime.backend import Backend
 
@@ -20,13 +21,15 @@ class FaultyBackend(Backend):
     raises, a sequence holding `$TEST_NAN_ID` comes back as NaN (as a float16 overflow would)
     while the rest of its batch stays right, and every batch first sleeps
     `$TEST_BATCH_DELAY_S` seconds (keeping requests in flight long enough to overload or
-    interrupt the server)."""
+    interrupt the server), or computes for `$TEST_BATCH_BUSY_S` seconds (torch's thread pool
+    busy, as in a long forward pass on a CPU)."""
 
     def __init__(self, *args, **kwargs):  # type: ignore[no-untyped-def]
         super().__init__(*args, **kwargs)
         self._poison = int(os.environ.get("TEST_POISON_ID", "-1"))
         self._nan = int(os.environ.get("TEST_NAN_ID", "-1"))
         self._delay = float(os.environ.get("TEST_BATCH_DELAY_S", "0"))
+        self._busy = float(os.environ.get("TEST_BATCH_BUSY_S", "0"))
 
     def _nan_rows(self, out, input_ids, cu_seqlens, per_token: bool):  # type: ignore[no-untyped-def]
         if self._nan < 0:
@@ -50,6 +53,11 @@ class FaultyBackend(Backend):
             ids = np.asarray(input_ids)
         if self._delay:
             time.sleep(self._delay)
+        if self._busy:
+            x = torch.randn(512, 512)
+            until = time.monotonic() + self._busy
+            while time.monotonic() < until:
+                x = torch.tanh(x @ x)
         if self._poison in ids:
             raise ValueError(f"poison token {self._poison} in this batch")
 
