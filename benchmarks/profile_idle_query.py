@@ -1,0 +1,324 @@
+"""Where a lone query's time goes when queries arrive one every 20 ms (issue 16's idle rows).
+
+    python benchmarks/profile_idle_query.py --shapes minilm-real,bert-large --tokenizer-from DIR \
+        [--parts runtime,router] [--router-variants ";--backend-spin-us 25000"] [--backfill]
+
+A query every 20 ms leaves every thread asleep and the GPU idle between queries, unlike a
+closed loop, where the next query follows the last at once. This splits the difference:
+
+- runtime: `Backend.embed` of one 24-token query as the router calls it, per lane, called
+  back to back, after a 20 ms sleep, and after a 20 ms busy-wait (the calling core stays
+  awake, the GPU idles): sleep slower than busy-wait means the host's wake-up costs, busy-
+  wait slower than back to back means the GPU's. Also the Python garbage collector: the
+  objects it tracks, how long a full collection takes (a pause a query can land in), and
+  the collections that ran during the timed calls.
+- router: the router on loopback, queries every 20 ms and back to back, client latency
+  against the router's own per-request figures (its debug log: total, tokenization,
+  queue, inference); with `--backfill`, also under the realistic backfill
+  (benchmarks/realistic_traffic.py). One server per `--router-variants` entry (extra
+  flags, `;`-separated; empty = defaults).
+
+p50 / p99 in ms. Reports only; CUDA only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import gc
+import json
+import os
+import re
+import subprocess
+import tempfile
+import time
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import realistic_traffic as rt
+import torch
+from bench_engine import percentiles
+from bench_router import minilm_folder
+from shapes import with_tokenizer, write_random_checkpoint
+from tokenizers import Tokenizer
+
+from trt_tei_runtime.backend import Backend
+
+INTERVAL_S = 0.020
+
+
+def spin(seconds: float) -> None:
+    until = time.perf_counter() + seconds
+    while time.perf_counter() < until:
+        pass
+
+
+def timed_calls(
+    fn: Callable[[], object], reps: int, pause: Callable[[], None] | None
+) -> list[float]:
+    for _ in range(10):
+        fn()
+    out = []
+    for _ in range(reps):
+        if pause is not None:
+            pause()
+        start = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - start)
+    return out
+
+
+class GcWatch:
+    """Collections and their pause times while active (`gc.callbacks`)."""
+
+    def __init__(self) -> None:
+        self.pauses: list[tuple[int, float]] = []
+        self._start = 0.0
+
+    def __call__(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._start = time.perf_counter()
+        else:
+            self.pauses.append((info["generation"], time.perf_counter() - self._start))
+
+    def __enter__(self) -> GcWatch:
+        gc.callbacks.append(self)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        gc.callbacks.remove(self)
+
+
+def query_arrays(tokenizer: Tokenizer, offset: int) -> tuple[bytes, ...]:
+    body = json.loads(rt.queries(tokenizer, 1)[0])
+    ids = np.array(tokenizer.encode(body["input"]).ids, np.uint32)
+    n = len(ids)
+    return (
+        ids.tobytes(),
+        np.zeros(n, np.uint32).tobytes(),
+        (np.arange(n) + offset).astype(np.uint32).tobytes(),
+        np.array([0, n], np.uint32).tobytes(),
+    )
+
+
+def runtime_part(shape: str, folder: Path, dtype: str, reps: int) -> list[str]:
+    backend = Backend(
+        str(folder), device="cuda", dtype=dtype, pooling="mean", max_batch_tokens=16384
+    )
+    tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    tokenizer.no_truncation()
+    tokenizer.no_padding()
+    arrays = query_arrays(tokenizer, backend.model.info.position_offset)
+    rows = []
+    pauses = {
+        "back to back": None,
+        "after 20 ms sleep": lambda: time.sleep(INTERVAL_S),
+        "after 20 ms busy-wait": lambda: spin(INTERVAL_S),
+    }
+    with GcWatch() as watch:
+        for lane in ("interactive", "bulk"):
+            call = functools.partial(backend.embed, *arrays, interactive=lane == "interactive")
+            for label, pause in pauses.items():
+                p50, p99 = percentiles(timed_calls(call, reps, pause))
+                rows.append(
+                    f"| {shape} | Backend.embed, {lane} lane, {label} | {p50:.3f} / {p99:.3f} |"
+                )
+    tracked = len(gc.get_objects())
+    start = time.perf_counter()
+    gc.collect()
+    full_ms = (time.perf_counter() - start) * 1e3
+    by_gen = {g: [p for gen, p in watch.pauses if gen == g] for g in (0, 1, 2)}
+    gcs = ", ".join(
+        f"gen{g}: {len(p)} ({max(p) * 1e3:.2f} ms max)" if p else f"gen{g}: 0"
+        for g, p in by_gen.items()
+    )
+    rows.append(
+        f"| {shape} | gc: {tracked:,} tracked objects, full collection {full_ms:.1f} ms; "
+        f"during the {6 * reps} timed calls {gcs} | |"
+    )
+    del backend, call
+    torch.cuda.empty_cache()
+    return rows
+
+
+DURATION = re.compile(r"^([0-9.]+)(ns|µs|us|ms|s)$")
+UNIT_MS = {"ns": 1e-6, "µs": 1e-3, "us": 1e-3, "ms": 1.0, "s": 1e3}
+
+
+def duration_ms(text: str) -> float:
+    """A Rust `Duration`'s Debug text ("812.3µs", "1.2ms") in ms."""
+    m = DURATION.match(text)
+    if m is None:
+        raise ValueError(f"not a duration: {text!r}")
+    return float(m.group(1)) * UNIT_MS[m.group(2)]
+
+
+def server_timings(log: Path, seen: int, max_tokens: int) -> tuple[list[dict[str, float]], int]:
+    """The router's per-request figures of the log lines after the first `seen`, for
+    requests of at most `max_tokens` tokens (queries, not backfill); and the new line count."""
+    lines = log.read_text(errors="replace").splitlines()
+    out = []
+    for line in lines[seen:]:
+        if '"success"' not in line:
+            continue
+        event = json.loads(line)
+        if event.get("message") != "success" or int(event["compute_tokens"]) > max_tokens:
+            continue
+        out.append(
+            {
+                k: duration_ms(event[f"{k}_time"])
+                for k in ("total", "tokenization", "queue", "inference")
+            }
+        )
+    return out, len(lines)
+
+
+def serve_logged(folder: Path, port: int, extra: list[str], log: Path) -> subprocess.Popen:
+    cmd = ["text-embeddings-router", "--model-id", str(folder), "--port", str(port)]
+    cmd += ["--hostname", "127.0.0.1", "--pooling", "mean", "--json-output", *extra]
+    env = dict(os.environ, LOG_LEVEL="warn,trt_tei_router::http=debug")
+    proc = subprocess.Popen(cmd, stdout=log.open("wb"), stderr=subprocess.STDOUT, env=env)
+    deadline = time.time() + 600
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"router exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2):
+                return proc
+        except OSError:
+            time.sleep(0.5)
+    proc.kill()
+    raise SystemExit("router did not start")
+
+
+def closed_loop(port: int, bodies: list[bytes], seconds: float) -> rt.Queries:
+    queries = rt.Queries(port, bodies, 0.0)
+    queries.run(seconds=seconds)
+    return queries
+
+
+def row(
+    shape: str, variant: str, phase: str, client: list[float], server: list[dict[str, float]]
+) -> str:
+    def pair(values: list[float]) -> str:
+        if not values:
+            return "–"
+        ordered = sorted(values)
+        return f"{float(np.median(ordered)):.3f} / {ordered[int(0.99 * (len(ordered) - 1))]:.3f}"
+
+    c50, c99 = percentiles(client)
+    cols = [pair([s[k] for s in server]) for k in ("total", "tokenization", "queue", "inference")]
+    outside = float(np.median(client)) * 1e3 - float(np.median([s["total"] for s in server]))
+    return (
+        f"| {shape} | {variant or 'defaults'} | {phase} ({len(client)}) | {c50:.3f} / {c99:.3f} | "
+        + " | ".join(cols)
+        + f" | {outside:.3f} |"
+    )
+
+
+def router_part(
+    shape: str, folder: Path, dtype: str, variants: list[str], args: argparse.Namespace
+) -> list[str]:
+    tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    tokenizer.no_truncation()
+    tokenizer.no_padding()
+    bodies = rt.queries(tokenizer)
+    rows = []
+    for i, variant in enumerate(variants):
+        port = 18500 + i
+        with tempfile.TemporaryDirectory() as tmp:
+            log = Path(tmp) / "router.log"
+            proc = serve_logged(folder, port, ["--dtype", dtype, *variant.split()], log)
+            try:
+                rt.Queries(port, bodies, INTERVAL_S).run(seconds=1.0)  # warm-up
+                _, seen = server_timings(log, 0, 64)
+                idle = rt.Queries(port, bodies, INTERVAL_S)
+                idle.run(seconds=args.seconds)
+                server, seen_after = server_timings(log, seen, 64)
+                rows.append(row(shape, variant, "every 20 ms", idle.latencies, server))
+                closed = closed_loop(port, bodies, args.seconds)
+                server, seen_after = server_timings(log, seen_after, 64)
+                rows.append(row(shape, variant, "back to back", closed.latencies, server))
+                if args.backfill:
+                    rows.append(
+                        backfill_row(shape, variant, port, tokenizer, bodies, log, seen_after, args)
+                    )
+            finally:
+                proc.terminate()
+                proc.wait(timeout=60)
+    return rows
+
+
+def backfill_row(
+    shape: str,
+    variant: str,
+    port: int,
+    tokenizer: Tokenizer,
+    bodies: list[bytes],
+    log: Path,
+    seen: int,
+    args: argparse.Namespace,
+) -> str:
+    client = rt.ensure_client()
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/info", timeout=10) as r:
+        max_tokens = min(512, json.load(r)["max_input_length"])
+    docs, tokens = rt.documents(tokenizer, 1024, 64, max_tokens)
+    backfill = rt.Backfill.connect(client, port, docs, tokens, 8, 32)
+    estimate = backfill.run(1)
+    passes = max(1, int((0.5 + args.seconds) * estimate / tokens) + 1)
+    _, seen = server_timings(log, seen, 64)
+    loaded = rt.Queries(port, bodies, INTERVAL_S)
+    rt.mixed(backfill, loaded, passes, settle_s=0.5)
+    server, _ = server_timings(log, seen, 64)
+    return row(shape, variant, "under the backfill", loaded.latencies, server)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--shapes", default="minilm-real,bert-large")
+    parser.add_argument("--tokenizer-from", type=Path, help="tokenizer.json for random shapes")
+    parser.add_argument("--minilm-dir", type=Path)
+    parser.add_argument("--parts", default="runtime,router")
+    parser.add_argument("--router-variants", default="", help="`;`-separated extra router flags")
+    parser.add_argument("--backfill", action="store_true", help="router: also under the backfill")
+    parser.add_argument("--reps", type=int, default=200)
+    parser.add_argument("--seconds", type=float, default=4.0)
+    args = parser.parse_args()
+    parts = args.parts.split(",")
+    runtime_rows: list[str] = []
+    router_rows: list[str] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for shape in args.shapes.split(","):
+            if shape == "minilm-real":
+                folder, dtype = minilm_folder(args.minilm_dir), "float16"
+                if not torch.cuda.is_available():
+                    dtype = "float32"
+            else:
+                folder = write_random_checkpoint(shape, Path(tmp) / shape)
+                folder, dtype = with_tokenizer(folder, args.tokenizer_from), "bfloat16"
+            if "runtime" in parts:
+                runtime_rows += runtime_part(shape, folder, dtype, args.reps)
+            if "router" in parts:
+                router_rows += router_part(
+                    shape, folder, dtype, args.router_variants.split(";"), args
+                )
+    device = torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU"
+    print(f"device: {device}; 24-token queries; p50 / p99 ms")
+    if runtime_rows:
+        print("\n| shape | call | p50 / p99 ms |\n|---|---|---|")
+        print("\n".join(runtime_rows))
+    if router_rows:
+        print(
+            "\n| shape | router flags | queries (answered) | client | server total | "
+            "tokenization | queue | inference | client − server, p50 |"
+        )
+        print("|---|---|---|---|---|---|---|---|---|")
+        print("\n".join(router_rows))
+
+
+if __name__ == "__main__":
+    main()
