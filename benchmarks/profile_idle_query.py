@@ -302,6 +302,7 @@ def main() -> None:
                 folder, dtype = with_tokenizer(folder, args.tokenizer_from), "bfloat16"
             if "runtime" in parts:
                 runtime_rows += runtime_part(shape, folder, dtype, args.reps)
+                print("\n".join(runtime_rows[-7:]), flush=True)  # kept if a later part fails
             if "router" in parts:
                 router_rows += router_part(
                     shape, folder, dtype, args.router_variants.split(";"), args
