@@ -143,6 +143,50 @@ def runtime_part(shape: str, folder: Path, dtype: str, reps: int) -> list[str]:
     return rows
 
 
+def gpu_idle_part(shape: str, folder: Path, dtype: str, reps: int) -> list[str]:
+    """The bulk lane's `Backend.embed` after the calling core busy-waited `pause` ms with
+    the GPU idle, or with a tiny kernel (`torch.cuda._sleep`) launched every `beat` ms
+    during the wait: how long an idle GPU takes to slow the next query down, and whether
+    a heartbeat keeps it fast."""
+    backend = Backend(
+        str(folder), device="cuda", dtype=dtype, pooling="mean", max_batch_tokens=16384
+    )
+    tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    tokenizer.no_truncation()
+    arrays = query_arrays(tokenizer, backend.model.info.position_offset)
+    call = functools.partial(backend.embed, *arrays)
+    stream = torch.cuda.Stream()
+
+    def wait(pause_ms: float, beat_ms: float | None, cycles: int) -> Callable[[], None]:
+        def run() -> None:
+            until = time.perf_counter() + pause_ms / 1e3
+            next_beat = time.perf_counter()
+            while (now := time.perf_counter()) < until:
+                if beat_ms is not None and now >= next_beat:
+                    with torch.cuda.stream(stream):
+                        torch.cuda._sleep(cycles)
+                    next_beat = now + beat_ms / 1e3
+            stream.synchronize()
+
+        return run
+
+    rows = []
+    variants: list[tuple[str, float, float | None, int]] = [
+        (f"busy-wait {p:g} ms", p, None, 0) for p in (0.0, 0.1, 0.3, 1.0, 3.0, 10.0, 20.0)
+    ]
+    variants += [
+        (f"busy-wait 20 ms, {c:,}-cycle kernel every {b:g} ms", 20.0, b, c)
+        for b, c in ((1.0, 100), (0.25, 100), (1.0, 20_000), (5.0, 20_000))
+    ]
+    for label, pause_ms, beat_ms, cycles in variants:
+        p50, p99 = percentiles(timed_calls(call, reps, wait(pause_ms, beat_ms, cycles)))
+        rows.append(f"| {shape} | bulk lane, {label} | {p50:.3f} / {p99:.3f} |")
+        print(rows[-1], flush=True)
+    del backend, call
+    torch.cuda.empty_cache()
+    return rows
+
+
 DURATION = re.compile(r"^([0-9.]+)(ns|µs|us|ms|s)$")
 UNIT_MS = {"ns": 1e-6, "µs": 1e-3, "us": 1e-3, "ms": 1.0, "s": 1e3}
 
@@ -238,6 +282,10 @@ def router_part(
                 idle.run(seconds=args.seconds)
                 server, seen_after = server_timings(log, seen, 64)
                 rows.append(row(shape, variant, "every 20 ms", idle.latencies, server))
+                raw = rt.Queries(port, bodies, INTERVAL_S, raw=True)
+                raw.run(seconds=args.seconds)
+                server, seen_after = server_timings(log, seen_after, 64)
+                rows.append(row(shape, variant, "every 20 ms, raw client", raw.latencies, server))
                 closed = closed_loop(port, bodies, args.seconds)
                 server, seen_after = server_timings(log, seen_after, 64)
                 rows.append(row(shape, variant, "back to back", closed.latencies, server))
@@ -303,6 +351,8 @@ def main() -> None:
             if "runtime" in parts:
                 runtime_rows += runtime_part(shape, folder, dtype, args.reps)
                 print("\n".join(runtime_rows[-7:]), flush=True)  # kept if a later part fails
+            if "gpu-idle" in parts:
+                runtime_rows += gpu_idle_part(shape, folder, dtype, args.reps)
             if "router" in parts:
                 router_rows += router_part(
                     shape, folder, dtype, args.router_variants.split(";"), args
