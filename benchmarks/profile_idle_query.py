@@ -91,6 +91,15 @@ class GcWatch:
         gc.callbacks.remove(self)
 
 
+def served_tokenizer(folder: Path) -> Tokenizer:
+    """The folder's tokenizer without its file's own truncation and padding, as the router
+    uses it."""
+    tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    tokenizer.no_truncation()
+    tokenizer.no_padding()
+    return tokenizer
+
+
 def query_arrays(tokenizer: Tokenizer, offset: int) -> tuple[bytes, ...]:
     body = json.loads(rt.queries(tokenizer, 1)[0])
     ids = np.array(tokenizer.encode(body["input"]).ids, np.uint32)
@@ -107,9 +116,7 @@ def runtime_part(shape: str, folder: Path, dtype: str, reps: int) -> list[str]:
     backend = Backend(
         str(folder), device="cuda", dtype=dtype, pooling="mean", max_batch_tokens=16384
     )
-    tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
-    tokenizer.no_truncation()
-    tokenizer.no_padding()
+    tokenizer = served_tokenizer(folder)
     arrays = query_arrays(tokenizer, backend.model.info.position_offset)
     rows = []
     pauses = {
@@ -151,8 +158,7 @@ def gpu_idle_part(shape: str, folder: Path, dtype: str, reps: int) -> list[str]:
     backend = Backend(
         str(folder), device="cuda", dtype=dtype, pooling="mean", max_batch_tokens=16384
     )
-    tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
-    tokenizer.no_truncation()
+    tokenizer = served_tokenizer(folder)
     arrays = query_arrays(tokenizer, backend.model.info.position_offset)
     call = functools.partial(backend.embed, *arrays)
     stream = torch.cuda.Stream()
@@ -265,9 +271,7 @@ def row(
 def router_part(
     shape: str, folder: Path, dtype: str, variants: list[str], args: argparse.Namespace
 ) -> list[str]:
-    tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
-    tokenizer.no_truncation()
-    tokenizer.no_padding()
+    tokenizer = served_tokenizer(folder)
     bodies = rt.queries(tokenizer)
     rows = []
     for i, variant in enumerate(variants):
