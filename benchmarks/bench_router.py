@@ -17,7 +17,9 @@ Reports only; CUDA only.
 `--realistic` runs BENCHMARKS.md's realistic traffic instead (benchmarks/realistic_traffic.py):
 varied English text cut to 64-512 tokens by the model's tokenizer, the backfill sent by
 `baseten-performance-client` (8 connections, 32 documents per request, base64), a 24-token
-query every 20 ms on its own connection, and prints the issue-16 table for every shape:
+query every 20 ms on its own connection (a raw keep-alive socket, so that the Python
+client's own time is not counted as the server's; `--query-client http` for http.client),
+and prints the issue-16 table for every shape:
 
     make bench_client   # once, where PyPI is reachable: the client's wheel into .carry/
     python benchmarks/bench_router.py --realistic --shapes minilm-real,bert-large,qwen3-0.6b \
@@ -175,9 +177,10 @@ def realistic_row(
         docs, tokens = rt.documents(tokenizer, count, min(args.min_tokens, max_tokens), max_tokens)
         bodies = rt.queries(tokenizer)
         interval = args.query_interval_ms / 1e3
-        warm = rt.Queries(port, bodies, interval)
+        raw = args.query_client == "raw"
+        warm = rt.Queries(port, bodies, interval, raw)
         warm.run(seconds=1.0)
-        idle = rt.Queries(port, bodies, interval)
+        idle = rt.Queries(port, bodies, interval, raw)
         idle.run(seconds=args.seconds)
         backfill = rt.Backfill.connect(client, port, docs, tokens, args.clients, DOCS_PER_REQUEST)
         backfill.docs = docs[: max(DOCS_PER_REQUEST * args.clients, len(docs) // 4)]
@@ -188,7 +191,7 @@ def realistic_row(
         estimate = backfill.run(1)
         passes = max(args.passes, math.ceil((args.settle + args.seconds) * estimate / tokens))
         solo = backfill.run(passes)
-        loaded = rt.Queries(port, bodies, interval)
+        loaded = rt.Queries(port, bodies, interval, raw)
         under = rt.mixed(backfill, loaded, passes, settle_s=args.settle)
     finally:
         proc.terminate()
@@ -241,7 +244,8 @@ def realistic(args: argparse.Namespace) -> None:
         f"device: {device}; router flags: {args.router_args or '(defaults)'}; backfill: "
         f"baseten-performance-client, {args.clients} connections, {DOCS_PER_REQUEST} documents "
         f"per request, base64, {args.min_tokens}-{args.max_tokens} tokens, {args.passes} "
-        f"passes; one {rt.QUERY_TOKENS}-token query every {args.query_interval_ms:g} ms"
+        f"passes; one {rt.QUERY_TOKENS}-token query every {args.query_interval_ms:g} ms "
+        f"({args.query_client} client)"
     )
     print(
         "| shape | idle query p50 / p99 ms | query p50 / p99 under the backfill | "
@@ -280,6 +284,13 @@ def main() -> None:
     parser.add_argument("--min-tokens", type=int, default=64, help="realistic: document length")
     parser.add_argument("--max-tokens", type=int, default=512, help="realistic: document length")
     parser.add_argument("--query-interval-ms", type=float, default=20.0, help="realistic")
+    parser.add_argument(
+        "--query-client",
+        choices=("raw", "http"),
+        default="raw",
+        help="realistic: queries from a raw keep-alive socket (~20 µs of client time) or "
+        "Python's http.client (~0.3 ms more a query)",
+    )
     parser.add_argument(
         "--settle", type=float, default=0.5, help="realistic: seconds of backfill before queries"
     )

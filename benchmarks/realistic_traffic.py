@@ -4,7 +4,7 @@ token lengths uniform in [min, max] by the served model's own tokenizer; a backf
 `baseten-performance-client` (a Rust client, so the client is not the bottleneck) as
 requests of 32 documents with base64 results over N connections; and 24-token
 `/v1/embeddings` queries of varied text, one every interval, on their own keep-alive
-connection (Python's http.client: one request at a time costs it ~0.1 ms).
+connection (`RawConnection`, or Python's http.client, which costs ~0.3 ms more a query).
 
 The client is installed for the benchmark only (`make bench_client` downloads its wheel into
 .carry/wheels; `ensure_client` installs it from there with --no-deps --target .carry/pyclient,

@@ -86,10 +86,12 @@ pub struct Args {
 
     /// After each batch, a backend thread busy-waits this many microseconds for the next one
     /// before it sleeps. A thread that slept wakes on a cold core and the next query's host
-    /// work runs slower (0.1-0.3 ms measured); spinning costs a busy core per backend
-    /// thread while requests keep arriving within the window. 0 sleeps at once.
-    #[arg(long, env = "BACKEND_SPIN_US", default_value_t = 0)]
-    pub backend_spin_us: u64,
+    /// work runs slower (0.3-0.5 ms measured on a GPU machine); spinning costs a busy core
+    /// while requests keep arriving within the window. Default: the interactive lane's
+    /// threads (GPU only) spin 25,000 µs, bulk threads sleep at once. Given: every backend
+    /// thread spins that long; 0 never spins.
+    #[arg(long, env = "BACKEND_SPIN_US")]
+    pub backend_spin_us: Option<u64>,
 
     /// Most inputs in one client request; more are refused with 422.
     #[arg(long, env = "MAX_CLIENT_BATCH_SIZE", default_value_t = 32)]
@@ -321,13 +323,17 @@ mod tests {
     }
 
     #[test]
-    fn backend_spin_is_off_unless_asked_for() {
-        assert_eq!(parse(&[]).unwrap().backend_spin_us, 0);
+    fn backend_spin_is_the_lanes_default_unless_given() {
+        assert_eq!(parse(&[]).unwrap().backend_spin_us, None);
         assert_eq!(
             parse(&["--backend-spin-us", "2000"])
                 .unwrap()
                 .backend_spin_us,
-            2000
+            Some(2000)
+        );
+        assert_eq!(
+            parse(&["--backend-spin-us", "0"]).unwrap().backend_spin_us,
+            Some(0)
         );
         assert!(parse(&["--backend-spin-us", "-5"]).is_err());
         assert!(parse(&["--backend-spin-us", "soon"]).is_err());

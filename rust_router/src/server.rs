@@ -1,7 +1,7 @@
 //! Process lifecycle: parse flags, load the model, build the app, serve until SIGINT/SIGTERM,
 //! drain, exit.
 
-use crate::backend::wait::WaitPolicy;
+use crate::backend::wait::LaneWaits;
 use crate::backend::{BackendFactory, BackendHandle, ModelInfo, ModelType};
 use crate::cli::Args;
 use crate::connections;
@@ -232,7 +232,7 @@ fn run(mut args: Args, make_backend: MakeBackend) -> Result<(), String> {
     tracing::info!(model_id = %args.model_id, backend = ?args.backend, "loading model");
     let factory = make_backend(&args)?;
     let (backend, info, backend_threads) =
-        BackendHandle::spawn_with(factory, WaitPolicy::spin_micros(args.backend_spin_us))
+        BackendHandle::spawn_with(factory, LaneWaits::from_flag(args.backend_spin_us))
             .map_err(|e| e.to_string())?;
     tracing::info!(
         model_type = ?info.model_type,
@@ -242,7 +242,7 @@ fn run(mut args: Args, make_backend: MakeBackend) -> Result<(), String> {
         device = info.device.as_deref().unwrap_or("?"),
         devices = %info.device_names().join(","),
         interactive_lane = describe_interactive_lane(&args, &backend),
-        backend_spin_us = args.backend_spin_us,
+        backend_spin_us = ?args.backend_spin_us,
         "model loaded"
     );
     check_batch_tokens(args.max_batch_tokens, info.max_input_length)?;

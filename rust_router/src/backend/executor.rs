@@ -7,7 +7,7 @@
 //! every device. With one device that is exactly its own slot: no choice, no extra work.
 
 use super::device::{DeviceFailure, DeviceState, DeviceStatus, Health};
-use super::wait::{next_message, WaitPolicy};
+use super::wait::{next_message, LaneWaits, WaitPolicy};
 use super::{Backend, BackendError, Batch, BatchKind, Lane, Matrix, ModelInfo};
 use futures_util::future::{join_all, select_all};
 use std::panic::AssertUnwindSafe;
@@ -373,14 +373,18 @@ impl BackendHandle {
     pub fn spawn(
         factory: BackendFactory,
     ) -> Result<(BackendHandle, ModelInfo, BackendThreads), BackendError> {
-        Self::spawn_with(factory, WaitPolicy::default())
+        Self::spawn_with(factory, LaneWaits::default())
     }
 
-    /// [`BackendHandle::spawn`], with the threads waiting for work as `wait` says.
+    /// [`BackendHandle::spawn`], with the threads waiting for work as `waits` says.
     pub fn spawn_with(
         factory: BackendFactory,
-        wait: WaitPolicy,
+        waits: LaneWaits,
     ) -> Result<(BackendHandle, ModelInfo, BackendThreads), BackendError> {
+        let LaneWaits {
+            bulk: wait,
+            interactive: interactive_wait,
+        } = waits;
         let (tx, rx) = mpsc::unbounded_channel::<Command>();
         let (ready_tx, ready_rx) = std::sync::mpsc::channel::<Result<Ready, BackendError>>();
         let loader = spawn_named(&thread_name("backend", 0), move || {
@@ -434,7 +438,12 @@ impl BackendHandle {
         let mut executors = Vec::with_capacity(states.len());
         executors.push(Executor {
             bulk: LaneChannel::new(tx, first_busy),
-            interactive: spawn_interactive(first_interactive, &states[0], wait, &mut threads)?,
+            interactive: spawn_interactive(
+                first_interactive,
+                &states[0],
+                interactive_wait,
+                &mut threads,
+            )?,
             state: states[0].clone(),
         });
         for (device, state) in others.into_iter().zip(&states[1..]) {
@@ -448,7 +457,12 @@ impl BackendHandle {
             )?);
             executors.push(Executor {
                 bulk: LaneChannel::new(tx, busy),
-                interactive: spawn_interactive(device.interactive, state, wait, &mut threads)?,
+                interactive: spawn_interactive(
+                    device.interactive,
+                    state,
+                    interactive_wait,
+                    &mut threads,
+                )?,
                 state: state.clone(),
             });
         }
