@@ -37,6 +37,7 @@ import http.client
 import itertools
 import json
 import math
+import os
 import shutil
 import subprocess
 import sys
@@ -135,11 +136,21 @@ def mixed(port: int, backfill: Backfill, query: bytes, seconds: float) -> tuple[
     return latencies, tokens_per_s
 
 
-def serve(folder: Path, port: int, extra: list[str]) -> subprocess.Popen:
+def serve(
+    folder: Path,
+    port: int,
+    extra: list[str],
+    log_path: Path | None = None,
+    env: dict[str, str] | None = None,
+) -> subprocess.Popen:
+    """The router on loopback, once `/health` answers; its output goes to `log_path` (a
+    temporary file by default), with `env` added to the environment."""
     cmd = ["text-embeddings-router", "--model-id", str(folder), "--port", str(port)]
     cmd += ["--hostname", "127.0.0.1", "--pooling", "mean", *extra]
-    log = tempfile.TemporaryFile()
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    log = tempfile.TemporaryFile() if log_path is None else log_path.open("w+b")
+    proc = subprocess.Popen(
+        cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}
+    )
     deadline = time.time() + 600
     while time.time() < deadline:
         if proc.poll() is not None:

@@ -27,9 +27,7 @@ import argparse
 import functools
 import gc
 import json
-import os
 import re
-import subprocess
 import tempfile
 import time
 import urllib.request
@@ -40,7 +38,7 @@ import numpy as np
 import realistic_traffic as rt
 import torch
 from bench_engine import percentiles
-from bench_router import minilm_folder
+from bench_router import minilm_folder, serve
 from shapes import with_tokenizer, write_random_checkpoint
 from tokenizers import Tokenizer
 
@@ -187,22 +185,21 @@ def gpu_idle_part(shape: str, folder: Path, dtype: str, reps: int) -> list[str]:
     for label, pause_ms, beat_ms, cycles in variants:
         p50, p99 = percentiles(timed_calls(call, reps, wait(pause_ms, beat_ms, cycles)))
         rows.append(f"| {shape} | bulk lane, {label} | {p50:.3f} / {p99:.3f} |")
-        print(rows[-1], flush=True)
     del backend, call
     torch.cuda.empty_cache()
     return rows
 
 
 DURATION = re.compile(r"^([0-9.]+)(ns|µs|us|ms|s)$")
-UNIT_MS = {"ns": 1e-6, "µs": 1e-3, "us": 1e-3, "ms": 1.0, "s": 1e3}
+UNIT_S = {"ns": 1e-9, "µs": 1e-6, "us": 1e-6, "ms": 1e-3, "s": 1.0}
 
 
-def duration_ms(text: str) -> float:
-    """A Rust `Duration`'s Debug text ("812.3µs", "1.2ms") in ms."""
+def duration_s(text: str) -> float:
+    """A Rust `Duration`'s Debug text ("812.3µs", "1.2ms") in seconds."""
     m = DURATION.match(text)
     if m is None:
         raise ValueError(f"not a duration: {text!r}")
-    return float(m.group(1)) * UNIT_MS[m.group(2)]
+    return float(m.group(1)) * UNIT_S[m.group(2)]
 
 
 def server_timings(log: Path, seen: int, max_tokens: int) -> tuple[list[dict[str, float]], int]:
@@ -218,51 +215,34 @@ def server_timings(log: Path, seen: int, max_tokens: int) -> tuple[list[dict[str
             continue
         out.append(
             {
-                k: duration_ms(event[f"{k}_time"])
+                k: duration_s(event[f"{k}_time"])
                 for k in ("total", "tokenization", "queue", "inference")
             }
         )
     return out, len(lines)
 
 
-def serve_logged(folder: Path, port: int, extra: list[str], log: Path) -> subprocess.Popen:
-    cmd = ["text-embeddings-router", "--model-id", str(folder), "--port", str(port)]
-    cmd += ["--hostname", "127.0.0.1", "--pooling", "mean", "--json-output", *extra]
-    env = dict(os.environ, LOG_LEVEL="warn,trt_tei_router::http=debug")
-    proc = subprocess.Popen(cmd, stdout=log.open("wb"), stderr=subprocess.STDOUT, env=env)
-    deadline = time.time() + 600
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"router exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2):
-                return proc
-        except OSError:
-            time.sleep(0.5)
-    proc.kill()
-    raise SystemExit("router did not start")
-
-
-def closed_loop(port: int, bodies: list[bytes], seconds: float) -> rt.Queries:
-    queries = rt.Queries(port, bodies, 0.0)
-    queries.run(seconds=seconds)
-    return queries
+# The router logs each request's figures at debug level, in its `http` module.
+ROUTER_TIMINGS_LOG_LEVEL = "warn,trt_tei_router::http=debug"
+# (label, seconds between queries, raw socket client) of the router's query phases.
+PHASES = [
+    ("every 20 ms", INTERVAL_S, False),
+    ("every 20 ms, raw client", INTERVAL_S, True),
+    ("back to back", 0.0, False),
+]
 
 
 def row(
     shape: str, variant: str, phase: str, client: list[float], server: list[dict[str, float]]
 ) -> str:
-    def pair(values: list[float]) -> str:
-        if not values:
-            return "–"
-        ordered = sorted(values)
-        return f"{float(np.median(ordered)):.3f} / {ordered[int(0.99 * (len(ordered) - 1))]:.3f}"
+    def pair(seconds: list[float]) -> str:
+        return "{:.3f} / {:.3f}".format(*percentiles(seconds)) if seconds else "–"
 
-    c50, c99 = percentiles(client)
-    cols = [pair([s[k] for s in server]) for k in ("total", "tokenization", "queue", "inference")]
-    outside = float(np.median(client)) * 1e3 - float(np.median([s["total"] for s in server]))
+    cols = [pair(client)]
+    cols += [pair([s[k] for s in server]) for k in ("total", "tokenization", "queue", "inference")]
+    outside = (np.median(client) - np.median([s["total"] for s in server])) * 1e3
     return (
-        f"| {shape} | {variant or 'defaults'} | {phase} ({len(client)}) | {c50:.3f} / {c99:.3f} | "
+        f"| {shape} | {variant or 'defaults'} | {phase} ({len(client)}) | "
         + " | ".join(cols)
         + f" | {outside:.3f} |"
     )
@@ -278,24 +258,19 @@ def router_part(
         port = 18500 + i
         with tempfile.TemporaryDirectory() as tmp:
             log = Path(tmp) / "router.log"
-            proc = serve_logged(folder, port, ["--dtype", dtype, *variant.split()], log)
+            flags = ["--dtype", dtype, "--json-output", *variant.split()]
+            proc = serve(folder, port, flags, log, {"LOG_LEVEL": ROUTER_TIMINGS_LOG_LEVEL})
             try:
                 rt.Queries(port, bodies, INTERVAL_S).run(seconds=1.0)  # warm-up
                 _, seen = server_timings(log, 0, 64)
-                idle = rt.Queries(port, bodies, INTERVAL_S)
-                idle.run(seconds=args.seconds)
-                server, seen_after = server_timings(log, seen, 64)
-                rows.append(row(shape, variant, "every 20 ms", idle.latencies, server))
-                raw = rt.Queries(port, bodies, INTERVAL_S, raw=True)
-                raw.run(seconds=args.seconds)
-                server, seen_after = server_timings(log, seen_after, 64)
-                rows.append(row(shape, variant, "every 20 ms, raw client", raw.latencies, server))
-                closed = closed_loop(port, bodies, args.seconds)
-                server, seen_after = server_timings(log, seen_after, 64)
-                rows.append(row(shape, variant, "back to back", closed.latencies, server))
+                for phase, interval_s, raw in PHASES:
+                    queries = rt.Queries(port, bodies, interval_s, raw)
+                    queries.run(seconds=args.seconds)
+                    server, seen = server_timings(log, seen, 64)
+                    rows.append(row(shape, variant, phase, queries.latencies, server))
                 if args.backfill:
                     rows.append(
-                        backfill_row(shape, variant, port, tokenizer, bodies, log, seen_after, args)
+                        backfill_row(shape, variant, port, tokenizer, bodies, log, seen, args)
                     )
             finally:
                 proc.terminate()
@@ -327,6 +302,43 @@ def backfill_row(
     return row(shape, variant, "under the backfill", loaded.latencies, server)
 
 
+def measure(args: argparse.Namespace, runtime_rows: list[str], router_rows: list[str]) -> None:
+    """Runs `--parts` on every shape, appending each part's rows as it finishes."""
+    parts = args.parts.split(",")
+    with tempfile.TemporaryDirectory() as tmp:
+        for shape in args.shapes.split(","):
+            if shape == "minilm-real":
+                folder, dtype = minilm_folder(args.minilm_dir), "float16"
+                if not torch.cuda.is_available():
+                    dtype = "float32"
+            else:
+                folder = write_random_checkpoint(shape, Path(tmp) / shape)
+                folder, dtype = with_tokenizer(folder, args.tokenizer_from), "bfloat16"
+            if "runtime" in parts:
+                runtime_rows += runtime_part(shape, folder, dtype, args.reps)
+            if "gpu-idle" in parts:
+                runtime_rows += gpu_idle_part(shape, folder, dtype, args.reps)
+            if "router" in parts:
+                router_rows += router_part(
+                    shape, folder, dtype, args.router_variants.split(";"), args
+                )
+
+
+def print_tables(runtime_rows: list[str], router_rows: list[str]) -> None:
+    device = torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU"
+    print(f"device: {device}; 24-token queries; p50 / p99 ms")
+    if runtime_rows:
+        print("\n| shape | call | p50 / p99 ms |\n|---|---|---|")
+        print("\n".join(runtime_rows))
+    if router_rows:
+        print(
+            "\n| shape | router flags | queries (answered) | client | server total | "
+            "tokenization | queue | inference | client − server, p50 |"
+        )
+        print("|---|---|---|---|---|---|---|---|---|")
+        print("\n".join(router_rows))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -340,39 +352,12 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=200)
     parser.add_argument("--seconds", type=float, default=4.0)
     args = parser.parse_args()
-    parts = args.parts.split(",")
     runtime_rows: list[str] = []
     router_rows: list[str] = []
-    with tempfile.TemporaryDirectory() as tmp:
-        for shape in args.shapes.split(","):
-            if shape == "minilm-real":
-                folder, dtype = minilm_folder(args.minilm_dir), "float16"
-                if not torch.cuda.is_available():
-                    dtype = "float32"
-            else:
-                folder = write_random_checkpoint(shape, Path(tmp) / shape)
-                folder, dtype = with_tokenizer(folder, args.tokenizer_from), "bfloat16"
-            if "runtime" in parts:
-                runtime_rows += runtime_part(shape, folder, dtype, args.reps)
-                print("\n".join(runtime_rows[-7:]), flush=True)  # kept if a later part fails
-            if "gpu-idle" in parts:
-                runtime_rows += gpu_idle_part(shape, folder, dtype, args.reps)
-            if "router" in parts:
-                router_rows += router_part(
-                    shape, folder, dtype, args.router_variants.split(";"), args
-                )
-    device = torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU"
-    print(f"device: {device}; 24-token queries; p50 / p99 ms")
-    if runtime_rows:
-        print("\n| shape | call | p50 / p99 ms |\n|---|---|---|")
-        print("\n".join(runtime_rows))
-    if router_rows:
-        print(
-            "\n| shape | router flags | queries (answered) | client | server total | "
-            "tokenization | queue | inference | client − server, p50 |"
-        )
-        print("|---|---|---|---|---|---|---|---|---|")
-        print("\n".join(router_rows))
+    try:
+        measure(args, runtime_rows, router_rows)
+    finally:  # what was measured is printed even when a later part fails
+        print_tables(runtime_rows, router_rows)
 
 
 if __name__ == "__main__":
