@@ -167,15 +167,15 @@ def serve(
 
 
 def realistic_row(
-    shape: str, folder: Path, port: int, args: argparse.Namespace, client: Any
+    shape: str, folder: Path, port: int, args: argparse.Namespace, client: Any, flags: str
 ) -> dict:
-    """Idle queries, the backfill alone, then both together, on one server."""
+    """Idle queries, the backfill alone, then both together, on one server with `flags`."""
     from tokenizers import Tokenizer
 
     tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
     tokenizer.no_truncation()  # as the router does: the file's own limits are not the model's
     tokenizer.no_padding()
-    extra = args.router_args.split()
+    extra = flags.split()
     if shape == "minilm-real" and torch.cuda.is_available() and "--dtype" not in extra:
         extra += ["--dtype", "float16"]
     proc = serve(folder, port, extra)
@@ -211,6 +211,7 @@ def realistic_row(
         raise SystemExit(f"{shape}: no query answered ({idle.errors} / {loaded.errors} errors)")
     return {
         "shape": shape,
+        "flags": flags,
         "docs": count,
         "tokens": tokens,
         "idle": percentiles(idle.latencies),
@@ -247,7 +248,10 @@ def realistic(args: argparse.Namespace) -> None:
                 folder = with_tokenizer(
                     write_random_checkpoint(shape, Path(tmp) / shape), args.tokenizer_from
                 )
-            rows.append(realistic_row(shape, folder, port, args, client))
+            for flags in args.router_variants.split(";") if args.router_variants else [""]:
+                rows.append(
+                    realistic_row(shape, folder, port, args, client, f"{args.router_args} {flags}")
+                )
             if shape != "minilm-real":
                 shutil.rmtree(folder)
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU"
@@ -258,18 +262,23 @@ def realistic(args: argparse.Namespace) -> None:
         f"passes; one {rt.QUERY_TOKENS}-token query every {args.query_interval_ms:g} ms "
         f"({args.query_client} client)"
     )
+    variants = bool(args.router_variants)
     print(
-        "| shape | idle query p50 / p99 ms | query p50 / p99 under the backfill | "
+        "| shape | "
+        + ("flags | " if variants else "")
+        + "idle query p50 / p99 ms | query p50 / p99 under the backfill | "
         "p99 ÷ idle p50 | backfill under load, of solo | "
         "backfill tokens/s through HTTP, of the bf16 limit |"
     )
-    print("|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|" + ("---|" if variants else ""))
     for r in rows:
         (i50, i99), (u50, u99) = r["idle"], r["under"]
         limit = BF16_LIMIT_TOKENS_PER_S.get(r["shape"])
         of_limit = f" ({r['solo'] / limit:.0%})" if limit and torch.cuda.is_available() else ""
         print(
-            f"| {r['shape']} ({r['docs']} docs, {r['tokens']:,} tokens) | {i50:.2f} / {i99:.2f} "
+            f"| {r['shape']} ({r['docs']} docs, {r['tokens']:,} tokens) | "
+            + (f"{r['flags'].strip() or '(defaults)'} | " if variants else "")
+            + f"{i50:.2f} / {i99:.2f} "
             f"| {u50:.2f} / {u99:.2f} ({r['answered']} answered) | {u99 / i50:.1f}x "
             f"| {r['mixed'] / r['solo']:.0%} | {r['solo']:,.0f}{of_limit} |"
         )
@@ -312,6 +321,12 @@ def main() -> None:
         "--passes", type=int, default=2, help="backfill corpus repetitions (realistic: at least)"
     )
     parser.add_argument("--router-args", default="", help="extra router flags, space-separated")
+    parser.add_argument(
+        "--router-variants",
+        default="",
+        help="realistic: `;`-separated extra flags, one server and one row each per shape "
+        "(after --router-args; an empty entry: those alone)",
+    )
     args = parser.parse_args()
     if args.tokenizer_from is None and not (args.realistic and args.shapes == "minilm-real"):
         parser.error("--tokenizer-from is required for random-weight shapes")

@@ -37,10 +37,12 @@ from pathlib import Path
 import numpy as np
 import realistic_traffic as rt
 import torch
+import triton
 from bench_engine import percentiles
 from bench_router import minilm_folder, serve
 from shapes import with_tokenizer, write_random_checkpoint
 from tokenizers import Tokenizer
+from triton.language.extra.cuda import globaltimer
 
 from trt_tei_runtime.backend import Backend
 
@@ -175,6 +177,29 @@ def gpu_idle_part(shape: str, folder: Path, dtype: str, reps: int) -> list[str]:
         return run
 
     rows = []
+    spinner = torch.cuda.Stream()  # the lowest priority: the default
+
+    def spinning(pause_ms: float, spin_ms: float) -> Callable[[], None]:
+        """The wait with a one-program kernel spinning on another stream for `spin_ms`
+        from its start: still running when the query comes, on one SM."""
+
+        def run() -> None:
+            spinner.synchronize()
+            with torch.cuda.stream(spinner):
+                spin_kernel[(1,)](int(spin_ms * 1e6))
+            spin(pause_ms / 1e3)
+
+        return run
+
+    for lane in ("bulk", "interactive"):
+        lane_call = functools.partial(backend.embed, *arrays, interactive=lane == "interactive")
+        for pause_ms, spin_ms in ((20.0, 0.0), (20.0, 25.0), (20.0, 21.0)):
+            pause = spinning(pause_ms, spin_ms) if spin_ms else wait(pause_ms, None, 0)
+            p50, p99 = percentiles(timed_calls(lane_call, reps, pause))
+            label = f"{lane} lane, busy-wait {pause_ms:g} ms" + (
+                f", a 1-program kernel spinning {spin_ms:g} ms from its start" if spin_ms else ""
+            )
+            rows.append(f"| {shape} | {label} | {p50:.3f} / {p99:.3f} |")
     variants: list[tuple[str, float, float | None, int]] = [
         (f"busy-wait {p:g} ms", p, None, 0) for p in (0.0, 0.1, 0.3, 1.0, 3.0, 10.0, 20.0)
     ]
@@ -188,6 +213,15 @@ def gpu_idle_part(shape: str, folder: Path, dtype: str, reps: int) -> list[str]:
     del backend, call
     torch.cuda.empty_cache()
     return rows
+
+
+@triton.jit
+def spin_kernel(duration_ns):
+    """Spins for `duration_ns` of the GPU's global timer: work that keeps the GPU busy on
+    one SM."""
+    start = globaltimer()
+    while globaltimer() - start < duration_ns:
+        pass
 
 
 DURATION = re.compile(r"^([0-9.]+)(ns|µs|us|ms|s)$")

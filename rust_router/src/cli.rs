@@ -84,6 +84,14 @@ pub struct Args {
     #[arg(long, env = "MAX_BULK_BATCH_MS", default_value_t = 40)]
     pub max_bulk_batch_ms: u64,
 
+    /// On a GPU with the interactive lane, a query waits for about two layers of the bulk
+    /// batch in progress. Where one layer of a full bulk batch takes longer than this
+    /// (measured at start-up: large models), the runtime runs bulk batches in parts of whole
+    /// sequences, one after the other, so that a layer takes about this long. 0: never split.
+    /// [default: the runtime's, 2]
+    #[arg(long, env = "MAX_BULK_LAYER_MS")]
+    pub max_bulk_layer_ms: Option<f64>,
+
     /// After each batch, a backend thread busy-waits this many microseconds for the next one
     /// before it sleeps. A thread that slept wakes on a cold core and the next query's host
     /// work runs slower (0.3-0.5 ms measured on a GPU machine); spinning costs a busy core
@@ -245,6 +253,13 @@ impl Args {
                 return Err(format!("`{flag}` must be at least 1"));
             }
         }
+        if let Some(ms) = self.max_bulk_layer_ms {
+            if !(ms.is_finite() && ms >= 0.0) {
+                return Err(format!(
+                    "`--max-bulk-layer-ms` must be a number of milliseconds, 0 or more; got {ms}"
+                ));
+            }
+        }
         if let (Some(device), Some(devices)) = (&self.device, &self.devices) {
             return Err(format!(
                 "`--device {device}` and `--devices {devices}` (or DEVICE and DEVICES) were both \
@@ -320,6 +335,23 @@ mod tests {
         );
         assert_eq!(config(&["--max-bulk-batch-ms", "0"]), None);
         assert!(parse(&["--max-bulk-batch-ms", "-5"]).is_err());
+    }
+
+    #[test]
+    fn bulk_layer_time_is_the_runtimes_unless_given() {
+        assert_eq!(parse(&[]).unwrap().max_bulk_layer_ms, None);
+        let given = parse(&["--max-bulk-layer-ms", "1.5"]).unwrap();
+        assert_eq!(given.max_bulk_layer_ms, Some(1.5));
+        assert!(given.validate().is_ok());
+        assert!(parse(&["--max-bulk-layer-ms", "0"]).unwrap().validate().is_ok());
+        for bad in ["-1", "NaN", "inf"] {
+            let err = parse(&["--max-bulk-layer-ms", bad])
+                .unwrap()
+                .validate()
+                .unwrap_err();
+            assert!(err.contains("--max-bulk-layer-ms"), "{err}");
+        }
+        assert!(parse(&["--max-bulk-layer-ms", "soon"]).is_err());
     }
 
     #[test]

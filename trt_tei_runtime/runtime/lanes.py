@@ -61,14 +61,30 @@ class Lane:
         if self.gate is None:
             return self._eager(batch)
         with self.gate.bulk():
-            return self._eager(batch)
+            limit = self.gate.max_part_tokens
+            if limit is None or batch.num_tokens <= limit:
+                return self._eager(batch)
+            return self._eager_in_parts(batch, limit)
 
     def _eager(self, batch: PackedBatch) -> tuple[torch.Tensor, PackedBatch]:
         batch = batch.to(self.device)
+        return self._network(batch), batch
+
+    def _eager_in_parts(
+        self, batch: PackedBatch, max_tokens: int
+    ) -> tuple[torch.Tensor, PackedBatch]:
+        """One pass per part of whole sequences, the hidden states laid end to end: what
+        one pass over the batch gives, with shorter layers for a query to wait on."""
+        host_cu = batch.cu_seqlens.cpu().numpy()
+        batch = batch.to(self.device)
+        hidden = [self._network(part) for part in batch.parts(max_tokens, host_cu)]
+        return torch.cat(hidden), batch
+
+    def _network(self, batch: PackedBatch) -> torch.Tensor:
         meta = AttentionMetadata.build(
             batch.cu_seqlens, batch.max_seqlen, packed=self.packed_attention
         )
-        return self.network(batch, meta), batch
+        return self.network(batch, meta)
 
 
 class InteractiveLane(Lane):

@@ -13,6 +13,12 @@ behind the one the GPU is running (one event per layer) and, before it launches 
 layer, waits while any interactive batch is in flight. A query then waits for at most
 `depth + 1` layers of bulk work, about 1 ms each for a 16k-token batch. CUDA-graph replays
 (batches up to 2,048 tokens) are one launch each and are not split.
+
+A large model's layer is long: a qwen3-8b layer over 16k tokens runs ~10 ms, so a query
+waited ~19 ms for it under a backfill (3.7x its idle latency). Where a layer of the largest
+bulk batch takes longer than `max_layer_ms`, the bulk lane runs its batches in parts of
+whole sequences (`part_tokens`), one after the other, each gated layer by layer: the wait
+shrinks with the part, and the parts' GEMMs are still large enough to run at full speed.
 """
 
 from __future__ import annotations
@@ -31,10 +37,27 @@ from torch import nn
 # H200: two queued layers gave a query p99 of 4.2x its idle p50 under a bert-large backfill.
 DEFAULT_DEPTH = 1
 
+# A query waits for about two bulk layers at most; layers longer than this are split.
+DEFAULT_MAX_LAYER_MS = 2.0
+# Below this many tokens a part's GEMMs would no longer fill the GPU.
+MIN_PART_TOKENS = 2048
+
+
+def part_tokens(batch_tokens: int, layer_ms: float, max_layer_ms: float | None) -> int | None:
+    """Tokens per part of a bulk batch, from one layer's time `layer_ms` over a batch of
+    `batch_tokens`, so that a part's layer takes about `max_layer_ms`; None where batches
+    need no splitting (or `max_layer_ms` is None or 0: never split)."""
+    if not max_layer_ms or layer_ms <= max_layer_ms:
+        return None
+    tokens = max(MIN_PART_TOKENS, int(batch_tokens * max_layer_ms / layer_ms))
+    return tokens if tokens < batch_tokens else None
+
 
 class LayerGate:
-    def __init__(self, depth: int = DEFAULT_DEPTH) -> None:
+    def __init__(self, depth: int = DEFAULT_DEPTH, max_part_tokens: int | None = None) -> None:
         self.depth = depth
+        # Bulk batches above this many tokens run in parts (see the module's docstring).
+        self.max_part_tokens = max_part_tokens
         self._lock = threading.Lock()
         self._in_flight = 0
         self._no_queries = threading.Event()

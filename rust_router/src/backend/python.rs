@@ -33,6 +33,8 @@ pub struct PythonBackendOptions {
     /// its buffers and CUDA graphs with them).
     pub max_batch_tokens: usize,
     pub max_batch_requests: Option<usize>,
+    /// `--max-bulk-layer-ms`: only passed when set, to constructors that accept it.
+    pub max_bulk_layer_ms: Option<f64>,
     /// Use the runtime's interactive lane if it has one (`--interactive-max-tokens` > 0).
     pub interactive_lane: bool,
     /// Environment for the runtime (hub token, cache), set through `os.environ` because
@@ -176,6 +178,11 @@ fn constructor_kwargs<'py>(
     ] {
         if accepts(name)? {
             kwargs.set_item(name, value)?;
+        }
+    }
+    if let Some(ms) = opts.max_bulk_layer_ms {
+        if accepts("max_bulk_layer_ms")? {
+            kwargs.set_item("max_bulk_layer_ms", ms)?;
         }
     }
     Ok((kwargs, accepts("devices")?))

@@ -1,0 +1,72 @@
+"""Bulk batches in parts (`runtime.preemption`): how a batch is cut, how large the parts
+are, and that a batch run in parts gives what one pass gives. CPU; the GPU side (the part
+size measured at start-up, parts under the gate) is in test_gpu_engine.py."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from tiny_checkpoints import make_checkpoint
+
+from trt_tei_runtime.batch import PackedBatch
+from trt_tei_runtime.runtime import load_executor
+from trt_tei_runtime.runtime.preemption import MIN_PART_TOKENS, LayerGate, part_tokens
+
+
+def _batch(lengths: list[int]) -> PackedBatch:
+    return PackedBatch.from_sequences(
+        [[5 + (i * 7 + j) % 50 for j in range(n)] for i, n in enumerate(lengths)],
+        position_offset=2,
+    )
+
+
+@pytest.mark.parametrize(
+    ("lengths", "max_tokens", "expected"),
+    [
+        ([3, 4, 5], 100, [[3, 4, 5]]),
+        ([3, 4, 5], 7, [[3, 4], [5]]),
+        ([3, 4, 5], 3, [[3], [4], [5]]),  # a sequence over the budget is a part of its own
+        ([10, 1, 1], 4, [[10], [1, 1]]),
+        ([2, 2, 2, 2], 4, [[2, 2], [2, 2]]),
+    ],
+)
+def test_parts_are_runs_of_whole_sequences_within_budget(lengths, max_tokens, expected):  # type: ignore[no-untyped-def]
+    batch = _batch(lengths)
+    parts = batch.parts(max_tokens)
+    assert [np.diff(p.cu_seqlens.numpy()).tolist() for p in parts] == expected
+    # Laid end to end, the parts are the batch, positions and type ids included.
+    for name in ("input_ids", "token_type_ids", "position_ids"):
+        joined = torch.cat([getattr(p, name) for p in parts])
+        assert torch.equal(joined, getattr(batch, name)), name
+    for part in parts:
+        assert part.cu_seqlens[0] == 0 and part.cu_seqlens.dtype == torch.int32
+        assert part.max_seqlen == int(np.diff(part.cu_seqlens.numpy()).max())
+    # Given the host's cu_seqlens, the same cut.
+    again = batch.parts(max_tokens, batch.cu_seqlens.numpy())
+    assert [p.num_tokens for p in again] == [p.num_tokens for p in parts]
+
+
+def test_part_size_follows_the_measured_layer_time():
+    # A 10 ms layer over 16k tokens, 2 ms wanted: a fifth of the batch.
+    assert part_tokens(16384, 10.0, 2.0) == 3276
+    # Short layers, or no limit: no parts.
+    assert part_tokens(16384, 0.8, 2.0) is None
+    assert part_tokens(16384, 10.0, None) is None
+    assert part_tokens(16384, 10.0, 0.0) is None
+    # Never below the floor where GEMMs stop filling the GPU.
+    assert part_tokens(16384, 1000.0, 1.0) == MIN_PART_TOKENS
+    assert part_tokens(MIN_PART_TOKENS, 1000.0, 1.0) is None
+
+
+def test_a_batch_in_parts_gives_the_embeddings_of_one_pass(tmp_path):  # type: ignore[no-untyped-def]
+    folder = make_checkpoint(tmp_path, "BertModel", pooling="mean")
+    executor = load_executor(folder, device="cpu")
+    batch = _batch([17, 3, 40, 1, 25, 9, 30])
+    whole = executor.embed(batch)
+    executor.bulk.gate = LayerGate(max_part_tokens=45)
+    in_parts = executor.embed(batch)
+    torch.testing.assert_close(in_parts, whole, rtol=0, atol=1e-5)
+    per_token = executor.embed_tokens(batch)
+    executor.bulk.gate = None
+    torch.testing.assert_close(per_token, executor.embed_tokens(batch), rtol=0, atol=1e-5)
