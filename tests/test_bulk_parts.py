@@ -1,6 +1,7 @@
-"""Bulk batches in parts (`runtime.preemption`): how a batch is cut, how large the parts
-are, and that a batch run in parts gives what one pass gives. CPU; the GPU side (the part
-size measured at start-up, parts under the gate) is in test_gpu_engine.py."""
+"""Bulk batches for large models (`runtime.preemption`): the plan from a layer's time, how
+a batch is cut into parts, and that a batch run in parts gives what one pass gives. CPU;
+the GPU side (the plan measured at start-up, gates inside layers, parts under the gate) is
+in test_gpu_engine.py."""
 
 from __future__ import annotations
 
@@ -10,8 +11,14 @@ import torch
 from tiny_checkpoints import make_checkpoint
 
 from trt_tei_runtime.batch import PackedBatch
+from trt_tei_runtime.layers.linear import Linear
 from trt_tei_runtime.runtime import load_executor
-from trt_tei_runtime.runtime.preemption import MIN_PART_TOKENS, LayerGate, part_tokens
+from trt_tei_runtime.runtime.preemption import (
+    MIN_PART_TOKENS,
+    BulkPlan,
+    LayerGate,
+    largest_linear_share,
+)
 
 
 def _batch(lengths: list[int]) -> PackedBatch:
@@ -47,16 +54,26 @@ def test_parts_are_runs_of_whole_sequences_within_budget(lengths, max_tokens, ex
     assert [p.num_tokens for p in again] == [p.num_tokens for p in parts]
 
 
-def test_part_size_follows_the_measured_layer_time():
-    # A 10 ms layer over 16k tokens, 2 ms wanted: a fifth of the batch.
-    assert part_tokens(16384, 10.0, 2.0) == 3276
-    # Short layers, or no limit: no parts.
-    assert part_tokens(16384, 0.8, 2.0) is None
-    assert part_tokens(16384, 10.0, None) is None
-    assert part_tokens(16384, 10.0, 0.0) is None
+def test_the_plan_follows_the_measured_layer_time():
+    # Short layers, or no limit: the gate stands between layers, batches run whole.
+    assert BulkPlan.for_layer(16384, 0.8, 0.5, 2.0) == BulkPlan()
+    assert BulkPlan.for_layer(16384, 10.0, 0.5, None) == BulkPlan()
+    assert BulkPlan.for_layer(16384, 10.0, 0.5, 0.0) == BulkPlan()
+    # A 3 ms layer whose largest linear is 40 % of it: gates between linears suffice.
+    assert BulkPlan.for_layer(16384, 3.0, 0.4, 2.0) == BulkPlan(within_layers=True)
+    # A 10 ms layer, largest linear 50 %: a 5 ms step, 2 ms wanted: parts of 2/5 the batch.
+    assert BulkPlan.for_layer(16384, 10.0, 0.5, 2.0) == BulkPlan(True, 6553)
     # Never below the floor where GEMMs stop filling the GPU.
-    assert part_tokens(16384, 1000.0, 1.0) == MIN_PART_TOKENS
-    assert part_tokens(MIN_PART_TOKENS, 1000.0, 1.0) is None
+    assert BulkPlan.for_layer(16384, 1000.0, 0.5, 1.0) == BulkPlan(True, MIN_PART_TOKENS)
+    assert BulkPlan.for_layer(MIN_PART_TOKENS, 1000.0, 0.5, 1.0) == BulkPlan(True, None)
+
+
+def test_the_largest_linear_share_of_a_layer(tmp_path):  # type: ignore[no-untyped-def]
+    folder = make_checkpoint(tmp_path, "BertModel", pooling="mean")
+    layer = load_executor(folder, device="cpu").model.network.layers[0]
+    sizes = [m.weight.numel() for m in layer.modules() if isinstance(m, Linear)]
+    assert len(sizes) >= 3  # attention and MLP linears
+    assert largest_linear_share(layer) == max(sizes) / sum(sizes)
 
 
 def test_a_batch_in_parts_gives_the_embeddings_of_one_pass(tmp_path):  # type: ignore[no-untyped-def]
@@ -64,7 +81,7 @@ def test_a_batch_in_parts_gives_the_embeddings_of_one_pass(tmp_path):  # type: i
     executor = load_executor(folder, device="cpu")
     batch = _batch([17, 3, 40, 1, 25, 9, 30])
     whole = executor.embed(batch)
-    executor.bulk.gate = LayerGate(max_part_tokens=45)
+    executor.bulk.gate = LayerGate(plan=BulkPlan(max_part_tokens=45))
     in_parts = executor.embed(batch)
     torch.testing.assert_close(in_parts, whole, rtol=0, atol=1e-5)
     per_token = executor.embed_tokens(batch)

@@ -20,7 +20,7 @@ from trt_tei_runtime.engine.build import build_engine
 from trt_tei_runtime.engine.calibration import CALIBRATION_TEXTS
 from trt_tei_runtime.runtime import load_executor
 from trt_tei_runtime.runtime.graphs import bucket_ladder
-from trt_tei_runtime.runtime.preemption import MIN_PART_TOKENS
+from trt_tei_runtime.runtime.preemption import MIN_PART_TOKENS, BulkPlan
 
 pytestmark = pytest.mark.gpu
 MAX_TOKENS = 4096
@@ -205,21 +205,21 @@ def test_model_has_no_interactive_lane_and_no_gate(tmp_path):  # type: ignore[no
     assert served.interactive is not None and served.bulk.gate is served.interactive.gate
 
 
-def test_bulk_batches_run_in_parts_where_layers_are_long(models):  # type: ignore[no-untyped-def]
-    """A layer slower than `max_bulk_layer_ms` (here any: 1 ns) makes the served executor
-    cut its eager bulk batches into parts of at least MIN_PART_TOKENS; they still wait at
-    the gate for a query and give one pass's embeddings. The tiny model's own layers are
-    far below the default, and 0 turns parts off."""
+def test_long_layers_gate_within_layers_and_run_bulk_batches_in_parts(models):  # type: ignore[no-untyped-def]
+    """A step slower than `max_bulk_step_ms` (here any: 1 ns) makes the served executor gate
+    before every linear too and cut its eager bulk batches into parts of MIN_PART_TOKENS;
+    a bulk batch still waits at the gate for a query, and gives one pass's embeddings. The
+    tiny model's layers are far below the default, and 0 keeps whole layers."""
     graphs, eager = models
-    assert graphs.bulk.gate is not None and graphs.bulk.gate.max_part_tokens is None
+    assert graphs.bulk.gate is not None and graphs.bulk.gate.plan == BulkPlan()
     folder = graphs.model.info.model_dir
-    off = load_executor(folder, device="cuda", dtype="bfloat16", max_bulk_layer_ms=0)
-    assert off.bulk.gate is not None and off.bulk.gate.max_part_tokens is None
+    off = load_executor(folder, device="cuda", dtype="bfloat16", max_bulk_step_ms=0)
+    assert off.bulk.gate is not None and off.bulk.gate.plan == BulkPlan()
     split = load_executor(
-        folder, device="cuda", dtype="bfloat16", max_num_tokens=MAX_TOKENS, max_bulk_layer_ms=1e-6
+        folder, device="cuda", dtype="bfloat16", max_num_tokens=MAX_TOKENS, max_bulk_step_ms=1e-6
     )
     assert split.bulk.gate is not None
-    assert split.bulk.gate.max_part_tokens == MIN_PART_TOKENS
+    assert split.bulk.gate.plan == BulkPlan(within_layers=True, max_part_tokens=MIN_PART_TOKENS)
     bulk = _batch([128] * 20 + [77], graphs.model.network.vocab_size, seed=11)  # 2,637: 2 parts
     torch.testing.assert_close(split.embed(bulk), eager.embed(bulk), rtol=3e-2, atol=3e-2)
     results: list[torch.Tensor] = []
@@ -227,6 +227,29 @@ def test_bulk_batches_run_in_parts_where_layers_are_long(models):  # type: ignor
     with split.interactive.gate.interactive():  # type: ignore[union-attr]
         thread.start()
         thread.join(timeout=1.0)
-        assert thread.is_alive(), "a part ran through while a query was in flight"
+        assert thread.is_alive(), "a bulk batch ran through while a query was in flight"
     thread.join(timeout=60)
     torch.testing.assert_close(results[0], eager.embed(bulk).cpu(), rtol=3e-2, atol=3e-2)
+    # Queries pass between linears: the gate counts steps inside the layers.
+    steps = _count_steps(split, bulk)
+    assert steps > 2 * len(split.model.network.layers), steps
+
+
+def _count_steps(executor, batch: PackedBatch) -> int:  # type: ignore[no-untyped-def]
+    """How many times one bulk batch stopped at the gate (each stop waits for queries)."""
+    gate = executor.bulk.gate
+    no_queries = gate._no_queries
+    seen = 0
+
+    class Counting:
+        def wait(self) -> bool:
+            nonlocal seen
+            seen += 1
+            return no_queries.wait()
+
+    gate._no_queries = Counting()
+    try:
+        executor.embed(batch)
+    finally:
+        gate._no_queries = no_queries
+    return seen

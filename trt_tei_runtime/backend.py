@@ -29,7 +29,7 @@ import torch
 from .batch import PackedBatch
 from .errors import DeviceError, RuntimeErrorBase
 from .runtime import Executor, Lane, load_executors
-from .runtime.preemption import DEFAULT_MAX_LAYER_MS
+from .runtime.preemption import DEFAULT_MAX_STEP_MS
 
 log = logging.getLogger(__name__)
 
@@ -52,13 +52,13 @@ class Backend:
         max_batch_requests: int | None = None,
         devices: str | None = None,
         max_active_dims: int | None = None,
-        max_bulk_layer_ms: float | None = DEFAULT_MAX_LAYER_MS,
+        max_bulk_step_ms: float | None = DEFAULT_MAX_STEP_MS,
     ) -> None:
         """`device` names one device, `devices` several ("all", "cuda:0,cuda:1", "cpu,cpu");
         neither: every visible GPU, else the CPU. `max_active_dims` caps a SPLADE model's
-        active dimensions per vector. `max_bulk_layer_ms`: where one layer of a full bulk
-        batch takes longer, bulk batches run in parts so that queries wait less
-        (`runtime.preemption`); 0 or None: never split."""
+        active dimensions per vector. `max_bulk_step_ms`: the longest step of bulk work a
+        query should wait behind, where layers are longer (`runtime.preemption`); 0 or
+        None: whole layers."""
         if device is not None and devices is not None:
             raise ValueError("pass device or devices, not both")
         # The router's batch limits size the CUDA graphs: every batch it sends replays one.
@@ -73,7 +73,7 @@ class Backend:
             max_batch_size=max_batch_requests,
             full_length_must_fit=max_batch_tokens is not None,
             max_active_dims=max_active_dims,
-            max_bulk_layer_ms=max_bulk_layer_ms,
+            max_bulk_step_ms=max_bulk_step_ms,
         )
         # Every executor holds the same model; the first answers for all in `info()`.
         self.model = self.executors[0]

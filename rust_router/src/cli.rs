@@ -84,13 +84,14 @@ pub struct Args {
     #[arg(long, env = "MAX_BULK_BATCH_MS", default_value_t = 40)]
     pub max_bulk_batch_ms: u64,
 
-    /// On a GPU with the interactive lane, a query waits for about two layers of the bulk
-    /// batch in progress. Where one layer of a full bulk batch takes longer than this
-    /// (measured at start-up: large models), the runtime runs bulk batches in parts of whole
-    /// sequences, one after the other, so that a layer takes about this long. 0: never split.
+    /// On a GPU with the interactive lane, a query waits for about two steps of the bulk
+    /// batch in progress, a step being one layer. Where a layer of a full bulk batch takes
+    /// longer than this (measured at start-up: large models), queries may also pass between
+    /// the linears of a layer, and where one linear is still longer, bulk batches run in parts
+    /// of whole sequences, so that a step takes about this long. 0: steps are whole layers.
     /// [default: the runtime's, 2]
-    #[arg(long, env = "MAX_BULK_LAYER_MS")]
-    pub max_bulk_layer_ms: Option<f64>,
+    #[arg(long, env = "MAX_BULK_STEP_MS")]
+    pub max_bulk_step_ms: Option<f64>,
 
     /// After each batch, a backend thread busy-waits this many microseconds for the next one
     /// before it sleeps. A thread that slept wakes on a cold core and the next query's host
@@ -253,10 +254,10 @@ impl Args {
                 return Err(format!("`{flag}` must be at least 1"));
             }
         }
-        if let Some(ms) = self.max_bulk_layer_ms {
+        if let Some(ms) = self.max_bulk_step_ms {
             if !(ms.is_finite() && ms >= 0.0) {
                 return Err(format!(
-                    "`--max-bulk-layer-ms` must be a number of milliseconds, 0 or more; got {ms}"
+                    "`--max-bulk-step-ms` must be a number of milliseconds, 0 or more; got {ms}"
                 ));
             }
         }
@@ -338,20 +339,20 @@ mod tests {
     }
 
     #[test]
-    fn bulk_layer_time_is_the_runtimes_unless_given() {
-        assert_eq!(parse(&[]).unwrap().max_bulk_layer_ms, None);
-        let given = parse(&["--max-bulk-layer-ms", "1.5"]).unwrap();
-        assert_eq!(given.max_bulk_layer_ms, Some(1.5));
+    fn bulk_step_time_is_the_runtimes_unless_given() {
+        assert_eq!(parse(&[]).unwrap().max_bulk_step_ms, None);
+        let given = parse(&["--max-bulk-step-ms", "1.5"]).unwrap();
+        assert_eq!(given.max_bulk_step_ms, Some(1.5));
         assert!(given.validate().is_ok());
-        assert!(parse(&["--max-bulk-layer-ms", "0"]).unwrap().validate().is_ok());
+        assert!(parse(&["--max-bulk-step-ms", "0"]).unwrap().validate().is_ok());
         for bad in ["-1", "NaN", "inf"] {
-            let err = parse(&["--max-bulk-layer-ms", bad])
+            let err = parse(&["--max-bulk-step-ms", bad])
                 .unwrap()
                 .validate()
                 .unwrap_err();
-            assert!(err.contains("--max-bulk-layer-ms"), "{err}");
+            assert!(err.contains("--max-bulk-step-ms"), "{err}");
         }
-        assert!(parse(&["--max-bulk-layer-ms", "soon"]).is_err());
+        assert!(parse(&["--max-bulk-step-ms", "soon"]).is_err());
     }
 
     #[test]

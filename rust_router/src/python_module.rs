@@ -27,7 +27,7 @@ pub fn backend_options(args: &Args) -> PythonBackendOptions {
         max_active_dims: args.max_active_dims,
         max_batch_tokens: args.max_batch_tokens,
         max_batch_requests: args.max_batch_requests,
-        max_bulk_layer_ms: args.max_bulk_layer_ms,
+        max_bulk_step_ms: args.max_bulk_step_ms,
         interactive_lane: args.interactive_max_tokens > 0,
         env,
     }

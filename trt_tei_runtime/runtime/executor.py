@@ -22,7 +22,7 @@ from .devices import DeviceSpec, parse_devices
 from .graphs import MAX_GRAPH_TOKENS, CudaGraphRunner
 from .lanes import InteractiveLane, Lane, on_device
 from .loader import LoadedModel, ModelInfo, load_model
-from .preemption import DEFAULT_MAX_LAYER_MS, LayerGate, part_tokens
+from .preemption import DEFAULT_MAX_STEP_MS, BulkPlan, LayerGate, largest_linear_share
 
 log = logging.getLogger(__name__)
 
@@ -42,14 +42,14 @@ class Executor:
         max_num_tokens: int = DEFAULT_MAX_NUM_TOKENS,
         max_batch_size: int = DEFAULT_MAX_BATCH_SIZE,
         interactive_lane: bool = True,
-        max_bulk_layer_ms: float | None = DEFAULT_MAX_LAYER_MS,
+        max_bulk_step_ms: float | None = DEFAULT_MAX_STEP_MS,
     ) -> None:
         """With `cuda_graphs` on a device where the attention runs on packed tokens (CUDA,
         half precision), warms the allocator up and captures the bulk lane's graphs for
         batches up to these sizes, and with `interactive_lane` builds the interactive lane
-        and gates eager bulk batches for it; else one eager lane. Gated bulk batches whose
-        layers would take longer than `max_bulk_layer_ms` run in parts (`preemption`);
-        None or 0: never split.
+        and gates eager bulk batches for it; else one eager lane. A query waits for steps
+        of bulk work of about `max_bulk_step_ms` (`preemption.BulkPlan`); None or 0: for
+        whole layers.
 
         Without interactive traffic (`Model`, corpus jobs) leave the interactive lane out:
         the gate keeps at most one layer of a bulk batch queued on the GPU, so the host
@@ -68,14 +68,14 @@ class Executor:
                 self._warm_up(max_num_tokens)
                 self.bulk.graphs = self._capture(max_num_tokens, max_batch_size)
                 if interactive_lane:
-                    self._add_interactive_lane(max_num_tokens, max_batch_size, max_bulk_layer_ms)
+                    self._add_interactive_lane(max_num_tokens, max_batch_size, max_bulk_step_ms)
 
     def _add_interactive_lane(
-        self, max_num_tokens: int, max_batch_size: int, max_bulk_layer_ms: float | None
+        self, max_num_tokens: int, max_batch_size: int, max_bulk_step_ms: float | None
     ) -> None:
         """The interactive lane's graphs and stream, and the gate between the lanes."""
         model = self.model
-        gate = LayerGate(max_part_tokens=self._bulk_part_tokens(max_num_tokens, max_bulk_layer_ms))
+        gate = LayerGate(plan=self._bulk_plan(max_num_tokens, max_bulk_step_ms))
         self.bulk.gate = gate
         # The same ladder as the bulk lane's: under many concurrent small requests the
         # interactive batches grow (64 clients of 24 tokens: ~1,500 tokens), and an eager
@@ -89,12 +89,12 @@ class Executor:
         )
         gate.attach(model.network.layers)  # after capture: graphs hold no host-side hooks
 
-    def _bulk_part_tokens(self, max_num_tokens: int, max_layer_ms: float | None) -> int | None:
-        """The part size for gated bulk batches, from one layer's time over a full bulk batch
-        of typical documents, measured here (once to compile, once timed); None where the
-        layers are short enough or no bulk batch runs eagerly."""
-        if not max_layer_ms or max_num_tokens <= MAX_GRAPH_TOKENS:
-            return None
+    def _bulk_plan(self, max_num_tokens: int, max_step_ms: float | None) -> BulkPlan:
+        """Where gated bulk batches stop for queries and how large their parts are, from one
+        layer's time over a full bulk batch of typical documents, measured here (once to
+        compile, once timed)."""
+        if not max_step_ms or max_num_tokens <= MAX_GRAPH_TOKENS:
+            return BulkPlan()  # no limit, or every bulk batch is one graph replay
         length = min(self.info.max_input_length, TYPICAL_DOCUMENT_TOKENS, max_num_tokens)
         batch = PackedBatch.from_sequences(
             [[1] * length] * (max_num_tokens // length),
@@ -106,18 +106,23 @@ class Executor:
         self.hidden_states(batch)
         end.record()
         end.synchronize()
-        layer_ms = start.elapsed_time(end) / len(self.model.network.layers)
-        tokens = part_tokens(batch.num_tokens, layer_ms, max_layer_ms)
-        if tokens is not None:
+        layers = self.model.network.layers
+        layer_ms = start.elapsed_time(end) / len(layers)
+        plan = BulkPlan.for_layer(
+            batch.num_tokens, layer_ms, largest_linear_share(layers[0]), max_step_ms
+        )
+        if plan.within_layers:
             log.info(
-                "a bulk layer over %d tokens takes %.1f ms: bulk batches run in parts of up "
-                "to %d tokens, so that a query waits for layers of about %.1f ms",
+                "a bulk layer over %d tokens takes %.1f ms: queries may also pass between its "
+                "linears%s, so that they wait for steps of about %.1f ms",
                 batch.num_tokens,
                 layer_ms,
-                tokens,
-                max_layer_ms,
+                ""
+                if plan.max_part_tokens is None
+                else f", and bulk batches run in parts of up to {plan.max_part_tokens} tokens",
+                max_step_ms,
             )
-        return tokens
+        return plan
 
     def lane(self, interactive: bool) -> Lane:
         """The interactive lane when asked for and built, else the bulk lane."""
@@ -255,7 +260,7 @@ def load_executor(
     max_num_tokens: int | None = None,
     max_batch_size: int | None = None,
     interactive_lane: bool = True,
-    max_bulk_layer_ms: float | None = DEFAULT_MAX_LAYER_MS,
+    max_bulk_step_ms: float | None = DEFAULT_MAX_STEP_MS,
     **load_options: object,
 ) -> Executor:
     """`load_model` and an executor on one device. Graph sizes: the arguments, else an
@@ -268,7 +273,7 @@ def load_executor(
         max_num_tokens=max_num_tokens or limits.get("max_num_tokens", DEFAULT_MAX_NUM_TOKENS),
         max_batch_size=max_batch_size or limits.get("max_batch_size", DEFAULT_MAX_BATCH_SIZE),
         interactive_lane=interactive_lane,
-        max_bulk_layer_ms=max_bulk_layer_ms,
+        max_bulk_step_ms=max_bulk_step_ms,
     )
 
 

@@ -15,10 +15,13 @@ layer, waits while any interactive batch is in flight. A query then waits for at
 (batches up to 2,048 tokens) are one launch each and are not split.
 
 A large model's layer is long: a qwen3-8b layer over 16k tokens runs ~10 ms, so a query
-waited ~19 ms for it under a backfill (3.7x its idle latency). Where a layer of the largest
-bulk batch takes longer than `max_layer_ms`, the bulk lane runs its batches in parts of
-whole sequences (`part_tokens`), one after the other, each gated layer by layer: the wait
-shrinks with the part, and the parts' GEMMs are still large enough to run at full speed.
+waited ~18 ms p50 for it under a backfill. The step a query waits for is bounded by
+`max_step_ms`, from one layer's time measured at start-up (`BulkPlan.for_layer`): where a
+layer is longer, the gate also stands before every linear inside the layers, and where the
+largest linear is still longer, the bulk lane runs its batches in parts of whole sequences,
+one after the other. Gates inside layers cost nothing on the GPU; parts cost GEMM efficiency
+(measured on an H100, qwen3-8b: parts of 3k tokens gave 5 % less backfill), so they are
+only as small as needed.
 """
 
 from __future__ import annotations
@@ -27,37 +30,66 @@ import contextlib
 import threading
 from collections import deque
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
+
+from ..layers.fp8 import Fp8Linear
+from ..layers.linear import Linear
+
+LINEARS = (Linear, Fp8Linear)
 
 # One layer queued keeps the GPU busy while the host launches the next (launching a layer
 # takes ~0.1 ms of host time; a 16k-token layer runs ~1 ms on the GPU). Measured on an
 # H200: two queued layers gave a query p99 of 4.2x its idle p50 under a bert-large backfill.
 DEFAULT_DEPTH = 1
 
-# A query waits for about two bulk layers at most; layers longer than this are split.
-DEFAULT_MAX_LAYER_MS = 2.0
+# A query waits for about two steps of bulk work at most; longer steps are split.
+DEFAULT_MAX_STEP_MS = 2.0
 # Below this many tokens a part's GEMMs would no longer fill the GPU.
 MIN_PART_TOKENS = 2048
 
 
-def part_tokens(batch_tokens: int, layer_ms: float, max_layer_ms: float | None) -> int | None:
-    """Tokens per part of a bulk batch, from one layer's time `layer_ms` over a batch of
-    `batch_tokens`, so that a part's layer takes about `max_layer_ms`; None where batches
-    need no splitting (or `max_layer_ms` is None or 0: never split)."""
-    if not max_layer_ms or layer_ms <= max_layer_ms:
-        return None
-    tokens = max(MIN_PART_TOKENS, int(batch_tokens * max_layer_ms / layer_ms))
-    return tokens if tokens < batch_tokens else None
+@dataclass(frozen=True)
+class BulkPlan:
+    """Where the gate stands in an eager bulk batch, and how large its parts are."""
+
+    within_layers: bool = False  # also before every linear, not only before every layer
+    max_part_tokens: int | None = None  # None: batches run whole
+
+    @classmethod
+    def for_layer(
+        cls,
+        batch_tokens: int,
+        layer_ms: float,
+        largest_linear_share: float,
+        max_step_ms: float | None,
+    ) -> BulkPlan:
+        """The plan for layers that take `layer_ms` over `batch_tokens`, the largest linear
+        holding `largest_linear_share` of a layer's weights (its share of the time, near
+        enough: the GEMMs are most of a large layer); None or 0 `max_step_ms`: per layer,
+        whole batches."""
+        if not max_step_ms or layer_ms <= max_step_ms:
+            return cls()
+        step_ms = layer_ms * largest_linear_share
+        if step_ms <= max_step_ms:
+            return cls(within_layers=True)
+        tokens = max(MIN_PART_TOKENS, int(batch_tokens * max_step_ms / step_ms))
+        return cls(within_layers=True, max_part_tokens=tokens if tokens < batch_tokens else None)
+
+
+def largest_linear_share(layer: nn.Module) -> float:
+    """The largest linear's share of the weights of a layer's linears."""
+    sizes = [m.weight.numel() for m in layer.modules() if isinstance(m, LINEARS)]
+    return max(sizes) / sum(sizes) if sizes else 1.0
 
 
 class LayerGate:
-    def __init__(self, depth: int = DEFAULT_DEPTH, max_part_tokens: int | None = None) -> None:
+    def __init__(self, depth: int = DEFAULT_DEPTH, plan: BulkPlan | None = None) -> None:
         self.depth = depth
-        # Bulk batches above this many tokens run in parts (see the module's docstring).
-        self.max_part_tokens = max_part_tokens
+        self.plan = plan or BulkPlan()
         self._lock = threading.Lock()
         self._in_flight = 0
         self._no_queries = threading.Event()
@@ -68,9 +100,18 @@ class LayerGate:
         self._bulk_thread: int | None = None
         self._queued: deque[torch.cuda.Event] = deque()
 
+    @property
+    def max_part_tokens(self) -> int | None:
+        """Bulk batches above this many tokens run in parts."""
+        return self.plan.max_part_tokens
+
     def attach(self, layers: nn.ModuleList) -> None:
         for layer in layers:
-            layer.register_forward_pre_hook(self._before_layer)
+            layer.register_forward_pre_hook(self._before_step)
+            if self.plan.within_layers:
+                for module in layer.modules():
+                    if isinstance(module, LINEARS):
+                        module.register_forward_pre_hook(self._before_step)
 
     @contextlib.contextmanager
     def interactive(self) -> Iterator[None]:
@@ -97,7 +138,7 @@ class LayerGate:
             self._bulk_thread = None
             self._queued.clear()
 
-    def _before_layer(self, module: nn.Module, args: Any) -> None:
+    def _before_step(self, module: nn.Module, args: Any) -> None:
         if self._bulk_thread != threading.get_ident():
             return
         event = torch.cuda.Event()

@@ -33,8 +33,8 @@ pub struct PythonBackendOptions {
     /// its buffers and CUDA graphs with them).
     pub max_batch_tokens: usize,
     pub max_batch_requests: Option<usize>,
-    /// `--max-bulk-layer-ms`: only passed when set, to constructors that accept it.
-    pub max_bulk_layer_ms: Option<f64>,
+    /// `--max-bulk-step-ms`: only passed when set, to constructors that accept it.
+    pub max_bulk_step_ms: Option<f64>,
     /// Use the runtime's interactive lane if it has one (`--interactive-max-tokens` > 0).
     pub interactive_lane: bool,
     /// Environment for the runtime (hub token, cache), set through `os.environ` because
@@ -180,9 +180,9 @@ fn constructor_kwargs<'py>(
             kwargs.set_item(name, value)?;
         }
     }
-    if let Some(ms) = opts.max_bulk_layer_ms {
-        if accepts("max_bulk_layer_ms")? {
-            kwargs.set_item("max_bulk_layer_ms", ms)?;
+    if let Some(ms) = opts.max_bulk_step_ms {
+        if accepts("max_bulk_step_ms")? {
+            kwargs.set_item("max_bulk_step_ms", ms)?;
         }
     }
     Ok((kwargs, accepts("devices")?))
