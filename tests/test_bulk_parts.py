@@ -29,18 +29,20 @@ def _batch(lengths: list[int]) -> PackedBatch:
 
 
 @pytest.mark.parametrize(
-    ("lengths", "max_tokens", "expected"),
+    ("lengths", "count", "expected"),
     [
-        ([3, 4, 5], 100, [[3, 4, 5]]),
-        ([3, 4, 5], 7, [[3, 4], [5]]),
-        ([3, 4, 5], 3, [[3], [4], [5]]),  # a sequence over the budget is a part of its own
-        ([10, 1, 1], 4, [[10], [1, 1]]),
-        ([2, 2, 2, 2], 4, [[2, 2], [2, 2]]),
+        ([3, 4, 5], 1, [[3, 4, 5]]),
+        ([3, 4, 5], 2, [[3, 4], [5]]),
+        ([3, 4, 5], 3, [[3], [4], [5]]),
+        ([10, 1, 1], 2, [[10], [1, 1]]),  # a long sequence is a part of its own
+        ([10, 1, 1], 3, [[10], [1, 1]]),  # ... and fewer parts where cuts coincide
+        ([2, 2, 2, 2], 2, [[2, 2], [2, 2]]),
+        ([5] * 9 + [1], 3, [[5, 5, 5], [5, 5, 5], [5, 5, 5, 1]]),
     ],
 )
-def test_parts_are_runs_of_whole_sequences_within_budget(lengths, max_tokens, expected):  # type: ignore[no-untyped-def]
+def test_parts_are_even_runs_of_whole_sequences(lengths, count, expected):  # type: ignore[no-untyped-def]
     batch = _batch(lengths)
-    parts = batch.parts(max_tokens)
+    parts = batch.parts(count)
     assert [np.diff(p.cu_seqlens.numpy()).tolist() for p in parts] == expected
     # Laid end to end, the parts are the batch, positions and type ids included.
     for name in ("input_ids", "token_type_ids", "position_ids"):
@@ -50,7 +52,7 @@ def test_parts_are_runs_of_whole_sequences_within_budget(lengths, max_tokens, ex
         assert part.cu_seqlens[0] == 0 and part.cu_seqlens.dtype == torch.int32
         assert part.max_seqlen == int(np.diff(part.cu_seqlens.numpy()).max())
     # Given the host's cu_seqlens, the same cut.
-    again = batch.parts(max_tokens, batch.cu_seqlens.numpy())
+    again = batch.parts(count, batch.cu_seqlens.numpy())
     assert [p.num_tokens for p in again] == [p.num_tokens for p in parts]
 
 

@@ -54,26 +54,20 @@ class PackedBatch:
             max_seqlen=self.max_seqlen,
         )
 
-    def parts(
-        self, max_tokens: int, host_cu_seqlens: np.ndarray | None = None
-    ) -> list[PackedBatch]:
-        """The batch as consecutive runs of whole sequences of at most `max_tokens` tokens
-        each (a longer sequence is a part of its own), in order: their hidden states laid
-        end to end are the batch's. The parts are views of this batch's tensors, wherever
-        they lie. For a batch on a device, pass its `cu_seqlens` as they were on the host:
-        reading them back would wait for the device."""
+    def parts(self, count: int, host_cu_seqlens: np.ndarray | None = None) -> list[PackedBatch]:
+        """The batch as at most `count` consecutive runs of whole sequences of about equal
+        token counts (each cut at the sequence boundary nearest its share), in order: their
+        hidden states laid end to end are the batch's. The parts are views of this batch's
+        tensors, wherever they lie. For a batch on a device, pass its `cu_seqlens` as they
+        were on the host: reading them back would wait for the device."""
         if host_cu_seqlens is None:
             host_cu_seqlens = self.cu_seqlens.cpu().numpy()
         cu = np.asarray(host_cu_seqlens, dtype=np.int64)
-        parts: list[PackedBatch] = []
-        first = 0
-        while first < cu.size - 1:
-            # The last sequence boundary within budget, and at least one sequence.
-            last = int(np.searchsorted(cu, cu[first] + max_tokens, side="right")) - 1
-            last = max(last, first + 1)
-            parts.append(self._sequences(first, last, cu))
-            first = last
-        return parts
+        shares = cu[-1] * np.arange(1, count) / count
+        # The boundary nearest each share; duplicates (long sequences) collapse.
+        nearest = np.abs(cu[None, :] - shares[:, None]).argmin(axis=1)
+        cuts = [0, *sorted({int(i) for i in nearest} - {0, cu.size - 1}), cu.size - 1]
+        return [self._sequences(a, b, cu) for a, b in zip(cuts, cuts[1:], strict=False)]
 
     def _sequences(self, first: int, last: int, cu: np.ndarray) -> PackedBatch:
         start, end = int(cu[first]), int(cu[last])

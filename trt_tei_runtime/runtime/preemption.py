@@ -19,9 +19,11 @@ waited ~18 ms p50 for it under a backfill. The step a query waits for is bounded
 `max_step_ms`, from one layer's time measured at start-up (`BulkPlan.for_layer`): where a
 layer is longer, the gate also stands before every linear inside the layers, and where the
 largest linear is still longer, the bulk lane runs its batches in parts of whole sequences,
-one after the other. Gates inside layers cost nothing on the GPU; parts cost GEMM efficiency
-(measured on an H100, qwen3-8b: parts of 3k tokens gave 5 % less backfill), so they are
-only as small as needed.
+one after the other, about equal in size. Gates inside layers cost nothing on the GPU;
+parts cost GEMM efficiency, so they are only as small as needed. Measured on an H100 with
+qwen3-8b under a realistic backfill (benchmarks/RESULTS.md): whole layers gave a query p99
+of 3.3x its idle p50; 4 ms steps (two parts of a 16k batch) 1.6x for 2 % less backfill;
+2 ms steps (parts of ~5k tokens) 1.3x for 5 % less.
 """
 
 from __future__ import annotations
@@ -46,8 +48,9 @@ LINEARS = (Linear, Fp8Linear)
 # H200: two queued layers gave a query p99 of 4.2x its idle p50 under a bert-large backfill.
 DEFAULT_DEPTH = 1
 
-# A query waits for about two steps of bulk work at most; longer steps are split.
-DEFAULT_MAX_STEP_MS = 2.0
+# A query waits for about two steps of bulk work at most; longer steps are split. 4 ms keeps
+# a qwen3-8b query under 2x its idle latency and two parts of a 16k batch at full speed.
+DEFAULT_MAX_STEP_MS = 4.0
 # Below this many tokens a part's GEMMs would no longer fill the GPU.
 MIN_PART_TOKENS = 2048
 
