@@ -205,27 +205,6 @@ enum Job {
     Decode(Vec<u32>, bool, Reply<String>),
 }
 
-/// The pool's threads yield the CPU to every other thread of the router. A backfill keeps
-/// them all busy (one per core by default), and at the default priority a query's own
-/// threads (its connection's task, the batching task, the backend threads) then waited for
-/// a core: under a backfill a query's time outside the forward pass grew by milliseconds at
-/// p99 (benchmarks/RESULTS.md). At a lower priority the pool still gets every core nobody
-/// else needs, so a backfill's tokenization keeps its speed on an otherwise idle CPU.
-const POOL_NICE: i32 = 10;
-
-/// Lowers the calling thread's scheduling priority (Linux: the nice value is per thread).
-fn lower_priority(nice: i32) {
-    #[cfg(target_os = "linux")]
-    // SAFETY: plain system calls on the calling thread's own id; a failure leaves the
-    // priority as it was, which is harmless.
-    unsafe {
-        let tid = libc::syscall(libc::SYS_gettid) as libc::id_t;
-        libc::setpriority(libc::PRIO_PROCESS, tid, nice);
-    }
-    #[cfg(not(target_os = "linux"))]
-    let _ = nice;
-}
-
 /// Handle to the worker pool. Workers exit when the last handle is dropped.
 #[derive(Clone)]
 pub struct Tokenization {
@@ -275,19 +254,15 @@ impl Tokenization {
             };
             std::thread::Builder::new()
                 .name(format!("tokenizer-{i}"))
-                .spawn(move || {
-                    lower_priority(POOL_NICE);
-                    loop {
-                        // Holding the lock while waiting is fine: the other workers would wait
-                        // anyway.
-                        let job = match rx.lock() {
-                            Ok(rx) => rx.recv(),
-                            Err(_) => return,
-                        };
-                        match job {
-                            Ok(job) => worker.run(job),
-                            Err(_) => return,
-                        }
+                .spawn(move || loop {
+                    // Holding the lock while waiting is fine: the other workers would wait anyway.
+                    let job = match rx.lock() {
+                        Ok(rx) => rx.recv(),
+                        Err(_) => return,
+                    };
+                    match job {
+                        Ok(job) => worker.run(job),
+                        Err(_) => return,
                     }
                 })
                 .expect("cannot spawn a tokenization worker");

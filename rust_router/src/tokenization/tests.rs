@@ -275,25 +275,3 @@ async fn adapter_prompts_set_every_type_id_to_the_adapter() {
     let e = t.encode(pair, Default::default()).await.unwrap();
     assert_eq!(e.token_type_ids, vec![0, 0, 0, 1, 1]);
 }
-
-#[cfg(target_os = "linux")]
-#[test]
-fn pool_threads_run_at_a_lower_priority() {
-    // The nice value of the calling thread, from /proc (field 19 of its stat line).
-    fn own_nice() -> i32 {
-        let tid = unsafe { libc::syscall(libc::SYS_gettid) };
-        let stat = std::fs::read_to_string(format!("/proc/self/task/{tid}/stat")).unwrap();
-        let after_name = &stat[stat.rfind(')').unwrap() + 2..];
-        after_name.split(' ').nth(16).unwrap().parse().unwrap()
-    }
-    let (before, after) = std::thread::spawn(|| {
-        let before = own_nice();
-        lower_priority(POOL_NICE);
-        (before, own_nice())
-    })
-    .join()
-    .unwrap();
-    assert_eq!(after, before.max(POOL_NICE));
-    // Other threads keep theirs.
-    assert_eq!(own_nice(), before);
-}
