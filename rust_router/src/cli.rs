@@ -344,7 +344,10 @@ mod tests {
         let given = parse(&["--max-bulk-step-ms", "1.5"]).unwrap();
         assert_eq!(given.max_bulk_step_ms, Some(1.5));
         assert!(given.validate().is_ok());
-        assert!(parse(&["--max-bulk-step-ms", "0"]).unwrap().validate().is_ok());
+        assert!(parse(&["--max-bulk-step-ms", "0"])
+            .unwrap()
+            .validate()
+            .is_ok());
         for bad in ["-1", "NaN", "inf"] {
             let err = parse(&["--max-bulk-step-ms", bad])
                 .unwrap()
