@@ -17,7 +17,9 @@ closed loop, where the next query follows the last at once. This splits the diff
   against the router's own per-request figures (its debug log: total, tokenization,
   queue, inference); with `--backfill`, also under the realistic backfill
   (benchmarks/realistic_traffic.py). One server per `--router-variants` entry (extra
-  flags, `;`-separated; empty = defaults). With `--instant-backend` the server runs
+  flags, `;`-separated; empty = defaults; leading NAME=VALUE words go to the server's
+  environment, e.g. "TOKIO_WORKER_THREADS=4 --backend-spin-us 0": tokio reads its worker
+  count from that variable). With `--instant-backend` the server runs
   `bench_router_overhead.InstantLaneBackend` (the model is loaded for its info but never
   run; it claims an interactive lane as a GPU runtime does), so what is left is the
   router's own time: this part then runs on a CPU, and its "client − server" column is
@@ -292,6 +294,16 @@ def row(
     )
 
 
+def split_variant(variant: str) -> tuple[dict[str, str], list[str]]:
+    """A `--router-variants` entry's leading NAME=VALUE words (environment) and flags."""
+    words = variant.split()
+    env = {}
+    while words and re.fullmatch(r"[A-Z_][A-Z0-9_]*=\S*", words[0]):
+        name, value = words.pop(0).split("=", 1)
+        env[name] = value
+    return env, words
+
+
 def router_part(
     shape: str, folder: Path, dtype: str, variants: list[str], args: argparse.Namespace
 ) -> list[str]:
@@ -302,8 +314,9 @@ def router_part(
         port = 18500 + i
         with tempfile.TemporaryDirectory() as tmp:
             log = Path(tmp) / "router.log"
-            flags = ["--dtype", dtype, "--json-output", *variant.split()]
-            env = {"LOG_LEVEL": ROUTER_TIMINGS_LOG_LEVEL}
+            variant_env, variant_flags = split_variant(variant)
+            flags = ["--dtype", dtype, "--json-output", *variant_flags]
+            env = {"LOG_LEVEL": ROUTER_TIMINGS_LOG_LEVEL, **variant_env}
             if args.instant_backend:
                 flags += ["--python-backend-class", INSTANT_BACKEND]
                 env["PYTHONPATH"] = os.pathsep.join(
