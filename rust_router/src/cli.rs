@@ -90,7 +90,7 @@ pub struct Args {
     /// the linears of a layer, and where one linear is still longer, bulk batches run in parts
     /// of whole sequences, so that a step takes about this long. 0: steps are whole layers.
     /// [default: the runtime's, 4]
-    #[arg(long, env = "MAX_BULK_STEP_MS")]
+    #[arg(long, env = "MAX_BULK_STEP_MS", allow_negative_numbers = true)]
     pub max_bulk_step_ms: Option<f64>,
 
     /// After each batch, a backend thread busy-waits this many microseconds for the next one
