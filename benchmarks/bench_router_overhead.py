@@ -3,7 +3,8 @@
     python benchmarks/bench_router_overhead.py [--model-id DIR] [--seconds 5] [--clients 1,16]
 
 Starts `text-embeddings-router` on loopback with `InstantBackend` (below: the real Backend's
-model info, but `embed` returns zeros without running the model), so what is left is
+model info, but `embed` returns one fixed vector per input without running the model: not
+zeros, so that the response's JSON costs what a real one does), so what is left is
 HTTP + tokenization + queue + the Python call. For each client count it prints one JSON line:
 loadgen's requests/s and p50/p99, plus the mean per-request split from `/metrics`
 (`te_request_*_duration` sums over counts, microseconds). CPU is enough.
@@ -34,13 +35,15 @@ class InstantBackend(Backend):
         kwargs["device"] = "cpu"
         super().__init__(*args, **kwargs)
         self._hidden = self.model.info.hidden_size
+        row = np.random.default_rng(0).standard_normal(self._hidden).astype(np.float32)
+        self._row = row / np.linalg.norm(row)
 
     def health(self) -> None:
         pass
 
     # `*_`: routers before the four-array contract also sent max_length.
     def embed(self, input_ids, token_type_ids, position_ids, cu_seqlens, *_, **kw):  # type: ignore[no-untyped-def]
-        return np.zeros((len(cu_seqlens) // 4 - 1, self._hidden), np.float32)
+        return np.broadcast_to(self._row, (len(cu_seqlens) // 4 - 1, self._hidden))
 
 
 class InstantLaneBackend(InstantBackend):

@@ -2,6 +2,7 @@
 
     python benchmarks/profile_idle_query.py --shapes minilm-real,bert-large --tokenizer-from DIR \
         [--parts runtime,router] [--router-variants ";--backend-spin-us 25000"] [--backfill]
+    python benchmarks/profile_idle_query.py --parts router --shapes minilm-real --instant-backend
 
 A query every 20 ms leaves every thread asleep and the GPU idle between queries, unlike a
 closed loop, where the next query follows the last at once. This splits the difference:
@@ -16,9 +17,16 @@ closed loop, where the next query follows the last at once. This splits the diff
   against the router's own per-request figures (its debug log: total, tokenization,
   queue, inference); with `--backfill`, also under the realistic backfill
   (benchmarks/realistic_traffic.py). One server per `--router-variants` entry (extra
-  flags, `;`-separated; empty = defaults).
+  flags, `;`-separated; empty = defaults; leading NAME=VALUE words go to the server's
+  environment, e.g. "TOKIO_WORKER_THREADS=4 --backend-spin-us 0": tokio reads its worker
+  count from that variable). With `--instant-backend` the server runs
+  `bench_router_overhead.InstantLaneBackend` (the model is loaded for its info but never
+  run; it claims an interactive lane as a GPU runtime does), so what is left is the
+  router's own time: this part then runs on a CPU, and its "client − server" column is
+  HTTP, JSON and the connection task's hand-offs, the figure to compare before and after
+  a router change.
 
-p50 / p99 in ms. Reports only; CUDA only.
+p50 / p99 in ms. Reports only; the runtime parts need CUDA, the router part does not.
 """
 
 from __future__ import annotations
@@ -27,6 +35,7 @@ import argparse
 import functools
 import gc
 import json
+import os
 import re
 import tempfile
 import time
@@ -256,6 +265,8 @@ def server_timings(log: Path, seen: int, max_tokens: int) -> tuple[list[dict[str
     return out, len(lines)
 
 
+# A backend that answers at once, claiming an interactive lane (`--instant-backend`).
+INSTANT_BACKEND = "bench_router_overhead:InstantLaneBackend"
 # The router logs each request's figures at debug level, in its `http` module.
 ROUTER_TIMINGS_LOG_LEVEL = "warn,trt_tei_router::http=debug"
 # (label, seconds between queries, raw socket client) of the router's query phases.
@@ -263,6 +274,7 @@ PHASES = [
     ("every 20 ms", INTERVAL_S, False),
     ("every 20 ms, raw client", INTERVAL_S, True),
     ("back to back", 0.0, False),
+    ("back to back, raw client", 0.0, True),
 ]
 
 
@@ -282,6 +294,16 @@ def row(
     )
 
 
+def split_variant(variant: str) -> tuple[dict[str, str], list[str]]:
+    """A `--router-variants` entry's leading NAME=VALUE words (environment) and flags."""
+    words = variant.split()
+    env = {}
+    while words and re.fullmatch(r"[A-Z_][A-Z0-9_]*=\S*", words[0]):
+        name, value = words.pop(0).split("=", 1)
+        env[name] = value
+    return env, words
+
+
 def router_part(
     shape: str, folder: Path, dtype: str, variants: list[str], args: argparse.Namespace
 ) -> list[str]:
@@ -292,8 +314,15 @@ def router_part(
         port = 18500 + i
         with tempfile.TemporaryDirectory() as tmp:
             log = Path(tmp) / "router.log"
-            flags = ["--dtype", dtype, "--json-output", *variant.split()]
-            proc = serve(folder, port, flags, log, {"LOG_LEVEL": ROUTER_TIMINGS_LOG_LEVEL})
+            variant_env, variant_flags = split_variant(variant)
+            flags = ["--dtype", dtype, "--json-output", *variant_flags]
+            env = {"LOG_LEVEL": ROUTER_TIMINGS_LOG_LEVEL, **variant_env}
+            if args.instant_backend:
+                flags += ["--python-backend-class", INSTANT_BACKEND]
+                env["PYTHONPATH"] = os.pathsep.join(
+                    [str(Path(__file__).resolve().parent), os.environ.get("PYTHONPATH", "")]
+                )
+            proc = serve(folder, port, flags, log, env)
             try:
                 rt.Queries(port, bodies, INTERVAL_S).run(seconds=1.0)  # warm-up
                 _, seen = server_timings(log, 0, 64)
@@ -383,6 +412,11 @@ def main() -> None:
     parser.add_argument("--parts", default="runtime,router")
     parser.add_argument("--router-variants", default="", help="`;`-separated extra router flags")
     parser.add_argument("--backfill", action="store_true", help="router: also under the backfill")
+    parser.add_argument(
+        "--instant-backend",
+        action="store_true",
+        help="router: a backend that never runs the model (the router's own time, on a CPU)",
+    )
     parser.add_argument("--reps", type=int, default=200)
     parser.add_argument("--seconds", type=float, default=4.0)
     args = parser.parse_args()

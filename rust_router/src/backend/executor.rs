@@ -490,6 +490,16 @@ impl BackendHandle {
         }
     }
 
+    /// A slot of `lane` that is free now, chosen as [`BackendHandle::reserve`] chooses one,
+    /// without waiting: `None` when every healthy device's thread has a batch waiting.
+    pub fn try_reserve(&self, lane: Lane) -> Option<Slot> {
+        self.executors
+            .iter()
+            .filter(|e| e.is_open(lane) && e.lane(lane).is_free())
+            .min_by_key(|e| e.lane(lane).is_busy())
+            .and_then(|e| e.lane(lane).try_reserve(e.state.index))
+    }
+
     /// Runs every healthy device's health check, at once.
     pub async fn health(&self) -> Health {
         let checks = self.executors.iter().map(|e| async move {

@@ -8,7 +8,7 @@ use super::types::{
 };
 use super::{AppState, ResponseMeta};
 use crate::infer::{InferError, InferMetadata, InferRequest};
-use crate::tokenization::{EncodeOptions, EncodingInput};
+use crate::tokenization::EncodeOptions;
 use axum::extract::State;
 use axum::response::Response;
 use axum::Json;
@@ -24,10 +24,7 @@ pub(crate) fn check_inputs(
     if inputs.iter().any(InputType::is_empty) {
         return Err(ApiError::empty(field));
     }
-    Ok(inputs
-        .iter()
-        .map(|i| EncodingInput::from(i.clone()).count_chars())
-        .sum())
+    Ok(inputs.iter().map(InputType::count_chars).sum())
 }
 
 /// Pooled embeddings for every input, in input order.

@@ -212,6 +212,20 @@ pub struct Body<T, const OPENAI: bool>(pub T);
 pub type TeiJson<T> = Body<T, false>;
 pub type OpenAIJson<T> = Body<T, true>;
 
+/// Why a body could not be read: over `--payload-limit` (413, and the connection closes), or
+/// the connection failed.
+fn body_rejection(rejection: axum::extract::rejection::BytesRejection) -> ApiError {
+    if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+        ApiError::new(
+            ErrorType::PayloadTooLarge,
+            "Payload too large: the request body is over the server's limit (--payload-limit)",
+        )
+        .close_connection()
+    } else {
+        ApiError::validation(format!("cannot read the request body: {rejection}"))
+    }
+}
+
 /// Bodies larger than this are parsed on a blocking-pool thread: a backfill request of 32
 /// long documents is 100 KB or more (a 2 MB one takes milliseconds to parse), and parsing
 /// it on a tokio worker would hold up the queries that worker serves meanwhile.
@@ -227,37 +241,39 @@ where
     /// is draining, within [`DRAIN_GRACE`] (503 otherwise): a half-sent request must not hold
     /// a connection, or the shutdown, open.
     async fn from_request(req: Request, state: &AppState) -> Result<Self, Self::Rejection> {
-        let limit = state.config.body_read_timeout;
-        let draining_too_long = async {
-            state.shutdown.reached(Phase::Draining).await;
-            tokio::time::sleep(DRAIN_GRACE).await;
-        };
-        let bytes = tokio::select! {
-            bytes = Bytes::from_request(req, state) => bytes.map_err(|rejection| {
-                if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
-                    ApiError::new(
-                        ErrorType::PayloadTooLarge,
-                        "Payload too large: the request body is over the server's limit \
-                         (--payload-limit)",
+        let read = Bytes::from_request(req, state);
+        let mut read = std::pin::pin!(read);
+        // A small body usually arrives with the head and is complete at the first poll; the
+        // deadlines below are only armed when it is not. Arming the body timer costs more
+        // than its own bookkeeping: a deadline earlier than the timer driver's next one makes
+        // tokio wake the worker parked in the driver to re-arm it (an eventfd write and a
+        // spurious wake-up a request).
+        let bytes = match futures_util::poll!(read.as_mut()) {
+            std::task::Poll::Ready(bytes) => bytes.map_err(body_rejection),
+            std::task::Poll::Pending => {
+                let limit = state.config.body_read_timeout;
+                let draining_too_long = async {
+                    state.shutdown.reached(Phase::Draining).await;
+                    tokio::time::sleep(DRAIN_GRACE).await;
+                };
+                tokio::select! {
+                    bytes = read => bytes.map_err(body_rejection),
+                    _ = tokio::time::sleep(limit) => Err(ApiError::new(
+                        ErrorType::Timeout,
+                        format!(
+                            "Request timeout: the body did not arrive within {}s \
+                             (--body-read-timeout)",
+                            limit.as_secs_f64()
+                        ),
                     )
-                    .close_connection()
-                } else {
-                    ApiError::validation(format!("cannot read the request body: {rejection}"))
+                    .close_connection()),
+                    _ = draining_too_long => Err(ApiError::new(
+                        ErrorType::ShuttingDown,
+                        "The server is shutting down: the request body was not complete",
+                    )
+                    .close_connection()),
                 }
-            }),
-            _ = tokio::time::sleep(limit) => Err(ApiError::new(
-                ErrorType::Timeout,
-                format!(
-                    "Request timeout: the body did not arrive within {}s (--body-read-timeout)",
-                    limit.as_secs_f64()
-                ),
-            )
-            .close_connection()),
-            _ = draining_too_long => Err(ApiError::new(
-                ErrorType::ShuttingDown,
-                "The server is shutting down: the request body was not complete",
-            )
-            .close_connection()),
+            }
         }
         .map_err(|e| e.openai(OPENAI))?;
         let large = bytes.len() > BLOCKING_PARSE_BYTES;

@@ -71,3 +71,17 @@ fn truncation_direction_accepts_both_cases() {
         assert_eq!(d, TruncationDirection::Left);
     }
 }
+
+#[test]
+fn inputs_count_characters_as_their_encodings_do() {
+    use crate::tokenization::EncodingInput;
+    for input in [
+        InputType::String("héllo wörld 日本".into()),
+        InputType::String(String::new()),
+        InputType::Ids(vec![5, 6, 7]),
+    ] {
+        let expected = EncodingInput::from(input.clone()).count_chars();
+        assert_eq!(input.count_chars(), expected, "{input:?}");
+    }
+    assert_eq!(InputType::String("héllo".into()).count_chars(), 5);
+}

@@ -31,6 +31,15 @@ impl InputType {
             Self::Ids(ids) => ids.is_empty(),
         }
     }
+
+    /// Characters of a text, ids of a list of token ids (as [`EncodingInput::count_chars`]),
+    /// without a copy of the input: a backfill request's texts are megabytes.
+    pub fn count_chars(&self) -> usize {
+        match self {
+            Self::String(s) => s.chars().count(),
+            Self::Ids(ids) => ids.len(),
+        }
+    }
 }
 
 /// `inputs` of `/embed` and `input` of `/v1/embeddings`.

@@ -5,7 +5,9 @@
 //! request that really fails gets the error. A device failure (`DeviceError`) fails its batch
 //! without re-runs: no input is to blame.
 
-use crate::backend::{BackendError, BackendHandle, Batch, BatchKind, Lane, ModelInfo, Output, Ran};
+use crate::backend::{
+    BackendError, BackendHandle, Batch, BatchKind, Lane, ModelInfo, Output, Ran, Slot,
+};
 use crate::metrics::Metrics;
 use crate::queue::{InferResult, Metadata, NextBatch, Queue, RequestId, Take};
 use std::sync::Arc;
@@ -61,14 +63,15 @@ impl Context {
     }
 }
 
-/// Starts the batching tasks; the returned task ends when they all have.
+/// Starts the batching tasks; the returned task ends when they all have. Also returns the
+/// [`Direct`] path of interactive requests.
 pub fn spawn_tasks(
     queue: &Queue,
     backend: &BackendHandle,
     interactive_max_tokens: usize,
     info: &Arc<ModelInfo>,
     metrics: &Arc<Metrics>,
-) -> JoinHandle<()> {
+) -> (JoinHandle<()>, Direct) {
     let devices = backend.num_devices();
     let ctx = Arc::new(Context {
         backend: backend.clone(),
@@ -77,15 +80,76 @@ pub fn spawn_tasks(
         metrics: metrics.clone(),
         device_labels: (devices > 1).then(|| (0..devices).map(|i| i.to_string()).collect()),
     });
-    let tasks: Vec<_> = batching_takes(backend, interactive_max_tokens)
+    let takes = batching_takes(backend, interactive_max_tokens);
+    // The task that packs interactive entries: their own, or the one for both lanes.
+    let take = *takes.first().expect("at least one batching task");
+    let direct = Direct {
+        queue: queue.clone(),
+        take,
+        ctx: ctx.clone(),
+    };
+    let tasks: Vec<_> = takes
         .into_iter()
         .map(|take| tokio::spawn(batching_task(queue.clone(), take, ctx.clone())))
         .collect();
-    tokio::spawn(async move {
+    let all = tokio::spawn(async move {
         for task in tasks {
             let _ = task.await;
         }
-    })
+    });
+    (all, direct)
+}
+
+/// Hands a packed batch to the backend thread of `slot`; its results are split on a task of
+/// their own, beside the next forward pass rather than in front of it.
+fn send_batch(slot: Slot, next: NextBatch, take: Take, ctx: &Arc<Context>) {
+    let NextBatch {
+        kind,
+        lane: packed,
+        batch,
+        metadata,
+    } = next;
+    let (reply, rx) = oneshot::channel();
+    slot.send(kind, batch, reply);
+    let job = Job {
+        kind,
+        lane: take.backend_lane(),
+        paced: packed == Lane::Bulk,
+        metadata,
+    };
+    tokio::spawn(job.finish(rx, ctx.clone()));
+}
+
+/// The interactive requests' way around their batching task. A query queued while its
+/// backend thread can take a batch is packed and sent by the handler that queued it: the
+/// batching task would pack the same batch, but only after a wake-up, and after the
+/// handler's worker has finished its turn (hyper's bookkeeping for the connection), which
+/// measured 5-35 µs a query on a CPU (`benchmarks/profile_idle_query.py --instant-backend`).
+/// When the thread's slot is taken (a batch already waits for it), or entries are left over,
+/// the batching task is woken as for any append, and packs them once the slot frees, with the
+/// queries that arrive meanwhile.
+#[derive(Clone)]
+pub struct Direct {
+    queue: Queue,
+    /// The batching task that packs interactive entries (only those are sent here).
+    take: Take,
+    ctx: Arc<Context>,
+}
+
+impl Direct {
+    /// Packs the interactive lane into a batch for a free slot of its backend thread and sends
+    /// it; wakes the batching task for whatever is left.
+    pub fn send_or_wake(&self) {
+        let interactive = Take::Lane(Lane::Interactive);
+        if let Some(slot) = self.ctx.backend.try_reserve(self.take.backend_lane()) {
+            let label = self.ctx.device_label(slot.device());
+            // `None`: the batching task took the entries first; the slot goes back unused.
+            if let Some(next) = self.queue.try_next_batch(interactive, label) {
+                send_batch(slot, next, self.take, &self.ctx);
+            }
+        }
+        self.queue.wake(interactive);
+    }
 }
 
 /// Feeds the backend threads of `take`'s lane with what `take` packs: wait for work, reserve a
@@ -107,26 +171,12 @@ async fn batching_task(queue: Queue, take: Take, ctx: Arc<Context>) {
                 return;
             }
         };
-        // `None`: every queued entry's client went away; the slot goes back unused.
-        let Some(NextBatch {
-            kind,
-            lane: packed,
-            batch,
-            metadata,
-        }) = queue.try_next_batch(take, ctx.device_label(slot.device()))
-        else {
+        // `None`: every queued entry's client went away, or a handler sent them itself
+        // (`Direct`); the slot goes back unused.
+        let Some(next) = queue.try_next_batch(take, ctx.device_label(slot.device())) else {
             continue;
         };
-        let (reply, rx) = oneshot::channel();
-        slot.send(kind, batch, reply);
-        // Splitting results runs beside the next forward pass, not in front of it.
-        let job = Job {
-            kind,
-            lane: take.backend_lane(),
-            paced: packed == Lane::Bulk,
-            metadata,
-        };
-        tokio::spawn(job.finish(rx, ctx.clone()));
+        send_batch(slot, next, take, &ctx);
     }
 }
 

@@ -20,6 +20,7 @@ use tokio::sync::{oneshot, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinHandle;
 
 pub use batching::batching_takes;
+use batching::Direct;
 
 #[derive(Debug, thiserror::Error)]
 pub enum InferError {
@@ -66,6 +67,8 @@ pub struct InferRequest {
 pub struct Infer {
     tokenization: Tokenization,
     queue: Queue,
+    /// Sends interactive requests' batches from their handler when a thread can take one.
+    direct: Direct,
     backend: BackendHandle,
     permits: Arc<Semaphore>,
     max_concurrent_requests: usize,
@@ -150,7 +153,7 @@ impl Infer {
         if let (Some(target), [Take::Priority]) = (config.max_bulk_batch_time, takes.as_slice()) {
             queue.pace_bulk(target);
         }
-        let tasks = batching::spawn_tasks(
+        let (tasks, direct) = batching::spawn_tasks(
             &queue,
             &backend,
             config.interactive_max_tokens,
@@ -160,6 +163,7 @@ impl Infer {
         let infer = Self {
             tokenization,
             queue,
+            direct,
             backend,
             permits: Arc::new(Semaphore::new(config.max_concurrent_requests)),
             max_concurrent_requests: config.max_concurrent_requests,
@@ -290,7 +294,12 @@ impl Infer {
                 }
             })
             .collect();
-        self.queue.append(entries);
+        if lane == Lane::Interactive {
+            self.queue.append_quiet(entries);
+            self.direct.send_or_wake();
+        } else {
+            self.queue.append(entries);
+        }
         waiting
     }
 

@@ -373,3 +373,70 @@ async fn bulk_batches_are_paced_only_without_an_interactive_lane() {
         assert_eq!(infer.queue.batch_tokens(Lane::Interactive), 4096);
     }
 }
+
+/// A query queued while its backend thread can take a batch is sent by the caller itself
+/// (`batching::Direct`), not after a wake-up of the batching task: the test runtime's only
+/// thread is blocked until the batch has run, so the batching task cannot have sent it.
+#[tokio::test]
+async fn a_query_is_sent_by_its_caller_when_its_thread_is_free() {
+    for interactive_lane in [true, false] {
+        let h = harness(interactive_lane, 8);
+        let opts = EncodeOptions {
+            inline: true,
+            ..Default::default()
+        };
+        let encoding = h
+            .infer
+            .tokenization
+            .encode(EncodingInput::Single("hello".into()), opts)
+            .await
+            .unwrap();
+        let waiting = h
+            .infer
+            .enqueue(vec![encoding], BatchKind::Pooled, Lane::Interactive, 7);
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while h.passes().is_empty() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the query waited for the batching task (interactive lane: {interactive_lane})"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let thread = if interactive_lane {
+            "model-interactive"
+        } else {
+            "model-backend"
+        };
+        assert_eq!(h.passes(), [(thread.into(), Some(4))]);
+        let [(tokens, rx)]: [_; 1] = waiting.try_into().unwrap();
+        assert_eq!(tokens, 3);
+        let hidden = h.infer.info().hidden_size;
+        assert_eq!(rx.await.unwrap().unwrap().values.len(), hidden);
+    }
+}
+
+/// Once a batch waits for the interactive thread (its slot is taken), the next queries are
+/// left to the batching task, which packs them together when the slot frees.
+#[tokio::test]
+async fn queries_wait_for_the_batching_task_while_a_batch_waits_for_their_thread() {
+    let h = harness(true, 8);
+    let held = h.embed(&["g"]);
+    until("the held query runs", || h.gate.held() == 1).await;
+    let second = h.embed(&["hello"]);
+    until("the second query takes the free slot", || {
+        h.packed(Lane::Interactive, 2)
+    })
+    .await;
+    let third = h.embed(&["world"]);
+    let fourth = h.embed(&["hello world"]);
+    until("both wait in the queue", || h.infer.queue.len() == 2).await;
+    h.gate.open();
+    for task in [held, second, third, fourth] {
+        assert_eq!(task.await.unwrap().unwrap(), 1);
+    }
+    let passes = h.passes();
+    assert_eq!(passes.len(), 3, "{passes:?}");
+    assert!(passes.iter().all(|(t, _)| t == "model-interactive"));
+    assert_eq!(passes[0].1, Some(HOLD_ID));
+    assert!(h.packed(Lane::Interactive, 3));
+}

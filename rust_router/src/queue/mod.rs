@@ -323,6 +323,36 @@ impl Queue {
     /// Appends a request's sequences under one lock, so they sit next to each other and pack
     /// into as few batches as the budget allows.
     pub fn append(&self, entries: impl IntoIterator<Item = Entry>) {
+        let woken = self.push(entries);
+        for lane in Lane::PRIORITY.into_iter().filter(|l| woken[l.index()]) {
+            // `notify_one` stores a permit when nobody waits, so an append never goes
+            // unnoticed.
+            self.notify(lane).notify_one();
+        }
+    }
+
+    /// Appends like [`Queue::append`] without waking a batching task: the caller sends the
+    /// batch itself if a backend thread can take it, then calls [`Queue::wake`] for whatever
+    /// is left (see `infer::batching::Direct`).
+    pub fn append_quiet(&self, entries: impl IntoIterator<Item = Entry>) {
+        self.push(entries);
+    }
+
+    /// Wakes the batching task of `take` if anything is queued for it.
+    pub fn wake(&self, take: Take) {
+        let waiting = {
+            let state = self.state();
+            Lane::PRIORITY.map(|lane| state.lane_len(lane) > 0)
+        };
+        for &lane in take.lanes() {
+            if waiting[lane.index()] {
+                self.notify(lane).notify_one();
+            }
+        }
+    }
+
+    /// Appends under one lock; returns the lanes that got entries, by [`Lane::index`].
+    fn push(&self, entries: impl IntoIterator<Item = Entry>) -> [bool; 2] {
         let mut woken = [false; 2];
         let len = {
             let mut state = self.state();
@@ -333,11 +363,7 @@ impl Queue {
             state.len()
         };
         self.inner.metrics.gauge_set("te_queue_size", len as f64);
-        for lane in Lane::PRIORITY.into_iter().filter(|l| woken[l.index()]) {
-            // `notify_one` stores a permit when nobody waits, so an append never goes
-            // unnoticed.
-            self.notify(lane).notify_one();
-        }
+        woken
     }
 
     /// Entries waiting in both lanes.
