@@ -96,10 +96,7 @@ class Executor:
         if not max_step_ms or max_num_tokens <= MAX_GRAPH_TOKENS:
             return BulkPlan()  # no limit, or every bulk batch is one graph replay
         length = min(self.info.max_input_length, TYPICAL_DOCUMENT_TOKENS, max_num_tokens)
-        batch = PackedBatch.from_sequences(
-            [[1] * length] * (max_num_tokens // length),
-            position_offset=self.info.position_offset,
-        )
+        batch = self._full_batch(length, max_num_tokens)
         self.hidden_states(batch)
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
@@ -124,6 +121,11 @@ class Executor:
             )
         return plan
 
+    def _full_batch(self, length: int, max_num_tokens: int) -> PackedBatch:
+        """As many sequences of `length` tokens as fit in `max_num_tokens` (at least one)."""
+        sequences = [[1] * length] * max(1, max_num_tokens // length)
+        return PackedBatch.from_sequences(sequences, position_offset=self.info.position_offset)
+
     def lane(self, interactive: bool) -> Lane:
         """The interactive lane when asked for and built, else the bulk lane."""
         if interactive and self.interactive is not None:
@@ -144,9 +146,7 @@ class Executor:
     def _warm_up(self, max_num_tokens: int) -> None:
         """One eager pass over the largest batch: the caching allocator then holds every
         block a batch of up to `max_num_tokens` needs, so no request calls cudaMalloc."""
-        length = min(self.info.max_input_length, max_num_tokens)
-        sequences = [[1] * length] * max(1, max_num_tokens // length)
-        batch = PackedBatch.from_sequences(sequences, position_offset=self.info.position_offset)
+        batch = self._full_batch(min(self.info.max_input_length, max_num_tokens), max_num_tokens)
         if self.info.splade is not None:
             self.embed_sparse(batch)  # also the vocabulary logits' chunk
         else:

@@ -493,11 +493,7 @@ impl BackendHandle {
     /// A slot of `lane` that is free now, chosen as [`BackendHandle::reserve`] chooses one,
     /// without waiting: `None` when every healthy device's thread has a batch waiting.
     pub fn try_reserve(&self, lane: Lane) -> Option<Slot> {
-        self.executors
-            .iter()
-            .filter(|e| e.is_open(lane) && e.lane(lane).is_free())
-            .min_by_key(|e| e.lane(lane).is_busy())
-            .and_then(|e| e.lane(lane).try_reserve(e.state.index))
+        try_reserve_free(self.executors.iter(), lane)
     }
 
     /// Runs every healthy device's health check, at once.
@@ -533,17 +529,10 @@ async fn reserve_any(executors: &[Executor], lane: Lane) -> Result<Slot, Backend
         if open.is_empty() {
             return Err(none_left(executors));
         }
-        let free = open
-            .iter()
-            .filter(|e| e.lane(lane).is_free())
-            // `min_by_key` keeps the first of equals: the lowest index.
-            .min_by_key(|e| e.lane(lane).is_busy());
-        if let Some(e) = free {
-            match e.lane(lane).try_reserve(e.state.index) {
-                Some(slot) => return Ok(slot),
-                // Another reservation (a re-run) took it in between: look again.
-                None => continue,
-            }
+        // None also when another reservation (a re-run) took the free slot in between: the
+        // wait below then returns at once for any slot still free.
+        if let Some(slot) = try_reserve_free(open.iter().copied(), lane) {
+            return Ok(slot);
         }
         let waits = open
             .iter()
@@ -555,6 +544,19 @@ async fn reserve_any(executors: &[Executor], lane: Lane) -> Result<Slot, Backend
             return Ok(slot);
         }
     }
+}
+
+/// A free slot of `lane` on an open device, the least busy one (`min_by_key` keeps the first of
+/// equals: the lowest index); `None` when none is free now.
+fn try_reserve_free<'a>(
+    executors: impl IntoIterator<Item = &'a Executor>,
+    lane: Lane,
+) -> Option<Slot> {
+    executors
+        .into_iter()
+        .filter(|e| e.is_open(lane) && e.lane(lane).is_free())
+        .min_by_key(|e| e.lane(lane).is_busy())
+        .and_then(|e| e.lane(lane).try_reserve(e.state.index))
 }
 
 /// Why no device can take a batch: the failed devices' errors, or `Stopped` when the threads
