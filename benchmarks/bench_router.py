@@ -38,6 +38,7 @@ import itertools
 import json
 import math
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -166,6 +167,17 @@ def serve(
     raise SystemExit("router did not start")
 
 
+def split_variant(variant: str) -> tuple[dict[str, str], list[str]]:
+    """A `--router-variants` entry's leading NAME=VALUE words (the server's environment,
+    e.g. TOKIO_WORKER_THREADS=4) and its flags."""
+    words = variant.split()
+    env = {}
+    while words and re.fullmatch(r"[A-Z_][A-Z0-9_]*=\S*", words[0]):
+        name, value = words.pop(0).split("=", 1)
+        env[name] = value
+    return env, words
+
+
 def realistic_row(
     shape: str, folder: Path, port: int, args: argparse.Namespace, client: Any, flags: str
 ) -> dict:
@@ -175,10 +187,10 @@ def realistic_row(
     tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
     tokenizer.no_truncation()  # as the router does: the file's own limits are not the model's
     tokenizer.no_padding()
-    extra = flags.split()
+    env, extra = split_variant(flags)
     if shape == "minilm-real" and torch.cuda.is_available() and "--dtype" not in extra:
         extra += ["--dtype", "float16"]
-    proc = serve(folder, port, extra)
+    proc = serve(folder, port, extra, env=env)
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/info", timeout=10) as r:
             model_max = json.load(r)["max_input_length"]
@@ -325,7 +337,8 @@ def main() -> None:
         "--router-variants",
         default="",
         help="realistic: `;`-separated extra flags, one server and one row each per shape "
-        "(after --router-args; an empty entry: those alone)",
+        "(after --router-args; an empty entry: those alone; leading NAME=VALUE words go to "
+        "the server's environment)",
     )
     args = parser.parse_args()
     if args.tokenizer_from is None and not (args.realistic and args.shapes == "minilm-real"):

@@ -13,6 +13,10 @@ closed loop, where the next query follows the last at once. This splits the diff
   wait slower than back to back means the GPU's. Also the Python garbage collector: the
   objects it tracks, how long a full collection takes (a pause a query can land in), and
   the collections that ran during the timed calls.
+- gpu-idle: the bulk lane's call after busy-waits of 0–20 ms, and after 20 ms with work on
+  another stream (one SM spinning, every SM spinning, short pulses, device copies, the
+  query itself every 2 ms), each with the SM clock measured on the GPU as the query would
+  start: whether the slowdown after idling is the clock, and what keeps it away.
 - router: the router on loopback, queries every 20 ms and back to back, client latency
   against the router's own per-request figures (its debug log: total, tokenization,
   queue, inference); with `--backfill`, also under the realistic backfill
@@ -47,8 +51,9 @@ import numpy as np
 import realistic_traffic as rt
 import torch
 import triton
+import triton.language as tl
 from bench_engine import percentiles
-from bench_router import minilm_folder, serve
+from bench_router import minilm_folder, serve, split_variant
 from shapes import with_tokenizer, write_random_checkpoint
 from tokenizers import Tokenizer
 from triton.language.extra.cuda import globaltimer
@@ -160,77 +165,106 @@ def runtime_part(shape: str, folder: Path, dtype: str, reps: int) -> list[str]:
 
 
 def gpu_idle_part(shape: str, folder: Path, dtype: str, reps: int) -> list[str]:
-    """The bulk lane's `Backend.embed` after the calling core busy-waited `pause` ms with
-    the GPU idle, or with a tiny kernel (`torch.cuda._sleep`) launched every `beat` ms
-    during the wait: how long an idle GPU takes to slow the next query down, and whether
-    a heartbeat keeps it fast."""
+    """The bulk lane's `Backend.embed` after the calling core busy-waited with the GPU idle,
+    or with work on another stream during the wait, and the SM clock the GPU runs at when
+    the query would start (`clock_probe_kernel`, measured after the same wait): whether the
+    slowdown after idling is the clock, and which kind of work, if any, keeps it away."""
     backend = Backend(
         str(folder), device="cuda", dtype=dtype, pooling="mean", max_batch_tokens=16384
     )
     tokenizer = served_tokenizer(folder)
     arrays = query_arrays(tokenizer, backend.model.info.position_offset)
     call = functools.partial(backend.embed, *arrays)
-    stream = torch.cuda.Stream()
+    sms = torch.cuda.get_device_properties().multi_processor_count
+    side = torch.cuda.Stream()  # the default priority, as a backfill's would be
+    source = torch.empty(32 << 20, dtype=torch.uint8, device="cuda")
+    target = torch.empty_like(source)
 
-    def wait(pause_ms: float, beat_ms: float | None, cycles: int) -> Callable[[], None]:
+    def busy(
+        pause_ms: float, work: Callable[[], object] | None = None, every_ms: float | None = None
+    ) -> Callable[[], None]:
+        """Busy-waits `pause_ms`; `work` goes to the side stream at the start of the wait,
+        and again every `every_ms` if given."""
+
         def run() -> None:
-            until = time.perf_counter() + pause_ms / 1e3
-            next_beat = time.perf_counter()
+            side.synchronize()
+            now = time.perf_counter()
+            until, next_at = now + pause_ms / 1e3, now
             while (now := time.perf_counter()) < until:
-                if beat_ms is not None and now >= next_beat:
-                    with torch.cuda.stream(stream):
-                        torch.cuda._sleep(cycles)
-                    next_beat = now + beat_ms / 1e3
-            stream.synchronize()
+                if work is not None and now >= next_at:
+                    with torch.cuda.stream(side):
+                        work()
+                    next_at = now + every_ms / 1e3 if every_ms else until
 
         return run
 
-    rows = []
-    spinner = torch.cuda.Stream()  # the lowest priority: the default
-
-    def spinning(pause_ms: float, spin_ms: float) -> Callable[[], None]:
-        """The wait with a one-program kernel spinning on another stream for `spin_ms`
-        from its start: still running when the query comes, on one SM."""
-
-        def run() -> None:
-            spinner.synchronize()
-            with torch.cuda.stream(spinner):
-                spin_kernel[(1,)](int(spin_ms * 1e6))
-            spin(pause_ms / 1e3)
-
-        return run
-
-    for lane in ("bulk", "interactive"):
-        lane_call = functools.partial(backend.embed, *arrays, interactive=lane == "interactive")
-        for pause_ms, spin_ms in ((20.0, 0.0), (20.0, 25.0), (20.0, 21.0)):
-            pause = spinning(pause_ms, spin_ms) if spin_ms else wait(pause_ms, None, 0)
-            p50, p99 = percentiles(timed_calls(lane_call, reps, pause))
-            label = f"{lane} lane, busy-wait {pause_ms:g} ms" + (
-                f", a 1-program kernel spinning {spin_ms:g} ms from its start" if spin_ms else ""
-            )
-            rows.append(f"| {shape} | {label} | {p50:.3f} / {p99:.3f} |")
-    variants: list[tuple[str, float, float | None, int]] = [
-        (f"busy-wait {p:g} ms", p, None, 0) for p in (0.0, 0.1, 0.3, 1.0, 3.0, 10.0, 20.0)
-    ]
+    variants = [(f"busy-wait {p:g} ms", busy(p)) for p in (0.0, 1.0, 3.0, 10.0, 20.0)]
     variants += [
-        (f"busy-wait 20 ms, {c:,}-cycle kernel every {b:g} ms", 20.0, b, c)
-        for b, c in ((1.0, 100), (0.25, 100), (1.0, 20_000), (5.0, 20_000))
+        (
+            "busy-wait 20 ms, 1 program spinning 21 ms",
+            busy(20.0, lambda: spin_kernel[(1,)](21_000_000)),
+        ),
+        (
+            f"busy-wait 20 ms, {sms} programs (every SM) spinning 21 ms",
+            busy(20.0, lambda: spin_kernel[(sms,)](21_000_000)),
+        ),
+        (
+            f"busy-wait 20 ms, {sms} programs spinning 20 µs every 1 ms",
+            busy(20.0, lambda: spin_kernel[(sms,)](20_000), 1.0),
+        ),
+        (
+            "busy-wait 20 ms, a 32 MB device-to-device copy every 1 ms",
+            busy(20.0, lambda: target.copy_(source), 1.0),
+        ),
+        ("busy-wait 20 ms, the query itself every 2 ms", busy(20.0, call, 2.0)),
     ]
-    for label, pause_ms, beat_ms, cycles in variants:
-        p50, p99 = percentiles(timed_calls(call, reps, wait(pause_ms, beat_ms, cycles)))
-        rows.append(f"| {shape} | bulk lane, {label} | {p50:.3f} / {p99:.3f} |")
+    rows = []
+    for label, pause in variants:
+        p50, p99 = percentiles(timed_calls(call, reps, pause))
+        mhz = np.median([sm_clock_mhz(pause) for _ in range(max(5, reps // 5))])
+        rows.append(
+            f"| {shape} | bulk lane, {label}; SM clock as it starts {mhz:,.0f} MHz "
+            f"| {p50:.3f} / {p99:.3f} |"
+        )
     del backend, call
     torch.cuda.empty_cache()
     return rows
 
 
+def sm_clock_mhz(pause: Callable[[], None], duration_ns: int = 30_000) -> float:
+    """The SM clock over the first `duration_ns` after `pause`: cycles counted by one
+    program against the GPU's global timer."""
+    out = torch.zeros(2, dtype=torch.int64, device="cuda")
+    pause()
+    clock_probe_kernel[(1,)](out, duration_ns)
+    cycles, nanoseconds = out.tolist()
+    return cycles / nanoseconds * 1e3
+
+
 @triton.jit
 def spin_kernel(duration_ns):
-    """Spins for `duration_ns` of the GPU's global timer: work that keeps the GPU busy on
-    one SM."""
+    """Spins for `duration_ns` of the GPU's global timer: work that keeps one SM busy per
+    program."""
     start = globaltimer()
     while globaltimer() - start < duration_ns:
         pass
+
+
+@triton.jit
+def clock_probe_kernel(out_ptr, duration_ns):
+    """Stores the SM cycles and global-timer nanoseconds of a `duration_ns` spin."""
+    start_ns = globaltimer()
+    start_cycles = tl.inline_asm_elementwise(
+        "mov.u64 $0, %clock64;", "=l", [], dtype=tl.int64, is_pure=False, pack=1
+    )
+    while globaltimer() - start_ns < duration_ns:
+        pass
+    end_cycles = tl.inline_asm_elementwise(
+        "mov.u64 $0, %clock64;", "=l", [], dtype=tl.int64, is_pure=False, pack=1
+    )
+    end_ns = globaltimer()
+    tl.store(out_ptr, end_cycles - start_cycles)
+    tl.store(out_ptr + 1, end_ns - start_ns)
 
 
 DURATION = re.compile(r"^([0-9.]+)(ns|µs|us|ms|s)$")
@@ -292,16 +326,6 @@ def row(
         + " | ".join(cols)
         + f" | {outside:.3f} |"
     )
-
-
-def split_variant(variant: str) -> tuple[dict[str, str], list[str]]:
-    """A `--router-variants` entry's leading NAME=VALUE words (environment) and flags."""
-    words = variant.split()
-    env = {}
-    while words and re.fullmatch(r"[A-Z_][A-Z0-9_]*=\S*", words[0]):
-        name, value = words.pop(0).split("=", 1)
-        env[name] = value
-    return env, words
 
 
 def router_part(
