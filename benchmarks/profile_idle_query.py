@@ -15,7 +15,8 @@ closed loop, where the next query follows the last at once. This splits the diff
   the collections that ran during the timed calls.
 - gpu-idle: the bulk lane's call after busy-waits of 0–20 ms, and after 20 ms with work on
   another stream (one SM spinning, every SM spinning, short pulses, device copies, the
-  query itself every 2 ms), each with the SM clock measured on the GPU as the query would
+  weights read, the query itself), back to back with the L2 flushed, and an empty kernel's
+  round trip, each with the SM clock measured on the GPU as the query would
   start: whether the slowdown after idling is the clock, and what keeps it away.
 - router: the router on loopback, queries every 20 ms and back to back, client latency
   against the router's own per-request figures (its debug log: total, tokenization,
@@ -198,32 +199,62 @@ def gpu_idle_part(shape: str, folder: Path, dtype: str, reps: int) -> list[str]:
 
         return run
 
-    variants = [(f"busy-wait {p:g} ms", busy(p)) for p in (0.0, 1.0, 3.0, 10.0, 20.0)]
-    variants += [
+    weights = list(backend.model.model.network.parameters())
+    flush_source = torch.empty(128 << 20, dtype=torch.uint8, device="cuda")
+    flush_target = torch.empty_like(flush_source)
+
+    def flush_l2() -> None:
+        """A copy of 128 MB (over twice the L2) right before the query: the GPU awake and
+        busy, its L2 cold."""
+        flush_target.copy_(flush_source)
+        torch.cuda.synchronize()
+
+    def empty_kernel() -> None:
+        spin_kernel[(1,)](0)
+        torch.cuda.synchronize()
+
+    queries: list[tuple[str, Callable[[], object], Callable[[], None]]] = [
+        (f"busy-wait {p:g} ms", call, busy(p)) for p in (0.0, 1.0, 3.0, 10.0, 20.0)
+    ]
+    queries += [
+        ("back to back, L2 flushed by a 128 MB copy", call, flush_l2),
         (
             "busy-wait 20 ms, 1 program spinning 21 ms",
+            call,
             busy(20.0, lambda: spin_kernel[(1,)](21_000_000)),
         ),
         (
             f"busy-wait 20 ms, {sms} programs (every SM) spinning 21 ms",
+            call,
             busy(20.0, lambda: spin_kernel[(sms,)](21_000_000)),
         ),
         (
             f"busy-wait 20 ms, {sms} programs spinning 20 µs every 1 ms",
+            call,
             busy(20.0, lambda: spin_kernel[(sms,)](20_000), 1.0),
         ),
         (
             "busy-wait 20 ms, a 32 MB device-to-device copy every 1 ms",
+            call,
             busy(20.0, lambda: target.copy_(source), 1.0),
         ),
-        ("busy-wait 20 ms, the query itself every 2 ms", busy(20.0, call, 2.0)),
+        (
+            "busy-wait 20 ms, every weight read (`_foreach_norm`) every 1 ms",
+            call,
+            busy(20.0, lambda: torch._foreach_norm(weights), 1.0),
+        ),
+        ("busy-wait 20 ms, the query itself every 1 ms", call, busy(20.0, call, 1.0)),
+        ("busy-wait 20 ms, the query itself every 5 ms", call, busy(20.0, call, 5.0)),
+        ("an empty kernel and a synchronize, back to back", empty_kernel, busy(0.0)),
+        ("an empty kernel and a synchronize, busy-wait 20 ms", empty_kernel, busy(20.0)),
     ]
     rows = []
-    for label, pause in variants:
-        p50, p99 = percentiles(timed_calls(call, reps, pause))
+    for label, fn, pause in queries:
+        p50, p99 = percentiles(timed_calls(fn, reps, pause))
         mhz = np.median([sm_clock_mhz(pause) for _ in range(max(5, reps // 5))])
         rows.append(
-            f"| {shape} | bulk lane, {label}; SM clock as it starts {mhz:,.0f} MHz "
+            f"| {shape} | {'bulk lane, ' if fn is call else ''}{label}; "
+            f"SM clock as it starts {mhz:,.0f} MHz "
             f"| {p50:.3f} / {p99:.3f} |"
         )
     del backend, call
