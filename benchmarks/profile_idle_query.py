@@ -18,6 +18,8 @@ closed loop, where the next query follows the last at once. This splits the diff
   weights read, the query itself), back to back with the L2 flushed, and an empty kernel's
   round trip, each with the SM clock measured on the GPU as the query would
   start: whether the slowdown after idling is the clock, and what keeps it away.
+- gpu-warmers: a thread that sends the GPU one small operation every 1 or 5 ms while the
+  caller busy-waits 20 ms; an empty kernel's round trip and the query after the wait.
 - router: the router on loopback, queries every 20 ms and back to back, client latency
   against the router's own per-request figures (its debug log: total, tokenization,
   queue, inference); with `--backfill`, also under the realistic backfill
@@ -43,6 +45,7 @@ import json
 import os
 import re
 import tempfile
+import threading
 import time
 import urllib.request
 from collections.abc import Callable
@@ -262,6 +265,75 @@ def gpu_idle_part(shape: str, folder: Path, dtype: str, reps: int) -> list[str]:
     return rows
 
 
+def gpu_warmers_part(shape: str, folder: Path, dtype: str, reps: int) -> list[str]:
+    """What keeps an idle GPU quick to answer: a thread that wakes every 1 or 5 ms and
+    sends the GPU one small operation (a kernel launch, a launch and a synchronize, a
+    4-byte copy either way), while the calling core busy-waits 20 ms before each timed
+    call. Timed: an empty kernel's round trip (the GPU's own wake-up, no model) and the
+    bulk lane's `Backend.embed` of a 24-token query."""
+    backend = Backend(
+        str(folder), device="cuda", dtype=dtype, pooling="mean", max_batch_tokens=16384
+    )
+    tokenizer = served_tokenizer(folder)
+    arrays = query_arrays(tokenizer, backend.model.info.position_offset)
+    call = functools.partial(backend.embed, *arrays)
+    side = torch.cuda.Stream()
+    pinned = torch.zeros(1, dtype=torch.int32).pin_memory()
+    on_device = torch.zeros(1, dtype=torch.int32, device="cuda")
+
+    def empty_kernel() -> None:
+        spin_kernel[(1,)](0)
+        torch.cuda.synchronize()
+
+    def launch() -> None:
+        spin_kernel[(1,)](0)
+
+    def launch_and_sync() -> None:
+        spin_kernel[(1,)](0)
+        side.synchronize()
+
+    def host_to_device() -> None:
+        on_device.copy_(pinned, non_blocking=True)
+
+    def device_to_host() -> None:
+        pinned.copy_(on_device, non_blocking=True)
+        side.synchronize()
+
+    warmers: list[tuple[str, Callable[[], None] | None, float]] = [("none", None, 0.0)]
+    for every_ms in (1.0, 5.0):
+        warmers += [
+            ("an empty kernel launched", launch, every_ms),
+            ("an empty kernel and a synchronize", launch_and_sync, every_ms),
+            ("a 4-byte host-to-device copy", host_to_device, every_ms),
+            ("a 4-byte device-to-host copy and a synchronize", device_to_host, every_ms),
+        ]
+    rows = []
+    for label, work, every_ms in warmers:
+        stop = threading.Event()
+
+        def warm(work: Callable[[], None], every_ms: float, stop: threading.Event) -> None:
+            with torch.cuda.stream(side):
+                while not stop.wait(every_ms / 1e3):
+                    work()
+
+        thread = None
+        if work is not None:
+            thread = threading.Thread(target=warm, args=(work, every_ms, stop), daemon=True)
+            thread.start()
+        timings = []
+        for name, fn in (("empty kernel round trip", empty_kernel), ("query", call)):
+            p50, p99 = percentiles(timed_calls(fn, reps, lambda: spin(INTERVAL_S)))
+            timings.append(f"{name} {p50:.3f} / {p99:.3f}")
+        stop.set()
+        if thread is not None:
+            thread.join()
+        every = f" every {every_ms:g} ms" if work is not None else ""
+        rows.append(f"| {shape} | busy-wait 20 ms, warmer: {label}{every} | {'; '.join(timings)} |")
+    del backend, call
+    torch.cuda.empty_cache()
+    return rows
+
+
 def sm_clock_mhz(pause: Callable[[], None], duration_ns: int = 30_000) -> float:
     """The SM clock over the first `duration_ns` after `pause`: cycles counted by one
     program against the GPU's global timer."""
@@ -436,6 +508,8 @@ def measure(args: argparse.Namespace, runtime_rows: list[str], router_rows: list
                 runtime_rows += runtime_part(shape, folder, dtype, args.reps)
             if "gpu-idle" in parts:
                 runtime_rows += gpu_idle_part(shape, folder, dtype, args.reps)
+            if "gpu-warmers" in parts:
+                runtime_rows += gpu_warmers_part(shape, folder, dtype, args.reps)
             if "router" in parts:
                 router_rows += router_part(
                     shape, folder, dtype, args.router_variants.split(";"), args
