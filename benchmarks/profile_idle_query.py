@@ -18,8 +18,9 @@ closed loop, where the next query follows the last at once. This splits the diff
   weights read, the query itself), back to back with the L2 flushed, and an empty kernel's
   round trip, each with the SM clock measured on the GPU as the query would
   start: whether the slowdown after idling is the clock, and what keeps it away.
-- gpu-warmers: a thread that sends the GPU one small operation every 1 or 5 ms while the
-  caller busy-waits 20 ms; an empty kernel's round trip and the query after the wait.
+- gpu-warmers: a thread that sends the GPU one small operation every 1 ms, on the query's
+  stream or another, while the caller busy-waits 20 ms; round trips of an empty kernel
+  and of small copies, and the query on each lane, after the wait.
 - router: the router on loopback, queries every 20 ms and back to back, client latency
   against the router's own per-request figures (its debug log: total, tokenization,
   queue, inference); with `--backfill`, also under the realistic backfill
@@ -266,70 +267,87 @@ def gpu_idle_part(shape: str, folder: Path, dtype: str, reps: int) -> list[str]:
 
 
 def gpu_warmers_part(shape: str, folder: Path, dtype: str, reps: int) -> list[str]:
-    """What keeps an idle GPU quick to answer: a thread that wakes every 1 or 5 ms and
-    sends the GPU one small operation (a kernel launch, a launch and a synchronize, a
-    4-byte copy either way), while the calling core busy-waits 20 ms before each timed
-    call. Timed: an empty kernel's round trip (the GPU's own wake-up, no model) and the
-    bulk lane's `Backend.embed` of a 24-token query."""
+    """What keeps an idle GPU quick to answer: a thread that wakes every 1 ms and sends the
+    GPU one small operation (a kernel launch, with or without a synchronize, 4-byte copies)
+    on a stream of the query's lane or on another, while the calling core busy-waits 20 ms
+    before each timed call. Timed: an empty kernel's round trip and 4-byte copies both
+    ways on the default stream (the GPU's own wake-up, no model), and a 24-token query on
+    each lane (`Backend.embed`; the bulk lane runs on the default stream, the interactive
+    lane on a stream of its own)."""
     backend = Backend(
         str(folder), device="cuda", dtype=dtype, pooling="mean", max_batch_tokens=16384
     )
     tokenizer = served_tokenizer(folder)
     arrays = query_arrays(tokenizer, backend.model.info.position_offset)
-    call = functools.partial(backend.embed, *arrays)
-    side = torch.cuda.Stream()
+    interactive_lane = backend.model.interactive
+    streams = {
+        "the default stream": torch.cuda.default_stream(),
+        "another stream": torch.cuda.Stream(),
+    }
+    if interactive_lane is not None:
+        streams["the interactive lane's stream"] = interactive_lane.stream
     pinned = torch.zeros(1, dtype=torch.int32).pin_memory()
     on_device = torch.zeros(1, dtype=torch.int32, device="cuda")
-
-    def empty_kernel() -> None:
-        spin_kernel[(1,)](0)
-        torch.cuda.synchronize()
 
     def launch() -> None:
         spin_kernel[(1,)](0)
 
     def launch_and_sync() -> None:
         spin_kernel[(1,)](0)
-        side.synchronize()
+        torch.cuda.current_stream().synchronize()
 
-    def host_to_device() -> None:
+    def copies_and_sync() -> None:
         on_device.copy_(pinned, non_blocking=True)
-
-    def device_to_host() -> None:
         pinned.copy_(on_device, non_blocking=True)
-        side.synchronize()
+        torch.cuda.current_stream().synchronize()
 
-    warmers: list[tuple[str, Callable[[], None] | None, float]] = [("none", None, 0.0)]
-    for every_ms in (1.0, 5.0):
+    timed: dict[str, Callable[[], object]] = {
+        "empty kernel round trip": launch_and_sync,
+        "4-byte copies round trip": copies_and_sync,
+        "query, bulk lane": functools.partial(backend.embed, *arrays),
+    }
+    if interactive_lane is not None:
+        timed["query, interactive lane"] = functools.partial(
+            backend.embed, *arrays, interactive=True
+        )
+    warmers: list[tuple[str, Callable[[], None] | None, str]] = [("none", None, "")]
+    for stream_name in streams:
         warmers += [
-            ("an empty kernel launched", launch, every_ms),
-            ("an empty kernel and a synchronize", launch_and_sync, every_ms),
-            ("a 4-byte host-to-device copy", host_to_device, every_ms),
-            ("a 4-byte device-to-host copy and a synchronize", device_to_host, every_ms),
+            ("an empty kernel launched", launch, stream_name),
+            ("an empty kernel and a synchronize", launch_and_sync, stream_name),
+            ("4-byte copies both ways and a synchronize", copies_and_sync, stream_name),
         ]
     rows = []
-    for label, work, every_ms in warmers:
+    for label, work, stream_name in warmers:
         stop = threading.Event()
 
-        def warm(work: Callable[[], None], every_ms: float, stop: threading.Event) -> None:
-            with torch.cuda.stream(side):
-                while not stop.wait(every_ms / 1e3):
+        def warm(
+            work: Callable[[], None], stream: torch.cuda.Stream, stop: threading.Event
+        ) -> None:
+            with torch.cuda.stream(stream):
+                while not stop.wait(1e-3):
                     work()
 
         thread = None
         if work is not None:
-            thread = threading.Thread(target=warm, args=(work, every_ms, stop), daemon=True)
+            thread = threading.Thread(
+                target=warm, args=(work, streams[stream_name], stop), daemon=True
+            )
             thread.start()
         timings = []
-        for name, fn in (("empty kernel round trip", empty_kernel), ("query", call)):
+        for name, fn in timed.items():
             p50, p99 = percentiles(timed_calls(fn, reps, lambda: spin(INTERVAL_S)))
             timings.append(f"{name} {p50:.3f} / {p99:.3f}")
         stop.set()
         if thread is not None:
             thread.join()
-        every = f" every {every_ms:g} ms" if work is not None else ""
-        rows.append(f"| {shape} | busy-wait 20 ms, warmer: {label}{every} | {'; '.join(timings)} |")
-    del backend, call
+        where = f" every 1 ms on {stream_name}" if work is not None else ""
+        rows.append(f"| {shape} | busy-wait 20 ms, warmer: {label}{where} | {'; '.join(timings)} |")
+    back_to_back = [
+        f"{name} {percentiles(timed_calls(fn, reps, None))[0]:.3f}" for name, fn in timed.items()
+    ]
+    rows.append(f"| {shape} | back to back, p50 | {'; '.join(back_to_back)} |")
+    del backend, timed
     torch.cuda.empty_cache()
     return rows
 
