@@ -18,6 +18,8 @@ closed loop, where the next query follows the last at once. This splits the diff
   weights read, the query itself), back to back with the L2 flushed, and an empty kernel's
   round trip, each with the SM clock measured on the GPU as the query would
   start: whether the slowdown after idling is the clock, and what keeps it away.
+- gpu-wake: host or device, which is slow after 20 ms without GPU work: host-only Python,
+  and an empty kernel's and a small copy's launch and synchronize timed apart (no model).
 - gpu-warmers: a thread that sends the GPU one small operation every 1 ms, on the query's
   stream or another, while the caller busy-waits 20 ms; round trips of an empty kernel
   and of small copies, and the query on each lane, after the wait.
@@ -352,6 +354,57 @@ def gpu_warmers_part(shape: str, folder: Path, dtype: str, reps: int) -> list[st
     return rows
 
 
+def gpu_wake_part(reps: int) -> list[str]:
+    """Which side is slow after 20 ms without GPU work, host or device: host-only Python
+    work (JSON and numpy, no GPU), then an empty kernel's launch (the host's time until the
+    call returns) and the synchronize after it (waiting for the GPU) timed apart, and the
+    same for a 4-byte copy to the device; back to back, after a 20 ms busy-wait (the core
+    awake) and after a 20 ms sleep. No model."""
+    document = {"input": ["a query of a few words " * 4] * 4, "model": "m"}
+    numbers = np.random.default_rng(0).random(4096)
+    pinned = torch.zeros(1, dtype=torch.int32).pin_memory()
+    on_device = torch.zeros(1, dtype=torch.int32, device="cuda")
+
+    def host_work() -> None:
+        for _ in range(3):
+            json.loads(json.dumps(document))
+        np.sort(numbers).sum()
+
+    def kernel() -> None:
+        spin_kernel[(1,)](0)
+
+    def copy() -> None:
+        on_device.copy_(pinned, non_blocking=True)
+
+    pauses: dict[str, Callable[[], None] | None] = {
+        "back to back": None,
+        "after a 20 ms busy-wait": lambda: spin(INTERVAL_S),
+        "after a 20 ms sleep": lambda: time.sleep(INTERVAL_S),
+    }
+    rows = []
+    for label, pause in pauses.items():
+        host = percentiles(timed_calls(host_work, reps, pause))
+        cells = [f"host-only Python {host[0]:.3f}"]
+        for name, submit in (("empty kernel", kernel), ("4-byte copy", copy)):
+            submit_s, wait_s = [], []
+            for i in range(reps + 10):
+                if pause is not None:
+                    pause()
+                start = time.perf_counter()
+                submit()
+                submitted = time.perf_counter()
+                torch.cuda.current_stream().synchronize()
+                if i >= 10:
+                    submit_s.append(submitted - start)
+                    wait_s.append(time.perf_counter() - submitted)
+            cells.append(
+                f"{name}: launch {percentiles(submit_s)[0]:.3f}, "
+                f"synchronize {percentiles(wait_s)[0]:.3f}"
+            )
+        rows.append(f"| (no model) | {label}, p50 | {'; '.join(cells)} |")
+    return rows
+
+
 def sm_clock_mhz(pause: Callable[[], None], duration_ns: int = 30_000) -> float:
     """The SM clock over the first `duration_ns` after `pause`: cycles counted by one
     program against the GPU's global timer."""
@@ -526,6 +579,8 @@ def measure(args: argparse.Namespace, runtime_rows: list[str], router_rows: list
                 runtime_rows += runtime_part(shape, folder, dtype, args.reps)
             if "gpu-idle" in parts:
                 runtime_rows += gpu_idle_part(shape, folder, dtype, args.reps)
+            if "gpu-wake" in parts and shape == args.shapes.split(",")[0]:
+                runtime_rows += gpu_wake_part(args.reps)
             if "gpu-warmers" in parts:
                 runtime_rows += gpu_warmers_part(shape, folder, dtype, args.reps)
             if "router" in parts:
