@@ -20,6 +20,8 @@ closed loop, where the next query follows the last at once. This splits the diff
   start: whether the slowdown after idling is the clock, and what keeps it away.
 - gpu-wake: host or device, which is slow after 20 ms without GPU work: host-only Python,
   and an empty kernel's and a small copy's launch and synchronize timed apart (no model).
+- gpu-replay: the query's CUDA graph alone, host clock and GPU time (CUDA events), back to
+  back and after a 20 ms busy-wait.
 - gpu-warmers: a thread that sends the GPU one small operation every 1 ms, on the query's
   stream or another, while the caller busy-waits 20 ms; round trips of an empty kernel
   and of small copies, and the query on each lane, after the wait.
@@ -66,6 +68,7 @@ from tokenizers import Tokenizer
 from triton.language.extra.cuda import globaltimer
 
 from trt_tei_runtime.backend import Backend
+from trt_tei_runtime.batch import PackedBatch
 
 INTERVAL_S = 0.020
 
@@ -405,6 +408,43 @@ def gpu_wake_part(reps: int) -> list[str]:
     return rows
 
 
+def gpu_replay_part(shape: str, folder: Path, dtype: str, reps: int) -> list[str]:
+    """The query's CUDA graph alone (bulk lane, inputs already in its buffers): the replay
+    and a synchronize on the host's clock, and the replay's GPU time between CUDA events,
+    back to back and after a 20 ms busy-wait. The same GPU time after idling means the
+    slowdown is on the host."""
+    backend = Backend(
+        str(folder), device="cuda", dtype=dtype, pooling="mean", max_batch_tokens=16384
+    )
+    tokenizer = served_tokenizer(folder)
+    batch = PackedBatch.from_arrays(*query_arrays(tokenizer, backend.model.info.position_offset))
+    graphs = backend.model.bulk.graphs
+    assert graphs is not None
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    rows = []
+    for label, pause in (("back to back", None), ("after a 20 ms busy-wait", INTERVAL_S)):
+        wall, gpu = [], []
+        for i in range(reps + 10):
+            if pause is not None:
+                spin(pause)
+            began = time.perf_counter()
+            start.record()
+            graphs.run(batch)
+            end.record()
+            end.synchronize()
+            if i >= 10:
+                wall.append(time.perf_counter() - began)
+                gpu.append(start.elapsed_time(end) / 1e3)
+        (w50, w99), (g50, g99) = percentiles(wall), percentiles(gpu)
+        rows.append(
+            f"| {shape} | graph replay, {label}: host clock {w50:.3f} / {w99:.3f}, "
+            f"GPU time {g50:.3f} / {g99:.3f} | |"
+        )
+    del backend, graphs
+    torch.cuda.empty_cache()
+    return rows
+
+
 def sm_clock_mhz(pause: Callable[[], None], duration_ns: int = 30_000) -> float:
     """The SM clock over the first `duration_ns` after `pause`: cycles counted by one
     program against the GPU's global timer."""
@@ -581,6 +621,8 @@ def measure(args: argparse.Namespace, runtime_rows: list[str], router_rows: list
                 runtime_rows += gpu_idle_part(shape, folder, dtype, args.reps)
             if "gpu-wake" in parts and shape == args.shapes.split(",")[0]:
                 runtime_rows += gpu_wake_part(args.reps)
+            if "gpu-replay" in parts:
+                runtime_rows += gpu_replay_part(shape, folder, dtype, args.reps)
             if "gpu-warmers" in parts:
                 runtime_rows += gpu_warmers_part(shape, folder, dtype, args.reps)
             if "router" in parts:
