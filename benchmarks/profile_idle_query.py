@@ -422,12 +422,19 @@ def gpu_replay_part(shape: str, folder: Path, dtype: str, reps: int) -> list[str
     assert graphs is not None
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     rows = []
-    for label, pause in (("back to back", None), ("after a 20 ms busy-wait", INTERVAL_S)):
+    variants = (
+        ("back to back", None, False),
+        ("after a 20 ms busy-wait", INTERVAL_S, False),
+        ("after a 20 ms busy-wait, queued behind a 0.3 ms kernel", INTERVAL_S, True),
+    )
+    for label, pause, queued in variants:
         wall, gpu = [], []
         for i in range(reps + 10):
             if pause is not None:
                 spin(pause)
             began = time.perf_counter()
+            if queued:  # the host's launch then overlaps the kernel: GPU time alone
+                spin_kernel[(1,)](300_000)
             start.record()
             graphs.run(batch)
             end.record()
