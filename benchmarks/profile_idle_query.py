@@ -21,7 +21,8 @@ closed loop, where the next query follows the last at once. This splits the diff
 - gpu-wake: host or device, which is slow after 20 ms without GPU work: host-only Python,
   and an empty kernel's and a small copy's launch and synchronize timed apart (no model).
 - gpu-replay: the query's CUDA graph alone, host clock and GPU time (CUDA events), back to
-  back and after a 20 ms busy-wait.
+  back, after a 20 ms busy-wait, and then queued behind a kernel (the GPU's execution
+  alone, without the host's launch).
 - gpu-warmers: a thread that sends the GPU one small operation every 1 ms, on the query's
   stream or another, while the caller busy-waits 20 ms; round trips of an empty kernel
   and of small copies, and the query on each lane, after the wait.
@@ -136,12 +137,16 @@ def query_arrays(tokenizer: Tokenizer, offset: int) -> tuple[bytes, ...]:
     )
 
 
-def runtime_part(shape: str, folder: Path, dtype: str, reps: int) -> list[str]:
+def query_backend(folder: Path, dtype: str) -> tuple[Backend, tuple[bytes, ...]]:
+    """The router's Backend on the GPU and one 24-token query's arrays, as it passes them."""
     backend = Backend(
         str(folder), device="cuda", dtype=dtype, pooling="mean", max_batch_tokens=16384
     )
-    tokenizer = served_tokenizer(folder)
-    arrays = query_arrays(tokenizer, backend.model.info.position_offset)
+    return backend, query_arrays(served_tokenizer(folder), backend.model.info.position_offset)
+
+
+def runtime_part(shape: str, folder: Path, dtype: str, reps: int) -> list[str]:
+    backend, arrays = query_backend(folder, dtype)
     rows = []
     pauses = {
         "back to back": None,
@@ -179,11 +184,7 @@ def gpu_idle_part(shape: str, folder: Path, dtype: str, reps: int) -> list[str]:
     or with work on another stream during the wait, and the SM clock the GPU runs at when
     the query would start (`clock_probe_kernel`, measured after the same wait): whether the
     slowdown after idling is the clock, and which kind of work, if any, keeps it away."""
-    backend = Backend(
-        str(folder), device="cuda", dtype=dtype, pooling="mean", max_batch_tokens=16384
-    )
-    tokenizer = served_tokenizer(folder)
-    arrays = query_arrays(tokenizer, backend.model.info.position_offset)
+    backend, arrays = query_backend(folder, dtype)
     call = functools.partial(backend.embed, *arrays)
     sms = torch.cuda.get_device_properties().multi_processor_count
     side = torch.cuda.Stream()  # the default priority, as a backfill's would be
@@ -279,11 +280,7 @@ def gpu_warmers_part(shape: str, folder: Path, dtype: str, reps: int) -> list[st
     ways on the default stream (the GPU's own wake-up, no model), and a 24-token query on
     each lane (`Backend.embed`; the bulk lane runs on the default stream, the interactive
     lane on a stream of its own)."""
-    backend = Backend(
-        str(folder), device="cuda", dtype=dtype, pooling="mean", max_batch_tokens=16384
-    )
-    tokenizer = served_tokenizer(folder)
-    arrays = query_arrays(tokenizer, backend.model.info.position_offset)
+    backend, arrays = query_backend(folder, dtype)
     interactive_lane = backend.model.interactive
     streams = {
         "the default stream": torch.cuda.default_stream(),
@@ -322,17 +319,15 @@ def gpu_warmers_part(shape: str, folder: Path, dtype: str, reps: int) -> list[st
             ("an empty kernel and a synchronize", launch_and_sync, stream_name),
             ("4-byte copies both ways and a synchronize", copies_and_sync, stream_name),
         ]
+
+    def warm(work: Callable[[], None], stream: torch.cuda.Stream, stop: threading.Event) -> None:
+        with torch.cuda.stream(stream):
+            while not stop.wait(1e-3):
+                work()
+
     rows = []
     for label, work, stream_name in warmers:
         stop = threading.Event()
-
-        def warm(
-            work: Callable[[], None], stream: torch.cuda.Stream, stop: threading.Event
-        ) -> None:
-            with torch.cuda.stream(stream):
-                while not stop.wait(1e-3):
-                    work()
-
         thread = None
         if work is not None:
             thread = threading.Thread(
@@ -413,11 +408,8 @@ def gpu_replay_part(shape: str, folder: Path, dtype: str, reps: int) -> list[str
     and a synchronize on the host's clock, and the replay's GPU time between CUDA events,
     back to back and after a 20 ms busy-wait. The same GPU time after idling means the
     slowdown is on the host."""
-    backend = Backend(
-        str(folder), device="cuda", dtype=dtype, pooling="mean", max_batch_tokens=16384
-    )
-    tokenizer = served_tokenizer(folder)
-    batch = PackedBatch.from_arrays(*query_arrays(tokenizer, backend.model.info.position_offset))
+    backend, arrays = query_backend(folder, dtype)
+    batch = PackedBatch.from_arrays(*arrays)
     graphs = backend.model.bulk.graphs
     assert graphs is not None
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -613,6 +605,8 @@ def backfill_row(
 def measure(args: argparse.Namespace, runtime_rows: list[str], router_rows: list[str]) -> None:
     """Runs `--parts` on every shape, appending each part's rows as it finishes."""
     parts = args.parts.split(",")
+    if "gpu-wake" in parts:  # no model: once
+        runtime_rows += gpu_wake_part(args.reps)
     with tempfile.TemporaryDirectory() as tmp:
         for shape in args.shapes.split(","):
             if shape == "minilm-real":
@@ -626,8 +620,6 @@ def measure(args: argparse.Namespace, runtime_rows: list[str], router_rows: list
                 runtime_rows += runtime_part(shape, folder, dtype, args.reps)
             if "gpu-idle" in parts:
                 runtime_rows += gpu_idle_part(shape, folder, dtype, args.reps)
-            if "gpu-wake" in parts and shape == args.shapes.split(",")[0]:
-                runtime_rows += gpu_wake_part(args.reps)
             if "gpu-replay" in parts:
                 runtime_rows += gpu_replay_part(shape, folder, dtype, args.reps)
             if "gpu-warmers" in parts:
