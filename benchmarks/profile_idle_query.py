@@ -21,8 +21,8 @@ closed loop, where the next query follows the last at once. This splits the diff
 - gpu-wake: host or device, which is slow after 20 ms without GPU work: host-only Python,
   and an empty kernel's and a small copy's launch and synchronize timed apart (no model).
 - gpu-replay: the query's CUDA graph alone, host clock and GPU time (CUDA events), back to
-  back, after a 20 ms busy-wait, and then queued behind a kernel (the GPU's execution
-  alone, without the host's launch).
+  back, after a 20 ms busy-wait, and then queued behind a 0.3 or 2 ms kernel (the GPU's
+  execution alone, without the host's launch).
 - gpu-warmers: a thread that sends the GPU one small operation every 1 ms, on the query's
   stream or another, while the caller busy-waits 20 ms; round trips of an empty kernel
   and of small copies, and the query on each lane, after the wait.
@@ -406,8 +406,10 @@ def gpu_wake_part(reps: int) -> list[str]:
 def gpu_replay_part(shape: str, folder: Path, dtype: str, reps: int) -> list[str]:
     """The query's CUDA graph alone (bulk lane, inputs already in its buffers): the replay
     and a synchronize on the host's clock, and the replay's GPU time between CUDA events,
-    back to back and after a 20 ms busy-wait. The same GPU time after idling means the
-    slowdown is on the host."""
+    back to back, after a 20 ms busy-wait, and then queued behind a kernel of 0.3 or 2 ms,
+    so that the events time the GPU's execution and not the host's launch (a cold host
+    may take longer than 0.3 ms to launch: its GPU time then still holds some of that).
+    The same GPU time after idling means the slowdown is on the host."""
     backend, arrays = query_backend(folder, dtype)
     batch = PackedBatch.from_arrays(*arrays)
     graphs = backend.model.bulk.graphs
@@ -415,18 +417,19 @@ def gpu_replay_part(shape: str, folder: Path, dtype: str, reps: int) -> list[str
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     rows = []
     variants = (
-        ("back to back", None, False),
-        ("after a 20 ms busy-wait", INTERVAL_S, False),
-        ("after a 20 ms busy-wait, queued behind a 0.3 ms kernel", INTERVAL_S, True),
+        ("back to back", None, 0),
+        ("after a 20 ms busy-wait", INTERVAL_S, 0),
+        ("after a 20 ms busy-wait, queued behind a 0.3 ms kernel", INTERVAL_S, 300_000),
+        ("after a 20 ms busy-wait, queued behind a 2 ms kernel", INTERVAL_S, 2_000_000),
     )
-    for label, pause, queued in variants:
+    for label, pause, head_start_ns in variants:
         wall, gpu = [], []
         for i in range(reps + 10):
             if pause is not None:
                 spin(pause)
             began = time.perf_counter()
-            if queued:  # the host's launch then overlaps the kernel: GPU time alone
-                spin_kernel[(1,)](300_000)
+            if head_start_ns:  # the host's launch then overlaps the kernel: GPU time alone
+                spin_kernel[(1,)](head_start_ns)
             start.record()
             graphs.run(batch)
             end.record()
