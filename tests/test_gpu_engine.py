@@ -153,6 +153,30 @@ def test_graph_replays_do_not_leak_between_batches(models):  # type: ignore[no-u
     torch.testing.assert_close(graphs.embed(small), eager.embed(small), rtol=3e-2, atol=3e-2)
 
 
+@pytest.mark.parametrize("pooling", ["cls", "mean", "last-token"])
+def test_graphs_pool_inside_the_replay(tmp_path, pooling):  # type: ignore[no-untyped-def]
+    """An embedding model's graphs pool (and run its Dense layer) themselves, over every
+    sequence slot, empty ones included: the real rows equal an eager pass, whether the
+    batch fills its bucket exactly (no junk sequence) or not, on both lanes."""
+    folder = make_checkpoint(
+        tmp_path / "ckpt", "BertModel", pooling=pooling, dense_out=48, hidden_size=64
+    )
+    graphs = load_executor(
+        folder, device="cuda", dtype="bfloat16", max_num_tokens=512, max_batch_size=64
+    )
+    eager = load_executor(folder, device="cuda", dtype="bfloat16", cuda_graphs=False)
+    vocab = graphs.model.network.vocab_size
+    for lane in (graphs.bulk, graphs.interactive):
+        assert lane is not None and lane.graphs is not None
+        for lengths in ([24], [30, 2], [64, 64], [100, 27, 1], [1] * 16):
+            batch = _batch(lengths, vocab, seed=len(lengths))
+            with lane.active():
+                out = lane.forward(batch)
+                assert out.pooled is not None and out.pooled.shape == (len(lengths), 48)
+                ours = graphs.embed(batch, lane).cpu()
+            torch.testing.assert_close(ours, eager.embed(batch).cpu(), rtol=3e-2, atol=3e-2)
+
+
 def test_engine_round_trip_on_gpu_with_fp8(tmp_path):  # type: ignore[no-untyped-def]
     folder = make_checkpoint(
         tmp_path / "ckpt",

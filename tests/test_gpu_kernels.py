@@ -177,3 +177,12 @@ def test_segment_mean(dtype, hidden_size):  # type: ignore[no-untyped-def]
     ours = triton_kernels.segment_mean(hidden, cu)
     assert ours.dtype == torch.float32 and ours.shape == (len(lengths), hidden_size)
     torch.testing.assert_close(ours, reference.segment_mean(hidden, cu), rtol=1e-5, atol=1e-5)
+
+
+def test_segment_mean_of_empty_sequences_is_zero():  # type: ignore[no-untyped-def]
+    """A CUDA graph pools over its unused sequence slots too (empty, at the end)."""
+    hidden = torch.randn(10, 384, device="cuda", dtype=torch.bfloat16)
+    cu = torch.tensor([0, 4, 10, 10, 10], device="cuda", dtype=torch.int32)
+    ours = triton_kernels.segment_mean(hidden, cu)
+    assert ours[2:].abs().max() == 0
+    torch.testing.assert_close(ours, reference.segment_mean(hidden, cu), rtol=1e-5, atol=1e-5)

@@ -20,9 +20,11 @@ def canonical_pooling(mode: str) -> str:
 
 
 def pool(hidden: torch.Tensor, cu_seqlens: torch.Tensor, mode: str) -> torch.Tensor:
-    """hidden `[T, H]` → `[n, H]` in float32 (means accumulate in float32)."""
+    """hidden `[T, H]` → `[n, H]` in float32 (means accumulate in float32). Empty
+    sequences are allowed (a CUDA graph's unused slots, which start at T): their rows are
+    junk, never an index out of range."""
     if mode == "cls":
-        return hidden[cu_seqlens[:-1].long()].float()
+        return hidden[cu_seqlens[:-1].long().clamp(max=hidden.shape[0] - 1)].float()
     if mode == "last-token":
         return hidden[cu_seqlens[1:].long() - 1].float()
     if mode == "mean":

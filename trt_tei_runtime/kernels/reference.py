@@ -80,4 +80,4 @@ def segment_mean(hidden: torch.Tensor, cu_seqlens: torch.Tensor) -> torch.Tensor
         (lengths.numel(), hidden.shape[1]), dtype=torch.float32, device=hidden.device
     )
     sums.index_add_(0, seq_of_token, hidden.float())
-    return sums / lengths[:, None].float()
+    return sums / lengths.clamp(min=1)[:, None].float()  # an empty sequence: zeros

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+from typing import Any
 
 import torch
 
@@ -19,7 +20,7 @@ from ..models import Task
 from ..pooling import pool
 from ..sparse import splade_pool, top_active
 from .devices import DeviceSpec, parse_devices
-from .graphs import MAX_GRAPH_TOKENS, CudaGraphRunner
+from .graphs import MAX_GRAPH_TOKENS, CudaGraphRunner, ForwardPass, Pooler
 from .lanes import InteractiveLane, Lane, on_device
 from .loader import LoadedModel, ModelInfo, load_model
 from .preemption import DEFAULT_MAX_STEP_MS, BulkPlan, LayerGate, largest_linear_share
@@ -139,9 +140,23 @@ class Executor:
             max_num_tokens=min(max_num_tokens, MAX_GRAPH_TOKENS),
             max_batch_size=max_batch_size,
             max_seqlen=min(self.info.max_input_length, max_num_tokens),
+            pooler=self._graph_pooler(),
         )
         graphs.capture()
         return graphs
+
+    def _graph_pooler(self) -> Pooler | None:
+        """An embedding model's pooling and Dense layers, for its graphs to run too."""
+        if self.info.pooling is None or self.info.splade is not None:
+            return None
+        return self._pool
+
+    def _pool(self, hidden: torch.Tensor, cu_seqlens: torch.Tensor) -> torch.Tensor:
+        assert self.info.pooling is not None
+        pooled = pool(hidden, cu_seqlens, self.info.pooling)
+        for layer in self.model.dense:
+            pooled = layer(pooled)
+        return pooled
 
     def _warm_up(self, max_num_tokens: int) -> None:
         """One eager pass over the largest batch: the caching allocator then holds every
@@ -156,7 +171,7 @@ class Executor:
     @torch.inference_mode()
     def hidden_states(self, batch: PackedBatch, lane: Lane | None = None) -> torch.Tensor:
         """Per-token last hidden states `[T, H]` in the model dtype."""
-        return self._forward(batch, lane)[0]
+        return self._forward(batch, lane).hidden
 
     @torch.inference_mode()
     def embed(self, batch: PackedBatch, lane: Lane | None = None) -> torch.Tensor:
@@ -170,11 +185,10 @@ class Executor:
             raise InputError(
                 f"{self.info.architecture} is a {self.info.model_type}: use predict, not embed"
             )
-        hidden, on_device = self._forward(batch, lane)
-        pooled = pool(hidden, on_device.cu_seqlens, self.info.pooling)
-        for layer in self.model.dense:
-            pooled = layer(pooled)
-        return pooled
+        out = self._forward(batch, lane)
+        if out.pooled is not None:
+            return out.pooled
+        return self._pool(out.hidden, out.batch.cu_seqlens)
 
     @torch.inference_mode()
     def embed_sparse(
@@ -189,7 +203,7 @@ class Executor:
                 f"{self.info.architecture} is not a SPLADE model: embed_sparse needs a "
                 "masked-LM checkpoint (BertForMaskedLM) with SpladePooling"
             )
-        hidden, _ = self._forward(batch, lane)
+        hidden = self._forward(batch, lane).hidden
         cu_seqlens = [int(x) for x in batch.cu_seqlens.tolist()]
         pooled = splade_pool(self.model.network.token_logits, hidden, cu_seqlens, splade)
         return top_active(pooled, max_active_dims or self.info.max_active_dims)
@@ -197,7 +211,7 @@ class Executor:
     @torch.inference_mode()
     def embed_tokens(self, batch: PackedBatch, lane: Lane | None = None) -> torch.Tensor:
         """Per-token embeddings `[T, H]` in float32 (TEI's /embed_all)."""
-        return self._forward(batch, lane)[0].float()
+        return self._forward(batch, lane).hidden.float()
 
     @torch.inference_mode()
     def predict(self, batch: PackedBatch, lane: Lane | None = None) -> torch.Tensor:
@@ -206,8 +220,8 @@ class Executor:
             raise InputError(
                 f"{self.info.architecture} is an embedding model: use embed, not predict"
             )
-        hidden, on_device = self._forward(batch, lane)
-        return self.model.network.logits(hidden, on_device).float()
+        out = self._forward(batch, lane)
+        return self.model.network.logits(out.hidden, out.batch).float()
 
     def health(self) -> None:
         """Runs one tiny forward pass to the end; raises if the model cannot run."""
@@ -217,32 +231,36 @@ class Executor:
             if self.device.type == "cuda":
                 torch.cuda.synchronize(self.device)
 
-    def _forward(self, batch: PackedBatch, lane: Lane | None) -> tuple[torch.Tensor, PackedBatch]:
+    def _forward(self, batch: PackedBatch, lane: Lane | None) -> ForwardPass:
         self._check_tokens(batch)
         return (lane or self.bulk).forward(batch)
 
     def _check_tokens(self, batch: PackedBatch) -> None:
-        # An out-of-range index on the GPU poisons the whole CUDA context: check on the host.
-        net = self.model.network
-        if batch.num_tokens and int(batch.input_ids.max()) >= net.vocab_size:
-            raise InputError(
-                f"token id {int(batch.input_ids.max())} is outside the vocabulary "
-                f"({net.vocab_size})"
-            )
-        if (
-            net.uses_token_types
-            and batch.num_tokens
-            and int(batch.token_type_ids.max()) >= net.type_vocab_size
-        ):
-            raise InputError(
-                f"token type id {int(batch.token_type_ids.max())} is outside the model's "
-                f"{net.type_vocab_size} token types"
-            )
+        # An out-of-range index on the GPU poisons the whole CUDA context: check on the host
+        # (numpy's max: a torch operation costs several times as long).
         if batch.max_seqlen > self.info.max_input_length:
             raise InputError(
                 f"a sequence of {batch.max_seqlen} tokens exceeds the model's maximum input "
                 f"length {self.info.max_input_length}"
             )
+        net = self.model.network
+        if not batch.num_tokens:
+            return
+        largest_id = int(_host(batch.input_ids).max())
+        if largest_id >= net.vocab_size:
+            raise InputError(f"token id {largest_id} is outside the vocabulary ({net.vocab_size})")
+        if net.uses_token_types:
+            largest_type = int(_host(batch.token_type_ids).max())
+            if largest_type >= net.type_vocab_size:
+                raise InputError(
+                    f"token type id {largest_type} is outside the model's "
+                    f"{net.type_vocab_size} token types"
+                )
+
+
+def _host(tensor: torch.Tensor) -> Any:
+    """A host tensor as numpy (no copy); a device tensor as itself."""
+    return tensor.numpy() if tensor.device.type == "cpu" else tensor
 
 
 def graphs_enabled(cuda_graphs: bool | None) -> bool:

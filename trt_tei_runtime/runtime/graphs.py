@@ -4,8 +4,14 @@ A batch of T tokens runs as one replay of the graph captured for the smallest bu
 ≥ T: its tokens are copied into static buffers, the rest of the bucket is one junk
 sequence (its own `cu_seqlens` entry, so it attends to nothing real), and unused sequence
 slots are empty sequences at the end. Every buffer is allocated once, at capture; graphs
-share one memory pool, captured largest first. Only the network runs in the graph;
-pooling and heads run on the real `cu_seqlens` afterwards.
+share one memory pool, captured largest first.
+
+A query's time is mostly the host's: every small operation around the replay costs a
+few microseconds, several times that on a host whose caches went cold while it idled
+(benchmarks/RESULTS.md). So a batch's inputs travel in one host-to-device copy, and an
+embedding model's pooling (and Dense layers) run inside the graph, over every sequence
+slot; the caller keeps the rows of the real sequences. Other heads run on the real
+`cu_seqlens` afterwards.
 
 Each bucket's graph sees only as many sequence slots as a batch of its size can fill
 (`bucket_slots`): attention launches a program per (query block, sequence slot, head),
@@ -18,6 +24,8 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
@@ -31,6 +39,19 @@ log = logging.getLogger(__name__)
 # qwen3-0.6b backfill fell from 352k to 272k tok/s, because one graph's attention must be
 # launched for the bucket's worst-case sequence length, not the batch's.
 MAX_GRAPH_TOKENS = 2048
+
+
+# Pooled rows `[slots - 1, D]` of the hidden states `[bucket, H]` over a graph's `cu_seqlens`.
+Pooler = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+@dataclass
+class ForwardPass:
+    """What a lane's forward pass leaves on the device, valid until the lane's next pass."""
+
+    hidden: torch.Tensor  # [T, H] in the model dtype
+    batch: PackedBatch  # the batch as it lies on the device
+    pooled: torch.Tensor | None = None  # [n, D] float32, where a graph pooled already
 
 
 def bucket_slots(bucket: int, max_batch_size: int) -> int:
@@ -60,25 +81,34 @@ class CudaGraphRunner:
         max_batch_size: int,
         max_seqlen: int,
         buckets: list[int] | None = None,
+        pooler: Pooler | None = None,
     ) -> None:
+        """`pooler`, where given, is captured after the network in every graph."""
         self.network = network
         self.device = device
         self.max_num_tokens = max_num_tokens
         self.max_batch_size = max_batch_size
         self.max_seqlen = max_seqlen
         self.buckets = buckets or bucket_ladder(max_num_tokens)
-        # Token ids, type ids and positions as rows of one buffer: a batch arrives in one
-        # host-to-device copy from a pinned staging buffer of the same shape.
-        self._token_inputs = torch.zeros((3, max_num_tokens), dtype=torch.int64, device=device)
-        self._token_staging = torch.zeros((3, max_num_tokens), dtype=torch.int64).pin_memory()
-        self.input_ids, self.token_type_ids, self.position_ids = self._token_inputs.unbind(0)
-        # Set once the copies out of the staging buffers ran: only then may they be reused.
+        self.pooler = pooler
+        # Token ids, type ids and positions (int64 rows of `max_num_tokens`), then the
+        # `cu_seqlens` (int32), in one buffer: a batch arrives in one host-to-device copy
+        # from a pinned staging buffer of the same layout, filled through numpy views.
+        slots = max_batch_size + 2
+        token_bytes = 3 * max_num_tokens * 8
+        self._inputs = torch.zeros(token_bytes + slots * 4, dtype=torch.uint8, device=device)
+        self._staging = torch.zeros(token_bytes + slots * 4, dtype=torch.uint8).pin_memory()
+        token_inputs = self._inputs[:token_bytes].view(torch.int64).view(3, max_num_tokens)
+        self.input_ids, self.token_type_ids, self.position_ids = token_inputs.unbind(0)
+        self.cu_seqlens = self._inputs[token_bytes:].view(torch.int32)
+        self._host_tokens = self._staging[:token_bytes].view(torch.int64).view(3, -1).numpy()
+        self._host_cu = self._staging[token_bytes:].view(torch.int32).numpy()
+        # Set once the copy out of the staging buffer ran: only then may it be reused.
         self._staging_free = torch.cuda.Event()
-        # n real sequences + 1 junk sequence + empty slots; a fixed length for every replay.
-        self.cu_seqlens = torch.zeros(max_batch_size + 2, dtype=torch.int32, device=device)
-        self._cu_host = torch.zeros(max_batch_size + 2, dtype=torch.int32).pin_memory()
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[int, torch.Tensor] = {}
+        self.pooled: dict[int, torch.Tensor] = {}
+        self._ladder: list[int] = []  # the captured buckets, smallest first
 
     def can_run(self, batch: PackedBatch) -> bool:
         return batch.num_tokens <= self.max_num_tokens and batch.num_seqs <= self.max_batch_size
@@ -93,6 +123,14 @@ class CudaGraphRunner:
         )
         return batch, AttentionMetadata(cu_seqlens=batch.cu_seqlens, max_seqlen=batch.max_seqlen)
 
+    def _pass(
+        self, batch: PackedBatch, meta: AttentionMetadata
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        hidden = self.network(batch, meta)
+        if self.pooler is None:
+            return hidden, None
+        return hidden, self.pooler(hidden, batch.cu_seqlens)
+
     @torch.inference_mode()
     def capture(self) -> None:
         started = time.perf_counter()
@@ -103,13 +141,16 @@ class CudaGraphRunner:
             self.cu_seqlens[0] = 0
             batch, meta = self._static_batch(bucket)
             stream.wait_stream(torch.cuda.current_stream(self.device))
-            with torch.cuda.stream(stream):  # warm-up: kernels selected, workspaces sized
-                self.network(batch, meta)
+            with torch.cuda.stream(stream):  # warm-up: kernels compiled and selected
+                self._pass(batch, meta)
             torch.cuda.current_stream(self.device).wait_stream(stream)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=pool):
-                self.outputs[bucket] = self.network(batch, meta)
+                self.outputs[bucket], pooled = self._pass(batch, meta)
+                if pooled is not None:
+                    self.pooled[bucket] = pooled
             self.graphs[bucket] = graph
+        self._ladder = sorted(self.graphs)
         torch.cuda.synchronize(self.device)
         log.info(
             "captured %d CUDA graphs (%s tokens) in %.1f s",
@@ -118,25 +159,20 @@ class CudaGraphRunner:
             time.perf_counter() - started,
         )
 
-    def run(self, batch: PackedBatch) -> tuple[torch.Tensor, PackedBatch]:
-        """Hidden states `[T, H]` of a host-side batch and the batch's device-side views
-        (for pooling and heads); both valid until the next `run`."""
+    def run(self, batch: PackedBatch) -> ForwardPass:
+        """One replay for a host-side batch; what it leaves is valid until the next `run`."""
         tokens, n = batch.num_tokens, batch.num_seqs
         bucket = next(
-            b
-            for b in sorted(self.graphs)
-            if b >= tokens and bucket_slots(b, self.max_batch_size) >= n + 2
+            b for b in self._ladder if b >= tokens and bucket_slots(b, self.max_batch_size) >= n + 2
         )
         self._staging_free.synchronize()
-        staging = self._token_staging
-        staging[0, :tokens] = batch.input_ids
-        staging[1, :tokens] = batch.token_type_ids
-        staging[2, :tokens] = batch.position_ids
-        cu = self._cu_host
-        cu.fill_(bucket)
-        cu[: n + 1] = batch.cu_seqlens
-        self._token_inputs[:, :tokens].copy_(staging[:, :tokens], non_blocking=True)
-        self.cu_seqlens.copy_(cu, non_blocking=True)
+        host = self._host_tokens
+        host[0, :tokens] = batch.input_ids.numpy()
+        host[1, :tokens] = batch.token_type_ids.numpy()
+        host[2, :tokens] = batch.position_ids.numpy()
+        self._host_cu[: n + 1] = batch.cu_seqlens.numpy()
+        self._host_cu[n + 1 :] = bucket
+        self._inputs.copy_(self._staging, non_blocking=True)
         self._staging_free.record()
         self.graphs[bucket].replay()
         on_device = PackedBatch(
@@ -146,4 +182,7 @@ class CudaGraphRunner:
             cu_seqlens=self.cu_seqlens[: n + 1],
             max_seqlen=batch.max_seqlen,
         )
-        return self.outputs[bucket][:tokens], on_device
+        pooled = self.pooled.get(bucket)
+        return ForwardPass(
+            self.outputs[bucket][:tokens], on_device, None if pooled is None else pooled[:n]
+        )

@@ -22,7 +22,7 @@ import torch
 from ..batch import PackedBatch
 from ..layers import AttentionMetadata
 from ..models import TransformerModel
-from .graphs import CudaGraphRunner
+from .graphs import CudaGraphRunner, ForwardPass
 from .preemption import LayerGate
 
 
@@ -53,7 +53,7 @@ class Lane:
         with on_device(self.device):
             yield
 
-    def forward(self, batch: PackedBatch) -> tuple[torch.Tensor, PackedBatch]:
+    def forward(self, batch: PackedBatch) -> ForwardPass:
         """Hidden states `[T, H]` and the batch as it lies on the device (one copy either
         way): a graph replay where one covers the batch, else an eager pass."""
         if self.graphs is not None and self.graphs.can_run(batch):
@@ -66,13 +66,11 @@ class Lane:
                 return self._eager(batch)
             return self._eager_in_parts(batch, limit)
 
-    def _eager(self, batch: PackedBatch) -> tuple[torch.Tensor, PackedBatch]:
+    def _eager(self, batch: PackedBatch) -> ForwardPass:
         batch = batch.to(self.device)
-        return self._network(batch), batch
+        return ForwardPass(self._network(batch), batch)
 
-    def _eager_in_parts(
-        self, batch: PackedBatch, max_tokens: int
-    ) -> tuple[torch.Tensor, PackedBatch]:
+    def _eager_in_parts(self, batch: PackedBatch, max_tokens: int) -> ForwardPass:
         """One pass per part of whole sequences, the hidden states laid end to end: what
         one pass over the batch gives, with shorter steps for a query to wait on. The parts
         are about equal: a small last part would run its GEMMs on a fraction of the GPU."""
@@ -80,7 +78,7 @@ class Lane:
         batch = batch.to(self.device)
         count = -(-batch.num_tokens // max_tokens)
         hidden = [self._network(part) for part in batch.parts(count, host_cu)]
-        return torch.cat(hidden), batch
+        return ForwardPass(torch.cat(hidden), batch)
 
     def _network(self, batch: PackedBatch) -> torch.Tensor:
         meta = AttentionMetadata.build(
@@ -113,7 +111,7 @@ class InteractiveLane(Lane):
         with on_device(self.device), self.gate.interactive(), torch.cuda.stream(self.stream):
             yield
 
-    def forward(self, batch: PackedBatch) -> tuple[torch.Tensor, PackedBatch]:
+    def forward(self, batch: PackedBatch) -> ForwardPass:
         if self.graphs is not None and self.graphs.can_run(batch):
             return self.graphs.run(batch)
         return self._eager(batch)
