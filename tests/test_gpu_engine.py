@@ -153,7 +153,7 @@ def test_graph_replays_do_not_leak_between_batches(models):  # type: ignore[no-u
     torch.testing.assert_close(graphs.embed(small), eager.embed(small), rtol=3e-2, atol=3e-2)
 
 
-@pytest.mark.parametrize("pooling", ["cls", "mean", "last-token"])
+@pytest.mark.parametrize("pooling", ["cls", "mean", "lasttoken"])
 def test_graphs_pool_inside_the_replay(tmp_path, pooling):  # type: ignore[no-untyped-def]
     """An embedding model's graphs pool (and run its Dense layer) themselves, over every
     sequence slot, empty ones included: the real rows equal an eager pass, whether the

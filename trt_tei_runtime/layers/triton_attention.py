@@ -64,89 +64,6 @@ def _block_d(head_dim: int) -> int:
 if triton is not None:
 
     @triton.jit
-    def _attend(
-        acc,
-        m_i,
-        l_i,
-        q,
-        K,
-        V,
-        start,
-        length,
-        offs_m,
-        offs_d,
-        d_ok,
-        kv_head,
-        stride_kt,
-        stride_kh,
-        stride_vt,
-        stride_vh,
-        scale,
-        softcap,
-        window_left,
-        window_right,
-        lo,
-        hi,
-        HEAD_DIM: tl.constexpr,
-        BLOCK_D: tl.constexpr,
-        BLOCK_N: tl.constexpr,
-        MASKED: tl.constexpr,
-        HAS_LEFT: tl.constexpr,
-        HAS_RIGHT: tl.constexpr,
-        HAS_SOFTCAP: tl.constexpr,
-    ):
-        """Online softmax over key blocks [lo, hi). Unmasked blocks lie inside the sequence
-        and inside every query row's window: no bounds on their loads, no score masks."""
-        for n0 in range(lo, hi, BLOCK_N):
-            offs_n = n0 + tl.arange(0, BLOCK_N)
-            k_ptrs = (
-                K + (start + offs_n)[None, :] * stride_kt + kv_head * stride_kh + offs_d[:, None]
-            )
-            v_ptrs = (
-                V + (start + offs_n)[:, None] * stride_vt + kv_head * stride_vh + offs_d[None, :]
-            )
-            if MASKED:
-                col_ok = offs_n < length
-                k = tl.load(k_ptrs, mask=col_ok[None, :] & d_ok[:, None], other=0.0)
-            elif HEAD_DIM == BLOCK_D:
-                k = tl.load(k_ptrs)
-            else:
-                k = tl.load(k_ptrs, mask=d_ok[:, None], other=0.0)
-            s = tl.dot(q, k)
-            if HAS_SOFTCAP:
-                # softcap * tanh(s * scale / softcap), tanh through exp (saturates cleanly
-                # at +-1); then into base-2 units for exp2.
-                s = s * scale
-                s = softcap * (1.0 - 2.0 / (tl.exp(2.0 * s / softcap) + 1.0)) * 1.4426950408889634
-            else:
-                s = s * scale  # the launcher folded log2(e) into `scale`
-            if MASKED:
-                allowed = col_ok[None, :]
-                distance = offs_m[:, None] - offs_n[None, :]  # query - key
-                if HAS_LEFT:
-                    allowed = allowed & (distance <= window_left)
-                if HAS_RIGHT:
-                    allowed = allowed & (-distance <= window_right)
-                s = tl.where(allowed, s, float("-inf"))
-                m_new = tl.maximum(m_i, tl.max(s, 1))
-                m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-                v = tl.load(v_ptrs, mask=col_ok[:, None] & d_ok[None, :], other=0.0)
-            else:
-                # Every row sees this whole block: its maximum is finite.
-                m_new = tl.maximum(m_i, tl.max(s, 1))
-                m_safe = m_new
-                if HEAD_DIM == BLOCK_D:
-                    v = tl.load(v_ptrs)
-                else:
-                    v = tl.load(v_ptrs, mask=d_ok[None, :], other=0.0)
-            alpha = tl.exp2(m_i - m_safe)
-            p = tl.exp2(s - m_safe[:, None])
-            l_i = l_i * alpha + tl.sum(p, 1)
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-            m_i = m_new
-        return acc, m_i, l_i
-
-    @triton.jit
     def _attention_kernel(
         Q,
         K,
@@ -194,32 +111,46 @@ if triton is not None:
         l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
         acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
 
-        # Keys [lo, hi) are visible to some row of the tile; keys below `full` (a whole
-        # number of blocks, inside the sequence) to every row, so they need no masks. A
-        # left window makes every block a masked one.
         lo = 0
         hi = length
-        full = lo
         if HAS_LEFT:
             lo = tl.maximum(m0 - window_left, 0)
             lo = (lo // BLOCK_N) * BLOCK_N
-            full = lo
         if HAS_RIGHT:
             hi = tl.minimum(m0 + BLOCK_M + window_right, length)
-            if not HAS_LEFT:
-                full = (tl.minimum(m0 + window_right + 1, length) // BLOCK_N) * BLOCK_N
-        elif not HAS_LEFT:
-            full = (length // BLOCK_N) * BLOCK_N
-        acc, m_i, l_i = _attend(
-            acc, m_i, l_i, q, K, V, start, length, offs_m, offs_d, d_ok, kv_head,
-            stride_kt, stride_kh, stride_vt, stride_vh, scale, softcap, window_left,
-            window_right, lo, full, HEAD_DIM, BLOCK_D, BLOCK_N, False, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP,
-        )  # fmt: skip
-        acc, m_i, l_i = _attend(
-            acc, m_i, l_i, q, K, V, start, length, offs_m, offs_d, d_ok, kv_head,
-            stride_kt, stride_kh, stride_vt, stride_vh, scale, softcap, window_left,
-            window_right, full, hi, HEAD_DIM, BLOCK_D, BLOCK_N, True, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP,
-        )  # fmt: skip
+        for n0 in range(lo, hi, BLOCK_N):
+            offs_n = n0 + tl.arange(0, BLOCK_N)
+            col_ok = offs_n < length
+            k_ptrs = (
+                K + (start + offs_n)[None, :] * stride_kt + kv_head * stride_kh + offs_d[:, None]
+            )
+            k = tl.load(k_ptrs, mask=col_ok[None, :] & d_ok[:, None], other=0.0)
+            s = tl.dot(q, k)
+            if HAS_SOFTCAP:
+                # softcap * tanh(s * scale / softcap), tanh through exp (saturates cleanly
+                # at +-1); then into base-2 units for exp2.
+                s = s * scale
+                s = softcap * (1.0 - 2.0 / (tl.exp(2.0 * s / softcap) + 1.0)) * 1.4426950408889634
+            else:
+                s = s * scale  # the launcher folded log2(e) into `scale`
+            allowed = col_ok[None, :]
+            distance = offs_m[:, None] - offs_n[None, :]  # query - key
+            if HAS_LEFT:
+                allowed = allowed & (distance <= window_left)
+            if HAS_RIGHT:
+                allowed = allowed & (-distance <= window_right)
+            s = tl.where(allowed, s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+            alpha = tl.exp2(m_i - m_safe)
+            p = tl.exp2(s - m_safe[:, None])
+            l_i = l_i * alpha + tl.sum(p, 1)
+            v_ptrs = (
+                V + (start + offs_n)[:, None] * stride_vt + kv_head * stride_vh + offs_d[None, :]
+            )
+            v = tl.load(v_ptrs, mask=col_ok[:, None] & d_ok[None, :], other=0.0)
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+            m_i = m_new
         acc = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
         o_ptrs = Out + (start + offs_m)[:, None] * stride_ot + head * stride_oh + offs_d[None, :]
         tl.store(o_ptrs, acc.to(Out.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
