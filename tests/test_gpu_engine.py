@@ -7,7 +7,6 @@ one token over (eager fallback), builder round trip and the FP8 gate on Hopper.
 from __future__ import annotations
 
 import threading
-import time
 
 import numpy as np
 import pytest
@@ -20,7 +19,6 @@ from trt_tei_runtime.engine import BuilderConfig
 from trt_tei_runtime.engine.build import build_engine
 from trt_tei_runtime.engine.calibration import CALIBRATION_TEXTS
 from trt_tei_runtime.runtime import load_executor
-from trt_tei_runtime.runtime.device_flag import DeviceFlag
 from trt_tei_runtime.runtime.graphs import bucket_ladder
 from trt_tei_runtime.runtime.preemption import MIN_PART_TOKENS, BulkPlan
 
@@ -279,60 +277,3 @@ def _count_steps(executor, batch: PackedBatch) -> int:  # type: ignore[no-untype
     finally:
         gate._no_queries = no_queries
     return seen
-
-
-def test_device_flag_holds_a_stream_until_lowered_and_not_other_streams():  # type: ignore[no-untyped-def]
-    """The bulk stream waits on the GPU while the flag is raised; the interactive lane's
-    highest-priority stream runs meanwhile (the query that will lower the flag must never
-    queue behind the wait)."""
-    flag = DeviceFlag(torch.device("cuda"))
-    bulk, query = torch.cuda.Stream(), torch.cuda.Stream(priority=-1)
-    done = torch.zeros(2, dtype=torch.int32, device="cuda")
-    flag.raise_()
-    with torch.cuda.stream(bulk):
-        flag.wait_on_current_stream()
-        done[0].fill_(1)
-    with torch.cuda.stream(query):
-        done[1].fill_(1)
-    query.synchronize()
-    time.sleep(0.02)
-    assert not bulk.query(), "the bulk stream ran past a raised flag"
-    assert done.tolist() == [0, 1]
-    flag.lower()
-    bulk.synchronize()
-    assert done.tolist() == [1, 1]
-
-
-def test_device_flag_lets_go_after_its_time_limit():  # type: ignore[no-untyped-def]
-    flag = DeviceFlag(torch.device("cuda"), max_hold_ms=30)
-    flag.raise_()
-    started = time.perf_counter()
-    flag.wait_on_current_stream()
-    torch.cuda.synchronize()
-    held = time.perf_counter() - started
-    flag.lower()
-    assert 0.025 <= held < 1.0, held
-
-
-def test_gate_holds_queued_bulk_layers_on_the_gpu(models):  # type: ignore[no-untyped-def]
-    """Bulk layers queued while the flag is up wait on the device, not on the host; a query
-    on the interactive lane runs meanwhile, and its end lowers the flag: the bulk batch
-    then finishes with the numbers of the batch run alone."""
-    graphs, eager = models
-    lane = graphs.interactive
-    assert lane is not None and lane.gate.flag is not None
-    vocab = graphs.model.network.vocab_size
-    bulk = _batch([128] * 24, vocab, seed=11)  # 3,072 tokens: eager, gated per layer
-    query = _batch([24], vocab, seed=12)
-    expected_bulk, expected_query = eager.embed(bulk).cpu(), eager.embed(query).cpu()
-    lane.gate.flag.raise_()  # as a query arriving after the batch was queued would
-    ours = graphs.embed(bulk)  # returns once queued: the host did not wait
-    finished = torch.cuda.Event()
-    finished.record()
-    time.sleep(0.02)
-    assert not finished.query(), "bulk layers ran while the flag was up"
-    with lane.active():
-        answer = graphs.embed(query, lane).cpu()
-    assert not lane.gate.flag.raised
-    torch.testing.assert_close(answer, expected_query, rtol=3e-2, atol=3e-2)
-    torch.testing.assert_close(ours.cpu(), expected_bulk, rtol=3e-2, atol=3e-2)

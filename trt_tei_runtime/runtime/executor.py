@@ -19,7 +19,6 @@ from ..layers.attention import packed_attention_available
 from ..models import Task
 from ..pooling import pool
 from ..sparse import splade_pool, top_active
-from .device_flag import DeviceFlag
 from .devices import DeviceSpec, parse_devices
 from .graphs import MAX_GRAPH_TOKENS, CudaGraphRunner, ForwardPass, Pooler
 from .lanes import InteractiveLane, Lane, on_device
@@ -54,7 +53,8 @@ class Executor:
         whole layers.
 
         Without interactive traffic (`Model`, corpus jobs) leave the interactive lane out:
-        the gate's check before every bulk step is work for nothing there."""
+        the gate keeps at most one layer of a bulk batch queued on the GPU, so the host
+        would have to launch each layer in lockstep with the GPU."""
         self.model = model
         self.info: ModelInfo = model.info
         self.device = model.device
@@ -76,10 +76,7 @@ class Executor:
     ) -> None:
         """The interactive lane's graphs and stream, and the gate between the lanes."""
         model = self.model
-        gate = LayerGate(
-            plan=self._bulk_plan(max_num_tokens, max_bulk_step_ms),
-            flag=DeviceFlag.create(self.device),
-        )
+        gate = LayerGate(plan=self._bulk_plan(max_num_tokens, max_bulk_step_ms))
         self.bulk.gate = gate
         # The same ladder as the bulk lane's: under many concurrent small requests the
         # interactive batches grow (64 clients of 24 tokens: ~1,500 tokens), and an eager

@@ -8,18 +8,11 @@ stream. The bulk batch's GEMMs are persistent kernels that hold every SM until t
 so the query advances about one kernel per bulk kernel. What helps is not having the bulk
 work queued on the GPU in the first place.
 
-So an eager bulk batch stops for queries at every layer boundary. On a CUDA device the
-stop is on the GPU (`device_flag`): while an interactive batch is in flight a flag in
-pinned memory is raised, and a one-program kernel queued before every bulk layer spins
-until it is lowered. The bulk thread queues its whole batch ahead of the GPU, and a query
-waits only for the layer the GPU is running, about 1 ms for a 16k-token batch. The bulk
-thread also stops launching while a query is in flight, so that the query's thread has
-the interpreter to itself. Where no such flag can be made, the bulk thread keeps at most
-`depth` layers queued behind the one the GPU is running (one event per layer) and waits
-while a query is in flight before it launches the next: a query then waits for up to
-`depth + 1` layers, and the host must launch layers in step with the GPU, which idles
-whenever the bulk thread loses its core (to the tokenizers, under a backfill). CUDA-graph
-replays (batches up to 2,048 tokens) are one launch each and are not split.
+So while it runs an eager bulk batch, the bulk thread keeps at most `depth` layers queued
+behind the one the GPU is running (one event per layer) and, before it launches the next
+layer, waits while any interactive batch is in flight. A query then waits for at most
+`depth + 1` layers of bulk work, about 1 ms each for a 16k-token batch. CUDA-graph replays
+(batches up to 2,048 tokens) are one launch each and are not split.
 
 A large model's layer is long: a qwen3-8b layer over 16k tokens runs ~10 ms, so a query
 waited ~18 ms p50 for it under a backfill. The step a query waits for is bounded by
@@ -47,7 +40,6 @@ from torch import nn
 
 from ..layers.fp8 import Fp8Linear
 from ..layers.linear import Linear
-from .device_flag import DeviceFlag
 
 LINEARS = (Linear, Fp8Linear)
 
@@ -98,17 +90,9 @@ def largest_linear_share(layer: nn.Module) -> float:
 
 
 class LayerGate:
-    def __init__(
-        self,
-        depth: int = DEFAULT_DEPTH,
-        plan: BulkPlan | None = None,
-        flag: DeviceFlag | None = None,
-    ) -> None:
-        """With `flag`, bulk steps wait for queries on the device and are queued without
-        limit; without, at most `depth` steps are queued."""
+    def __init__(self, depth: int = DEFAULT_DEPTH, plan: BulkPlan | None = None) -> None:
         self.depth = depth
         self.plan = plan or BulkPlan()
-        self.flag = flag
         self._lock = threading.Lock()
         self._in_flight = 0
         self._no_queries = threading.Event()
@@ -139,16 +123,12 @@ class LayerGate:
         with self._lock:
             self._in_flight += 1
             self._no_queries.clear()
-            if self.flag is not None:
-                self.flag.raise_()
         try:
             yield
         finally:
             with self._lock:
                 self._in_flight -= 1
                 if self._in_flight == 0:
-                    if self.flag is not None:
-                        self.flag.lower()
                     self._no_queries.set()
 
     @contextlib.contextmanager
@@ -163,10 +143,6 @@ class LayerGate:
 
     def _before_step(self, module: nn.Module, args: Any) -> None:
         if self._bulk_thread != threading.get_ident():
-            return
-        if self.flag is not None:
-            self.flag.wait_on_current_stream()
-            self._no_queries.wait()
             return
         event = torch.cuda.Event()
         event.record()
