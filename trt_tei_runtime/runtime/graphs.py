@@ -155,7 +155,7 @@ class CudaGraphRunner:
         log.info(
             "captured %d CUDA graphs (%s tokens) in %.1f s",
             len(self.graphs),
-            ",".join(map(str, sorted(self.graphs))),
+            ",".join(map(str, self._ladder)),
             time.perf_counter() - started,
         )
 

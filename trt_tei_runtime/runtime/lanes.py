@@ -55,7 +55,8 @@ class Lane:
 
     def forward(self, batch: PackedBatch) -> ForwardPass:
         """Hidden states `[T, H]` and the batch as it lies on the device (one copy either
-        way): a graph replay where one covers the batch, else an eager pass."""
+        way), and the pooled rows where a graph pooled them: a graph replay where one
+        covers the batch, else an eager pass."""
         if self.graphs is not None and self.graphs.can_run(batch):
             return self.graphs.run(batch)
         if self.gate is None:
