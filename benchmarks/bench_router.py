@@ -206,6 +206,7 @@ def realistic_row(
         idle = rt.Queries(port, bodies, interval, raw)
         idle.run(seconds=args.seconds)
         backfill = rt.Backfill.connect(client, port, docs, tokens, args.clients, DOCS_PER_REQUEST)
+        backfill.call_per_pass = not args.backfill_one_call
         backfill.docs = docs[: max(DOCS_PER_REQUEST * args.clients, len(docs) // 4)]
         backfill.run(1)  # warm-up: every bulk code path once
         backfill.docs = docs
@@ -213,7 +214,9 @@ def realistic_row(
         # small model runs the whole corpus in a fraction of a second.
         estimate = backfill.run(1)
         passes = max(args.passes, math.ceil((args.settle + args.seconds) * estimate / tokens))
+        before = rt.BulkCounters.read(port)
         solo = backfill.run(passes)
+        busy, batch_tokens = rt.BulkCounters.read(port).since(before, tokens * passes / solo)
         loaded = rt.Queries(port, bodies, interval, raw)
         under = rt.mixed(backfill, loaded, passes, settle_s=args.settle)
     finally:
@@ -231,6 +234,8 @@ def realistic_row(
         "answered": len(loaded.latencies),
         "errors": idle.errors + loaded.errors,
         "solo": solo,
+        "busy": busy,
+        "batch_tokens": batch_tokens,
         "mixed": under,
     }
 
@@ -294,6 +299,17 @@ def realistic(args: argparse.Namespace) -> None:
             f"| {u50:.2f} / {u99:.2f} ({r['answered']} answered) | {u99 / i50:.1f}x "
             f"| {r['mixed'] / r['solo']:.0%} | {r['solo']:,.0f}{of_limit} |"
         )
+    print(
+        "Solo backfill, from the router's /metrics: the share of the time its backend threads "
+        "spent in forward passes, and tokens per bulk batch"
+        + ("" if args.backfill_one_call else " (one client call per corpus pass)")
+        + ":"
+    )
+    for r in rows:
+        print(
+            f"  {r['shape']}{' ' + r['flags'].strip() if variants else ''}: "
+            f"{r['busy']:.1%} busy, {r['batch_tokens']:,.0f} tokens per batch"
+        )
         if r["errors"]:
             print(f"  {r['shape']}: {r['errors']} queries failed")
 
@@ -325,6 +341,12 @@ def main() -> None:
     )
     parser.add_argument(
         "--settle", type=float, default=0.5, help="realistic: seconds of backfill before queries"
+    )
+    parser.add_argument(
+        "--backfill-one-call",
+        action="store_true",
+        help="realistic: send every corpus pass in one client call, so that the server does "
+        "not drain between passes (default: one call per pass)",
     )
     parser.add_argument("--workloads", default="query,backfill,mixed")
     parser.add_argument("--seconds", type=float, default=5)

@@ -21,6 +21,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -123,15 +124,53 @@ class Backfill:
         )
         return cls(client, preference, docs, tokens)
 
+    # One client call per pass: the server drains at the end of each pass, as it does for
+    # a user who sends a corpus at a time. False sends every pass in one call (no drains).
+    call_per_pass: bool = True
+
     def run(self, passes: int) -> float:
+        calls, per_call = (passes, 1) if self.call_per_pass else (1, passes)
+        docs = self.docs * per_call
         start = time.perf_counter()
-        for _ in range(passes):
+        for _ in range(calls):
             response = self.client.embed(
-                self.docs, model="bench", encoding_format="base64", preference=self.preference
+                docs, model="bench", encoding_format="base64", preference=self.preference
             )
-            if len(response.data) != len(self.docs):
-                raise SystemExit(f"backfill: {len(response.data)} of {len(self.docs)} answered")
+            if len(response.data) != len(docs):
+                raise SystemExit(f"backfill: {len(response.data)} of {len(docs)} answered")
         return self.tokens * passes / (time.perf_counter() - start)
+
+
+@dataclass
+class BulkCounters:
+    """The router's own batch counters (`/metrics`): time its backend threads spent in
+    forward passes, and the bulk lane's batches and tokens."""
+
+    inference_s: float
+    batches: float
+    tokens: float
+
+    @classmethod
+    def read(cls, port: int) -> BulkCounters:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+            text = r.read().decode()
+        bulk = r'\{[^}]*lane="bulk"[^}]*\}'
+        return cls(
+            inference_s=_series_total(text, "te_batch_inference_duration_sum", r"(?:\{[^}]*\})?"),
+            batches=_series_total(text, "te_batch_next_tokens_count", bulk),
+            tokens=_series_total(text, "te_batch_next_tokens_sum", bulk),
+        )
+
+    def since(self, before: BulkCounters, seconds: float) -> tuple[float, float]:
+        """The share of `seconds` spent in forward passes, and tokens per bulk batch."""
+        batches = self.batches - before.batches
+        busy = (self.inference_s - before.inference_s) / seconds
+        return busy, (self.tokens - before.tokens) / batches if batches else float("nan")
+
+
+def _series_total(text: str, name: str, labels: str) -> float:
+    """The sum of a Prometheus metric's series whose labels match `labels` (a regex)."""
+    return sum(float(v) for v in re.findall(rf"^{name}{labels} (\S+)$", text, re.MULTILINE))
 
 
 class RawConnection:
