@@ -205,6 +205,25 @@ enum Job {
     Decode(Vec<u32>, bool, Reply<String>),
 }
 
+/// Puts the calling thread in Linux's `SCHED_IDLE` class: it runs only on a core that no
+/// thread of a normal class wants, and a normal thread that wakes up takes the core at once.
+///
+/// The pool's threads (one per core by default) are all busy during a backfill. At the normal
+/// class, a query's own threads (its connection's task, the backend thread, the response)
+/// then woke up behind them and waited for a core: milliseconds at the p99. A lower nice
+/// value does not help there, because a waking thread need not preempt a running one of a
+/// lower nice value. In this class the pool still gets every core that nobody else needs, so
+/// a backfill that only tokenization limits keeps its speed. A failure (another OS, a
+/// sandbox that forbids it) leaves the thread as it was.
+fn yield_cores_to_other_threads() {
+    #[cfg(target_os = "linux")]
+    // SAFETY: a plain system call on the calling thread (pid 0) with a valid parameter block.
+    unsafe {
+        let param = libc::sched_param { sched_priority: 0 };
+        libc::sched_setscheduler(0, libc::SCHED_IDLE, &param);
+    }
+}
+
 /// Handle to the worker pool. Workers exit when the last handle is dropped.
 #[derive(Clone)]
 pub struct Tokenization {
@@ -254,15 +273,19 @@ impl Tokenization {
             };
             std::thread::Builder::new()
                 .name(format!("tokenizer-{i}"))
-                .spawn(move || loop {
-                    // Holding the lock while waiting is fine: the other workers would wait anyway.
-                    let job = match rx.lock() {
-                        Ok(rx) => rx.recv(),
-                        Err(_) => return,
-                    };
-                    match job {
-                        Ok(job) => worker.run(job),
-                        Err(_) => return,
+                .spawn(move || {
+                    yield_cores_to_other_threads();
+                    loop {
+                        // Holding the lock while waiting is fine: the other workers would wait
+                        // anyway.
+                        let job = match rx.lock() {
+                            Ok(rx) => rx.recv(),
+                            Err(_) => return,
+                        };
+                        match job {
+                            Ok(job) => worker.run(job),
+                            Err(_) => return,
+                        }
                     }
                 })
                 .expect("cannot spawn a tokenization worker");

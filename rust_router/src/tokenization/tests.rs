@@ -275,3 +275,40 @@ async fn adapter_prompts_set_every_type_id_to_the_adapter() {
     let e = t.encode(pair, Default::default()).await.unwrap();
     assert_eq!(e.token_type_ids, vec![0, 0, 0, 1, 1]);
 }
+
+/// The scheduling class of a thread of this process (field 41 of its stat line).
+#[cfg(target_os = "linux")]
+fn scheduling_policy(tid: &str) -> u32 {
+    let stat = std::fs::read_to_string(format!("/proc/self/task/{tid}/stat")).unwrap();
+    let after_name = &stat[stat.rfind(')').unwrap() + 2..];
+    after_name.split(' ').nth(38).unwrap().parse().unwrap()
+}
+
+#[cfg(target_os = "linux")]
+#[tokio::test]
+async fn pool_threads_yield_their_cores_and_inline_callers_keep_theirs() {
+    let t = test_tokenization(16, 0);
+    // A job through the pool: its workers have started (and set their class) by then.
+    t.encode(single("hello world"), Default::default())
+        .await
+        .unwrap();
+    let inline = EncodeOptions {
+        inline: true,
+        ..Default::default()
+    };
+    t.encode(single("hello"), inline).await.unwrap();
+    let mut pool_threads = 0;
+    for task in std::fs::read_dir("/proc/self/task").unwrap() {
+        let tid = task.unwrap().file_name().into_string().unwrap();
+        let Ok(name) = std::fs::read_to_string(format!("/proc/self/task/{tid}/comm")) else {
+            continue; // the thread has exited
+        };
+        if name.starts_with("tokenizer-") {
+            assert_eq!(scheduling_policy(&tid), libc::SCHED_IDLE as u32, "{name}");
+            pool_threads += 1;
+        }
+    }
+    assert!(pool_threads >= 2, "found {pool_threads} pool threads");
+    let own = unsafe { libc::syscall(libc::SYS_gettid) }.to_string();
+    assert_eq!(scheduling_policy(&own), libc::SCHED_OTHER as u32);
+}
