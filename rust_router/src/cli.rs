@@ -1,5 +1,6 @@
 //! Command line flags: TEI's names and environment variables, plus the backend choice.
 
+use crate::tokenization::PoolPriority;
 use clap::{Parser, ValueEnum};
 use std::time::Duration;
 
@@ -39,6 +40,13 @@ pub struct Args {
     /// Threads that tokenize requests [default: number of CPU cores].
     #[arg(long, env = "TOKENIZATION_WORKERS")]
     pub tokenization_workers: Option<usize>,
+
+    /// How the tokenization threads share the CPU with the threads that answer queries:
+    /// `idle` lets any other thread that wakes up take a core from them at once (a query is
+    /// not slowed by a backfill's tokenization), `low` runs them at nice 19, `normal` at the
+    /// default. Linux only; elsewhere every value is `normal`.
+    #[arg(long, env = "TOKENIZATION_PRIORITY", value_enum, default_value_t = PoolPriority::Idle)]
+    pub tokenization_priority: PoolPriority,
 
     /// Weights dtype (float32, float16, bfloat16, ...) [default: the runtime's choice].
     #[arg(long, env = "DTYPE")]
@@ -336,6 +344,26 @@ mod tests {
         );
         assert_eq!(config(&["--max-bulk-batch-ms", "0"]), None);
         assert!(parse(&["--max-bulk-batch-ms", "-5"]).is_err());
+    }
+
+    #[test]
+    fn tokenization_priority_is_idle_unless_given() {
+        assert_eq!(
+            parse(&[]).unwrap().tokenization_priority,
+            PoolPriority::Idle
+        );
+        for (flag, priority) in [
+            ("normal", PoolPriority::Normal),
+            ("low", PoolPriority::Low),
+            ("idle", PoolPriority::Idle),
+        ] {
+            let given = parse(&["--tokenization-priority", flag]).unwrap();
+            assert_eq!(given.tokenization_priority, priority);
+        }
+        let err = parse(&["--tokenization-priority", "high"])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("normal") && err.contains("idle"), "{err}");
     }
 
     #[test]

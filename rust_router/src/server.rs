@@ -253,7 +253,7 @@ fn run(mut args: Args, make_backend: MakeBackend) -> Result<(), String> {
             .map(|n| n.get())
             .unwrap_or(1)
     });
-    let tokenization = Tokenization::new(
+    let tokenization = Tokenization::with_priority(
         tokenizer,
         workers,
         TokenizerConfig {
@@ -265,6 +265,7 @@ fn run(mut args: Args, make_backend: MakeBackend) -> Result<(), String> {
             adapters: info.adapters.clone().unwrap_or_default(),
             default_adapter: default_adapter(&args, &info),
         },
+        args.tokenization_priority,
     );
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

@@ -205,22 +205,44 @@ enum Job {
     Decode(Vec<u32>, bool, Reply<String>),
 }
 
-/// Puts the calling thread in Linux's `SCHED_IDLE` class: it runs only on a core that no
-/// thread of a normal class wants, and a normal thread that wakes up takes the core at once.
+/// How the pool's threads compete for cores with the router's other threads (Linux; other
+/// systems keep the default).
 ///
-/// The pool's threads (one per core by default) are all busy during a backfill. At the normal
-/// class, a query's own threads (its connection's task, the backend thread, the response)
-/// then woke up behind them and waited for a core: milliseconds at the p99. A lower nice
-/// value does not help there, because a waking thread need not preempt a running one of a
-/// lower nice value. In this class the pool still gets every core that nobody else needs, so
-/// a backfill that only tokenization limits keeps its speed. A failure (another OS, a
-/// sandbox that forbids it) leaves the thread as it was.
-fn yield_cores_to_other_threads() {
-    #[cfg(target_os = "linux")]
-    // SAFETY: a plain system call on the calling thread (pid 0) with a valid parameter block.
-    unsafe {
-        let param = libc::sched_param { sched_priority: 0 };
-        libc::sched_setscheduler(0, libc::SCHED_IDLE, &param);
+/// The pool has one thread per core by default, and a backfill keeps them all busy. A query's
+/// own threads (its connection's task, the backend thread, the response) then wake up behind
+/// them and may wait for a core: milliseconds at the p99 (benchmarks/RESULTS.md).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum PoolPriority {
+    /// The operating system's default class, shared equally with every other thread.
+    Normal,
+    /// Nice 19: the pool gets a small share of a core that other threads also want.
+    Low,
+    /// `SCHED_IDLE`: the pool runs only on cores no other thread wants, and a thread that
+    /// wakes up takes its core at once. Any core nobody else needs still tokenizes.
+    #[default]
+    Idle,
+}
+
+impl PoolPriority {
+    /// Applies the class to the calling thread. A failure (a sandbox that forbids it) leaves
+    /// the thread as it was.
+    fn apply(self) {
+        #[cfg(target_os = "linux")]
+        // SAFETY: plain system calls on the calling thread (pid 0 / its own tid) with valid
+        // arguments.
+        unsafe {
+            match self {
+                Self::Normal => {}
+                Self::Low => {
+                    let tid = libc::syscall(libc::SYS_gettid) as libc::id_t;
+                    libc::setpriority(libc::PRIO_PROCESS, tid, 19);
+                }
+                Self::Idle => {
+                    let param = libc::sched_param { sched_priority: 0 };
+                    libc::sched_setscheduler(0, libc::SCHED_IDLE, &param);
+                }
+            }
+        }
     }
 }
 
@@ -258,6 +280,16 @@ impl InlinePool {
 
 impl Tokenization {
     pub fn new(tokenizer: Tokenizer, workers: usize, model: TokenizerConfig) -> Self {
+        Self::with_priority(tokenizer, workers, model, PoolPriority::default())
+    }
+
+    /// A pool whose threads compete for cores as `priority` says.
+    pub fn with_priority(
+        tokenizer: Tokenizer,
+        workers: usize,
+        model: TokenizerConfig,
+        priority: PoolPriority,
+    ) -> Self {
         let config = Arc::new(Config {
             model,
             vocab_size: tokenizer.get_vocab_size(true),
@@ -274,7 +306,7 @@ impl Tokenization {
             std::thread::Builder::new()
                 .name(format!("tokenizer-{i}"))
                 .spawn(move || {
-                    yield_cores_to_other_threads();
+                    priority.apply();
                     loop {
                         // Holding the lock while waiting is fine: the other workers would wait
                         // anyway.

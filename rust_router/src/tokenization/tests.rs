@@ -276,17 +276,43 @@ async fn adapter_prompts_set_every_type_id_to_the_adapter() {
     assert_eq!(e.token_type_ids, vec![0, 0, 0, 1, 1]);
 }
 
-/// The scheduling class of a thread of this process (field 41 of its stat line).
+/// The scheduling class and nice value of a thread of this process (fields 41 and 19 of its
+/// stat line).
 #[cfg(target_os = "linux")]
-fn scheduling_policy(tid: &str) -> u32 {
+fn scheduling(tid: &str) -> (u32, i32) {
     let stat = std::fs::read_to_string(format!("/proc/self/task/{tid}/stat")).unwrap();
-    let after_name = &stat[stat.rfind(')').unwrap() + 2..];
-    after_name.split(' ').nth(38).unwrap().parse().unwrap()
+    let fields: Vec<&str> = stat[stat.rfind(')').unwrap() + 2..].split(' ').collect();
+    (fields[38].parse().unwrap(), fields[16].parse().unwrap())
+}
+
+#[cfg(target_os = "linux")]
+fn own_tid() -> String {
+    unsafe { libc::syscall(libc::SYS_gettid) }.to_string()
+}
+
+#[cfg(target_os = "linux")]
+#[test]
+fn each_pool_priority_sets_its_class_on_the_calling_thread_only() {
+    let before = scheduling(&own_tid());
+    for (priority, class, nice) in [
+        (PoolPriority::Normal, libc::SCHED_OTHER, before.1),
+        (PoolPriority::Low, libc::SCHED_OTHER, 19),
+        (PoolPriority::Idle, libc::SCHED_IDLE, before.1),
+    ] {
+        let after = std::thread::spawn(move || {
+            priority.apply();
+            scheduling(&own_tid())
+        })
+        .join()
+        .unwrap();
+        assert_eq!(after, (class as u32, nice), "{priority:?}");
+    }
+    assert_eq!(scheduling(&own_tid()), before);
 }
 
 #[cfg(target_os = "linux")]
 #[tokio::test]
-async fn pool_threads_yield_their_cores_and_inline_callers_keep_theirs() {
+async fn pool_threads_yield_their_cores_by_default_and_inline_callers_keep_theirs() {
     let t = test_tokenization(16, 0);
     // A job through the pool: its workers have started (and set their class) by then.
     t.encode(single("hello world"), Default::default())
@@ -304,11 +330,10 @@ async fn pool_threads_yield_their_cores_and_inline_callers_keep_theirs() {
             continue; // the thread has exited
         };
         if name.starts_with("tokenizer-") {
-            assert_eq!(scheduling_policy(&tid), libc::SCHED_IDLE as u32, "{name}");
+            assert_eq!(scheduling(&tid).0, libc::SCHED_IDLE as u32, "{name}");
             pool_threads += 1;
         }
     }
     assert!(pool_threads >= 2, "found {pool_threads} pool threads");
-    let own = unsafe { libc::syscall(libc::SYS_gettid) }.to_string();
-    assert_eq!(scheduling_policy(&own), libc::SCHED_OTHER as u32);
+    assert_eq!(scheduling(&own_tid()).0, libc::SCHED_OTHER as u32);
 }
