@@ -44,9 +44,10 @@ pub struct Args {
     /// How the tokenization threads share the CPU with the threads that answer queries:
     /// `idle` lets any other thread that wakes up take a core from them at once (a query is
     /// not slowed by a backfill's tokenization), `low` runs them at nice 19, `normal` at the
-    /// default. Linux only; elsewhere every value is `normal`.
-    #[arg(long, env = "TOKENIZATION_PRIORITY", value_enum, default_value_t = PoolPriority::Idle)]
-    pub tokenization_priority: PoolPriority,
+    /// default. Linux only; elsewhere every value is `normal`. [default: `idle` where the
+    /// runtime has an interactive lane (a GPU), else `normal`]
+    #[arg(long, env = "TOKENIZATION_PRIORITY", value_enum)]
+    pub tokenization_priority: Option<PoolPriority>,
 
     /// Weights dtype (float32, float16, bfloat16, ...) [default: the runtime's choice].
     #[arg(long, env = "DTYPE")]
@@ -347,18 +348,15 @@ mod tests {
     }
 
     #[test]
-    fn tokenization_priority_is_idle_unless_given() {
-        assert_eq!(
-            parse(&[]).unwrap().tokenization_priority,
-            PoolPriority::Idle
-        );
+    fn tokenization_priority_is_the_runtimes_unless_given() {
+        assert_eq!(parse(&[]).unwrap().tokenization_priority, None);
         for (flag, priority) in [
             ("normal", PoolPriority::Normal),
             ("low", PoolPriority::Low),
             ("idle", PoolPriority::Idle),
         ] {
             let given = parse(&["--tokenization-priority", flag]).unwrap();
-            assert_eq!(given.tokenization_priority, priority);
+            assert_eq!(given.tokenization_priority, Some(priority));
         }
         let err = parse(&["--tokenization-priority", "high"])
             .unwrap_err()

@@ -10,7 +10,7 @@ use crate::http::{app, AppContext, AppState, ServeConfig};
 use crate::infer::Infer;
 use crate::metrics::Metrics;
 use crate::shutdown::{Phase, Shutdown};
-use crate::tokenization::{load_tokenizer, Tokenization, TokenizerConfig};
+use crate::tokenization::{load_tokenizer, PoolPriority, Tokenization, TokenizerConfig};
 use clap::Parser;
 use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
 use std::path::Path;
@@ -253,6 +253,10 @@ fn run(mut args: Args, make_backend: MakeBackend) -> Result<(), String> {
             .map(|n| n.get())
             .unwrap_or(1)
     });
+    let tokenization_priority = args
+        .tokenization_priority
+        .unwrap_or_else(|| PoolPriority::for_runtime(backend.has_interactive_lane()));
+    tracing::info!(workers, priority = ?tokenization_priority, "tokenization threads");
     let tokenization = Tokenization::with_priority(
         tokenizer,
         workers,
@@ -265,7 +269,7 @@ fn run(mut args: Args, make_backend: MakeBackend) -> Result<(), String> {
             adapters: info.adapters.clone().unwrap_or_default(),
             default_adapter: default_adapter(&args, &info),
         },
-        args.tokenization_priority,
+        tokenization_priority,
     );
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

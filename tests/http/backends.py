@@ -119,3 +119,12 @@ class OneDeviceBackend(Backend):
         self, model_id, revision=None, dtype=None, pooling=None, device=None
     ):
         super().__init__(model_id, revision=revision, dtype=dtype, pooling=pooling, device=device)
+
+
+class LaneClaimingBackend(Backend):
+    """The runtime's Backend on a CPU, claiming an interactive lane as it does on a GPU: the
+    router then sets up what it sets up for a GPU (its second backend thread, the tokenizer
+    pool's class). Batches sent with `interactive=True` run on the bulk lane."""
+
+    def info(self):  # type: ignore[no-untyped-def]
+        return {**super().info(), "interactive_lane": True}
