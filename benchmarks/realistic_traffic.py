@@ -102,6 +102,9 @@ class Backfill:
     preference: Any
     docs: list[str]
     tokens: int
+    # One client call per pass: the server drains at the end of each pass, as it does for
+    # a user who sends a corpus at a time. False sends every pass in one call (no drains).
+    call_per_pass: bool = True
 
     @classmethod
     def connect(
@@ -123,10 +126,6 @@ class Backfill:
             max_retries=0,
         )
         return cls(client, preference, docs, tokens)
-
-    # One client call per pass: the server drains at the end of each pass, as it does for
-    # a user who sends a corpus at a time. False sends every pass in one call (no drains).
-    call_per_pass: bool = True
 
     def run(self, passes: int) -> float:
         calls, per_call = (passes, 1) if self.call_per_pass else (1, passes)
