@@ -31,6 +31,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from bench_engine import backfill_lengths
 from shapes import BF16_LIMIT_TOKENS_PER_S, write_random_checkpoint
 
 from trt_tei_runtime.backend import Backend
@@ -96,8 +97,7 @@ def bench_shape(shape: str, folder: Path, args: argparse.Namespace) -> dict[str,
     backend = Backend(str(folder), dtype="bfloat16")
     executor = backend.executors[0]
     vocab = int(executor.model.network.vocab_size)
-    rng = np.random.default_rng(0)
-    lengths = rng.integers(64, 513, size=512 if shape == "qwen3-8b" else 2048).tolist()
+    lengths = backfill_lengths(shape)
     buffers = router_batches(lengths, MAX_BATCH_TOKENS, vocab)
     unpacked = [PackedBatch.from_arrays(*b) for b in buffers]
     tokens = sum(lengths)

@@ -211,7 +211,7 @@ enum Job {
 /// The pool has one thread per core by default, and a backfill keeps them all busy. A query's
 /// own threads (its connection's task, the backend thread, the response) then wake up behind
 /// them and may wait for a core: milliseconds at the p99 (benchmarks/RESULTS.md).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum PoolPriority {
     /// The operating system's default class, shared equally with every other thread.
     Normal,
@@ -219,7 +219,6 @@ pub enum PoolPriority {
     Low,
     /// `SCHED_IDLE`: the pool runs only on cores no other thread wants, and a thread that
     /// wakes up takes its core at once. Any core nobody else needs still tokenizes.
-    #[default]
     Idle,
 }
 
@@ -292,8 +291,10 @@ impl InlinePool {
 }
 
 impl Tokenization {
+    /// A pool in the class a GPU runtime gets (`PoolPriority::Idle`); the server picks the
+    /// class with `PoolPriority::for_runtime` or the flag and calls `with_priority`.
     pub fn new(tokenizer: Tokenizer, workers: usize, model: TokenizerConfig) -> Self {
-        Self::with_priority(tokenizer, workers, model, PoolPriority::default())
+        Self::with_priority(tokenizer, workers, model, PoolPriority::Idle)
     }
 
     /// A pool whose threads compete for cores as `priority` says.
