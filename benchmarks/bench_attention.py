@@ -1,13 +1,16 @@
-"""Packed attention: FlashAttention 2 (torch's `varlen_attn`) against our Triton kernel.
+"""Packed attention: FlashAttention 2 (torch's `varlen_attn`) and cuDNN's fused attention
+against our Triton kernel.
 
     python benchmarks/bench_attention.py
 
 For the attention shapes of BENCHMARKS.md's models (bert-large, qwen3-0.6b, qwen3-8b) and
 batches from a single 24-token query to a 16k-token backfill batch, prints the time of one
-call of each implementation and the Triton tile sweep. Each call is captured in a CUDA
-graph and replayed, as the engine runs it, so launch overhead is not counted. The
-`cu_seqlens` carry a CUDA graph's empty tail sequences, as the engine's graphs do. It is
-what chose the Triton kernel over FlashAttention 2 (`layers/attention.py`) and the default
+call of each implementation and the Triton tile sweep. cuDNN runs through
+`aten._cudnn_attention_forward` with ragged offsets, the path torch's `varlen_attn` takes
+when it selects cuDNN; its column reads "fails" where cuDNN refuses the shape. Each call
+is captured in a CUDA graph and replayed, as the engine runs it, so launch overhead is not
+counted. The `cu_seqlens` carry a CUDA graph's empty tail sequences, as the engine's graphs
+do. It is what chose the Triton kernel over FlashAttention 2 (`layers/attention.py`) and the default
 tiles (`triton_attention.default_blocks`). Reports only; CUDA only.
 """
 
@@ -47,6 +50,9 @@ SWEEP = [
     Blocks(128, 64, 4, 2),
     Blocks(128, 64, 8, 3),
     Blocks(128, 128, 8, 2),
+    Blocks(128, 64, 8, 2),
+    Blocks(128, 128, 8, 3),
+    Blocks(64, 64, 4, 4),
 ]
 GRAPH_SLOTS = 66  # a CUDA graph's cu_seqlens length (max_batch_size 64 + 2)
 
@@ -74,10 +80,30 @@ def graph_time_us(fn, reps: int = 20, rounds: int = 5) -> float:  # type: ignore
     return float(np.median(times))
 
 
+def cudnn_attention(q, k, v, cu, longest, causal):  # type: ignore[no-untyped-def]
+    """cuDNN's fused attention on the packed tokens (ragged offsets from `cu`)."""
+    return torch.ops.aten._cudnn_attention_forward(
+        q, k, v, None, cu, cu, longest, longest, False, 0.0, causal, False,
+        scale=q.shape[-1] ** -0.5,
+    )[0]  # fmt: skip
+
+
+def measure_cudnn(q, k, v, cu, longest, causal, reference):  # type: ignore[no-untyped-def]
+    """(µs per call, max abs difference to `reference`), or None where cuDNN refuses."""
+    try:
+        out = cudnn_attention(q, k, v, cu, longest, causal)
+        error = (out.float() - reference.float()).abs().max().item()
+        return graph_time_us(lambda: cudnn_attention(q, k, v, cu, longest, causal)), error
+    except RuntimeError as exc:
+        print(f"cuDNN refused: {str(exc).splitlines()[0][:160]}", flush=True)
+        return None
+
+
 def measure_batch(
     heads: tuple[int, int, int, bool], lengths: list[int]
-) -> tuple[float, dict[Blocks, tuple[float, float]]]:
-    """FlashAttention 2's µs per call, and per Triton tiling its µs and max abs difference."""
+) -> tuple[float, tuple[float, float] | None, dict[Blocks, tuple[float, float]]]:
+    """FlashAttention 2's µs per call, cuDNN's (µs, max abs difference), and per Triton
+    tiling its µs and max abs difference."""
     hq, hkv, dim, causal = heads
     tokens, longest = sum(lengths), max(lengths)
     ends = np.cumsum(lengths).tolist()
@@ -88,6 +114,7 @@ def measure_batch(
     meta = attention.AttentionMetadata(cu_seqlens=cu, max_seqlen=longest)
     flash = attention._flash(q, k, v, meta, causal, None, None)
     flash_us = graph_time_us(lambda: attention._flash(q, k, v, meta, causal, None, None))
+    cudnn = measure_cudnn(q, k, v, cu, longest, causal, flash)
     results: dict[Blocks, tuple[float, float]] = {}
     for blocks in [default_blocks(longest, dim), *SWEEP]:
         # Query tiles past the longest sequence only add masked rows.
@@ -102,7 +129,7 @@ def measure_batch(
 
         error = (run().float() - flash.float()).abs().max().item()
         results[blocks] = (graph_time_us(run), error)
-    return flash_us, results
+    return flash_us, cudnn, results
 
 
 def main() -> None:
@@ -114,14 +141,17 @@ def main() -> None:
     for shape in args.shapes.split(","):
         for batch_name, lengths in BATCHES.items():
             lengths = [int(n) for n in lengths]
-            flash_us, results = measure_batch(HEADS[shape], lengths)
+            flash_us, cudnn, results = measure_batch(HEADS[shape], lengths)
             default = default_blocks(max(lengths), HEADS[shape][2])
             best = min(results, key=lambda b: results[b][0])
             tokens = sum(lengths)
-            row = (shape, batch_name, tokens, flash_us, results[default][0], best, results[best])
+            row = (
+                shape, batch_name, tokens, flash_us, cudnn, results[default][0], best,
+                results[best],
+            )  # fmt: skip
             rows.append(row)
             print(
-                f"{shape:11s} {batch_name:13s} flash {flash_us:8.1f} µs | "
+                f"{shape:11s} {batch_name:13s} flash {flash_us:8.1f} µs cudnn {cudnn} | "
                 + " ".join(
                     f"{b.block_m}x{b.block_n}w{b.num_warps}s{b.num_stages}:{t:.1f}"
                     for b, (t, _) in results.items()
@@ -130,15 +160,16 @@ def main() -> None:
             )
     print(f"\n{torch.cuda.get_device_name()}, torch {torch.__version__}; µs per call, bf16")
     print(
-        "| shape | batch | tokens | FlashAttention 2 | Triton (default tiles) | best tiles "
-        "| best µs | max abs diff vs FA2 |"
+        "| shape | batch | tokens | FlashAttention 2 | cuDNN (max abs diff vs FA2) "
+        "| Triton (default tiles) | best tiles | best µs | max abs diff vs FA2 |"
     )
-    print("|---|---|---|---|---|---|---|---|")
-    for shape, name, tokens, flash_us, default_us, best, (best_us, err) in rows:
+    print("|---|---|---|---|---|---|---|---|---|")
+    for shape, name, tokens, flash_us, cudnn, default_us, best, (best_us, err) in rows:
         tiles = f"{best.block_m}x{best.block_n} w{best.num_warps} s{best.num_stages}"
+        cudnn_cell = "fails" if cudnn is None else f"{cudnn[0]:.1f} ({cudnn[1]:.1e})"
         print(
-            f"| {shape} | {name} | {tokens} | {flash_us:.1f} | {default_us:.1f} | {tiles} "
-            f"| {best_us:.1f} | {err:.1e} |"
+            f"| {shape} | {name} | {tokens} | {flash_us:.1f} | {cudnn_cell} | {default_us:.1f} "
+            f"| {tiles} | {best_us:.1f} | {err:.1e} |"
         )
 
 
