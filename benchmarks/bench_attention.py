@@ -7,16 +7,19 @@ For the attention shapes of BENCHMARKS.md's models (bert-large, qwen3-0.6b, qwen
 batches from a single 24-token query to a 16k-token backfill batch, prints the time of one
 call of each implementation and the Triton tile sweep. cuDNN runs through
 `aten._cudnn_attention_forward` with ragged offsets, the path torch's `varlen_attn` takes
-when it selects cuDNN; its column reads "fails" where cuDNN refuses the shape. Each call
-is captured in a CUDA graph and replayed, as the engine runs it, so launch overhead is not
-counted. The `cu_seqlens` carry a CUDA graph's empty tail sequences, as the engine's graphs
-do. It is what chose the Triton kernel over FlashAttention 2 (`layers/attention.py`) and the default
-tiles (`triton_attention.default_blocks`). Reports only; CUDA only.
+when it selects cuDNN; its column says how it ran (in a CUDA graph, else eagerly, else
+eagerly without the graph's empty tail sequences) or "fails" where cuDNN refuses the shape.
+The others are captured in a CUDA graph and replayed, as the engine runs them, so launch
+overhead is not counted, and their `cu_seqlens` carry a CUDA graph's empty tail sequences,
+as the engine's graphs do. It is what chose the Triton kernel over FlashAttention 2
+(`layers/attention.py`) and the default tiles (`triton_attention.default_blocks`).
+Reports only; CUDA only.
 """
 
 from __future__ import annotations
 
 import argparse
+import time
 
 import numpy as np
 import torch
@@ -88,20 +91,51 @@ def cudnn_attention(q, k, v, cu, longest, causal):  # type: ignore[no-untyped-de
     )[0]  # fmt: skip
 
 
-def measure_cudnn(q, k, v, cu, longest, causal, reference):  # type: ignore[no-untyped-def]
-    """(µs per call, max abs difference to `reference`), or None where cuDNN refuses."""
-    try:
-        out = cudnn_attention(q, k, v, cu, longest, causal)
-        error = (out.float() - reference.float()).abs().max().item()
-        return graph_time_us(lambda: cudnn_attention(q, k, v, cu, longest, causal)), error
-    except RuntimeError as exc:
-        print(f"cuDNN refused: {str(exc).splitlines()[0][:160]}", flush=True)
-        return None
+def eager_time_us(fn, reps: int = 20) -> float:  # type: ignore[no-untyped-def]
+    """Mean µs of one `fn()` launched eagerly `reps` times (launch overhead included)."""
+    fn()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(reps):
+        fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) * 1000 / reps
+
+
+def refusal(exc: RuntimeError) -> str:
+    return str(exc).splitlines()[0][:200]
+
+
+def measure_cudnn(q, k, v, cu, live, longest, causal, reference):  # type: ignore[no-untyped-def]
+    """cuDNN's (µs per call, max abs difference to `reference`, how it ran and its first
+    call's ms: a new shape builds a cuDNN plan), or None where it refuses the shape. Tried
+    in a CUDA graph with the graph's empty tail sequences first (as the engine would run
+    it), then eagerly with them, then eagerly without them (`live` = the offsets of the real
+    sequences only), so the table says which part cuDNN refuses."""
+    tries = (
+        ("graph", cu, graph_time_us),
+        ("eager", cu, eager_time_us),
+        ("eager, no empty tail", live, eager_time_us),
+    )
+    for how, offsets, timer in tries:
+        try:
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            out = cudnn_attention(q, k, v, offsets, longest, causal)
+            torch.cuda.synchronize()
+            first_ms = (time.perf_counter() - start) * 1e3
+            error = (out.float() - reference.float()).abs().max().item()
+            us = timer(lambda o=offsets: cudnn_attention(q, k, v, o, longest, causal))
+            return us, error, f"{how}, first call {first_ms:.1f} ms"
+        except RuntimeError as exc:
+            print(f"cuDNN refused ({how}): {refusal(exc)}", flush=True)
+    return None
 
 
 def measure_batch(
     heads: tuple[int, int, int, bool], lengths: list[int]
-) -> tuple[float, tuple[float, float] | None, dict[Blocks, tuple[float, float]]]:
+) -> tuple[float, tuple[float, float, str] | None, dict[Blocks, tuple[float, float]]]:
     """FlashAttention 2's µs per call, cuDNN's (µs, max abs difference), and per Triton
     tiling its µs and max abs difference."""
     hq, hkv, dim, causal = heads
@@ -109,12 +143,13 @@ def measure_batch(
     ends = np.cumsum(lengths).tolist()
     cu_list = [0, *ends] + [tokens] * (GRAPH_SLOTS - len(lengths) - 1)
     cu = torch.tensor(cu_list, device="cuda", dtype=torch.int32)
+    live = cu[: len(lengths) + 1].clone()
     q = torch.randn(tokens, hq, dim, device="cuda", dtype=torch.bfloat16)
     k, v = (torch.randn(tokens, hkv, dim, device="cuda", dtype=torch.bfloat16) for _ in "kv")
     meta = attention.AttentionMetadata(cu_seqlens=cu, max_seqlen=longest)
     flash = attention._flash(q, k, v, meta, causal, None, None)
     flash_us = graph_time_us(lambda: attention._flash(q, k, v, meta, causal, None, None))
-    cudnn = measure_cudnn(q, k, v, cu, longest, causal, flash)
+    cudnn = measure_cudnn(q, k, v, cu, live, longest, causal, flash)
     results: dict[Blocks, tuple[float, float]] = {}
     for blocks in [default_blocks(longest, dim), *SWEEP]:
         # Query tiles past the longest sequence only add masked rows.
@@ -160,13 +195,13 @@ def main() -> None:
             )
     print(f"\n{torch.cuda.get_device_name()}, torch {torch.__version__}; µs per call, bf16")
     print(
-        "| shape | batch | tokens | FlashAttention 2 | cuDNN (max abs diff vs FA2) "
+        "| shape | batch | tokens | FlashAttention 2 | cuDNN (max abs diff vs FA2, how) "
         "| Triton (default tiles) | best tiles | best µs | max abs diff vs FA2 |"
     )
     print("|---|---|---|---|---|---|---|---|---|")
     for shape, name, tokens, flash_us, cudnn, default_us, best, (best_us, err) in rows:
         tiles = f"{best.block_m}x{best.block_n} w{best.num_warps} s{best.num_stages}"
-        cudnn_cell = "fails" if cudnn is None else f"{cudnn[0]:.1f} ({cudnn[1]:.1e})"
+        cudnn_cell = "fails" if cudnn is None else f"{cudnn[0]:.1f} ({cudnn[1]:.1e}, {cudnn[2]})"
         print(
             f"| {shape} | {name} | {tokens} | {flash_us:.1f} | {cudnn_cell} | {default_us:.1f} "
             f"| {tiles} | {best_us:.1f} | {err:.1e} |"
