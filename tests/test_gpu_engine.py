@@ -19,8 +19,9 @@ from trt_tei_runtime.engine import BuilderConfig
 from trt_tei_runtime.engine.build import build_engine
 from trt_tei_runtime.engine.calibration import CALIBRATION_TEXTS
 from trt_tei_runtime.runtime import load_executor
-from trt_tei_runtime.runtime.graphs import bucket_ladder
+from trt_tei_runtime.runtime.graphs import MAX_GRAPH_TOKENS, bucket_ladder
 from trt_tei_runtime.runtime.preemption import MIN_PART_TOKENS, BulkPlan
+from trt_tei_runtime.runtime.staging import InputStaging
 
 pytestmark = pytest.mark.gpu
 MAX_TOKENS = 4096
@@ -277,3 +278,45 @@ def _count_steps(executor, batch: PackedBatch) -> int:  # type: ignore[no-untype
     finally:
         gate._no_queries = no_queries
     return seen
+
+
+def test_input_staging_sends_one_batch_after_another():  # type: ignore[no-untyped-def]
+    """Each batch lands whole in the device buffers, the graph tail where asked, and the
+    host buffer is refilled only after the copy out of it ran."""
+    staging = InputStaging(torch.device("cuda"), max_tokens=64, slots=9)
+    first = _batch([30, 2, 32], vocab=1000, seed=1)
+    second = _batch([5], vocab=1000, seed=2)
+    sent = staging.send(first, tail=64)
+    for name in ("input_ids", "token_type_ids", "position_ids", "cu_seqlens"):
+        torch.testing.assert_close(getattr(sent, name).cpu(), getattr(first, name))
+    assert staging.cu_seqlens.cpu().tolist() == [0, 30, 32, 64, 64, 64, 64, 64, 64]
+    sent = staging.send(second)
+    assert sent.input_ids.cpu().tolist() == second.input_ids.tolist()
+    assert staging.cu_seqlens.cpu().tolist()[:3] == [0, 5, 32]  # no tail: the rest as it was
+    assert staging.fits(_batch([64], vocab=1000, seed=3))
+    assert not staging.fits(_batch([65], vocab=1000, seed=3))
+    assert not staging.fits(_batch([1] * 9, vocab=1000, seed=3))
+
+
+def test_staged_eager_batches_launched_back_to_back_equal_unstaged(models):  # type: ignore[no-untyped-def]
+    """Eager bulk batches share one staging buffer: batch k+1's inputs overwrite batch k's
+    on the device, in stream order after batch k's work, so results launched back to back
+    and read at the end equal those of batches copied as they are."""
+    graphs, _ = models
+    vocab = graphs.model.network.vocab_size
+    batches = [
+        _batch(lengths, vocab, seed=300 + i)
+        for i, lengths in enumerate(([128] * 24, [500, 7, 900, 1200], [3] * 1000, [128] * 31))
+    ]
+    lane = graphs.bulk
+    assert lane.inputs is not None and all(lane.inputs.fits(b) for b in batches)
+    assert all(b.num_tokens > MAX_GRAPH_TOKENS for b in batches)  # eager, not replays
+    staged = [graphs.embed(b) for b in batches]  # no read-back in between
+    staged_host = [s.cpu() for s in staged]
+    inputs, lane.inputs = lane.inputs, None
+    try:
+        unstaged = [graphs.embed(b).cpu() for b in batches]
+    finally:
+        lane.inputs = inputs
+    for ours, ref in zip(staged_host, unstaged, strict=True):
+        torch.testing.assert_close(ours, ref, rtol=0, atol=0)

@@ -24,6 +24,7 @@ from .graphs import MAX_GRAPH_TOKENS, CudaGraphRunner, ForwardPass, Pooler
 from .lanes import InteractiveLane, Lane, on_device
 from .loader import LoadedModel, ModelInfo, load_model
 from .preemption import DEFAULT_MAX_STEP_MS, BulkPlan, LayerGate, largest_linear_share
+from .staging import InputStaging
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +63,12 @@ class Executor:
         packed = model.network.packed_attention and packed_attention_available(
             self.device, self.dtype
         )
-        self.bulk = Lane(model.network, self.device, packed_attention=packed)
+        self.bulk = Lane(
+            model.network,
+            self.device,
+            packed_attention=packed,
+            inputs=self._input_staging(max_num_tokens),
+        )
         self.interactive: InteractiveLane | None = None
         if cuda_graphs and packed:
             with on_device(self.device):
@@ -87,8 +93,16 @@ class Executor:
             self.device,
             graphs=self._capture(max_num_tokens, max_batch_size),
             gate=gate,
+            inputs=self._input_staging(max_num_tokens),
         )
         gate.attach(model.network.layers)  # after capture: graphs hold no host-side hooks
+
+    def _input_staging(self, max_num_tokens: int) -> InputStaging | None:
+        """A lane's own buffers for eager batches of up to `max_num_tokens` (CUDA only):
+        every sequence holds a token, so that many sequences at most."""
+        if self.device.type != "cuda":
+            return None
+        return InputStaging(self.device, max_tokens=max_num_tokens, slots=max_num_tokens + 1)
 
     def _bulk_plan(self, max_num_tokens: int, max_step_ms: float | None) -> BulkPlan:
         """Where gated bulk batches stop for queries and how large their parts are, from one

@@ -31,6 +31,7 @@ import torch
 
 from ..batch import PackedBatch
 from ..layers import AttentionMetadata
+from .staging import InputStaging
 
 log = logging.getLogger(__name__)
 
@@ -91,20 +92,12 @@ class CudaGraphRunner:
         self.max_seqlen = max_seqlen
         self.buckets = buckets or bucket_ladder(max_num_tokens)
         self.pooler = pooler
-        # Token ids, type ids and positions (int64 rows of `max_num_tokens`), then the
-        # `cu_seqlens` (int32), in one buffer: a batch arrives in one host-to-device copy
-        # from a pinned staging buffer of the same layout, filled through numpy views.
-        slots = max_batch_size + 2
-        token_bytes = 3 * max_num_tokens * 8
-        self._inputs = torch.zeros(token_bytes + slots * 4, dtype=torch.uint8, device=device)
-        self._staging = torch.zeros(token_bytes + slots * 4, dtype=torch.uint8).pin_memory()
-        token_inputs = self._inputs[:token_bytes].view(torch.int64).view(3, max_num_tokens)
-        self.input_ids, self.token_type_ids, self.position_ids = token_inputs.unbind(0)
-        self.cu_seqlens = self._inputs[token_bytes:].view(torch.int32)
-        self._host_tokens = self._staging[:token_bytes].view(torch.int64).view(3, -1).numpy()
-        self._host_cu = self._staging[token_bytes:].view(torch.int32).numpy()
-        # Set once the copy out of the staging buffer ran: only then may it be reused.
-        self._staging_free = torch.cuda.Event()
+        # A batch's inputs arrive in the graphs' static buffers in one host-to-device copy.
+        self.inputs = InputStaging(device, max_tokens=max_num_tokens, slots=max_batch_size + 2)
+        self.input_ids = self.inputs.input_ids
+        self.token_type_ids = self.inputs.token_type_ids
+        self.position_ids = self.inputs.position_ids
+        self.cu_seqlens = self.inputs.cu_seqlens
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[int, torch.Tensor] = {}
         self.pooled: dict[int, torch.Tensor] = {}
@@ -165,23 +158,8 @@ class CudaGraphRunner:
         bucket = next(
             b for b in self._ladder if b >= tokens and bucket_slots(b, self.max_batch_size) >= n + 2
         )
-        self._staging_free.synchronize()
-        host = self._host_tokens
-        host[0, :tokens] = batch.input_ids.numpy()
-        host[1, :tokens] = batch.token_type_ids.numpy()
-        host[2, :tokens] = batch.position_ids.numpy()
-        self._host_cu[: n + 1] = batch.cu_seqlens.numpy()
-        self._host_cu[n + 1 :] = bucket
-        self._inputs.copy_(self._staging, non_blocking=True)
-        self._staging_free.record()
+        on_device = self.inputs.send(batch, tail=bucket)
         self.graphs[bucket].replay()
-        on_device = PackedBatch(
-            input_ids=self.input_ids[:tokens],
-            token_type_ids=self.token_type_ids[:tokens],
-            position_ids=self.position_ids[:tokens],
-            cu_seqlens=self.cu_seqlens[: n + 1],
-            max_seqlen=batch.max_seqlen,
-        )
         pooled = self.pooled.get(bucket)
         return ForwardPass(
             self.outputs[bucket][:tokens], on_device, None if pooled is None else pooled[:n]

@@ -24,6 +24,7 @@ from ..layers import AttentionMetadata
 from ..models import TransformerModel
 from .graphs import CudaGraphRunner, ForwardPass
 from .preemption import LayerGate
+from .staging import InputStaging
 
 
 class Lane:
@@ -39,12 +40,16 @@ class Lane:
         packed_attention: bool,
         graphs: CudaGraphRunner | None = None,
         gate: LayerGate | None = None,
+        inputs: InputStaging | None = None,
     ) -> None:
+        """`inputs`: where eager batches that fit it are staged for one asynchronous copy
+        to the device (CUDA); else they are copied as they are."""
         self.network = network
         self.device = device
         self.packed_attention = packed_attention
         self.graphs = graphs
         self.gate = gate
+        self.inputs = inputs
 
     @contextlib.contextmanager
     def active(self) -> Iterator[None]:
@@ -68,15 +73,20 @@ class Lane:
             return self._eager_in_parts(batch, limit)
 
     def _eager(self, batch: PackedBatch) -> ForwardPass:
-        batch = batch.to(self.device)
+        batch = self._to_device(batch)
         return ForwardPass(self._network(batch), batch)
+
+    def _to_device(self, batch: PackedBatch) -> PackedBatch:
+        if self.inputs is not None and self.inputs.fits(batch) and batch.input_ids.is_cpu:
+            return self.inputs.send(batch)
+        return batch.to(self.device)
 
     def _eager_in_parts(self, batch: PackedBatch, max_tokens: int) -> ForwardPass:
         """One pass per part of whole sequences, the hidden states laid end to end: what
         one pass over the batch gives, with shorter steps for a query to wait on. The parts
         are about equal: a small last part would run its GEMMs on a fraction of the GPU."""
         host_cu = batch.cu_seqlens.cpu().numpy()
-        batch = batch.to(self.device)
+        batch = self._to_device(batch)
         count = -(-batch.num_tokens // max_tokens)
         hidden = [self._network(part) for part in batch.parts(count, host_cu)]
         return ForwardPass(torch.cat(hidden), batch)
@@ -102,8 +112,11 @@ class InteractiveLane(Lane):
         *,
         graphs: CudaGraphRunner,
         gate: LayerGate,
+        inputs: InputStaging | None = None,
     ) -> None:
-        super().__init__(network, device, packed_attention=True, graphs=graphs, gate=gate)
+        super().__init__(
+            network, device, packed_attention=True, graphs=graphs, gate=gate, inputs=inputs
+        )
         _, highest_priority = torch.cuda.Stream.priority_range()  # type: ignore[call-arg]
         self.stream = torch.cuda.Stream(device, priority=highest_priority)
 
