@@ -22,10 +22,13 @@ qwen3-0.6b's; with 34 slots, 78 and 110 µs (H200, benchmarks/RESULTS.md).
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -53,6 +56,22 @@ class ForwardPass:
     hidden: torch.Tensor  # [T, H] in the model dtype
     batch: PackedBatch  # the batch as it lies on the device
     pooled: torch.Tensor | None = None  # [n, D] float32, where a graph pooled already
+
+
+@contextlib.contextmanager
+def collector_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector off for a graph capture. A collection in the
+    middle of one can free an executor dropped earlier, and freeing its pinned staging
+    buffer records an event on the stream that last copied out of it: a CUDA call that
+    invalidates the capture ("operation not permitted when stream is capturing"; seen in
+    the GPU suite once several executors had come and gone)."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def bucket_slots(bucket: int, max_batch_size: int) -> int:
@@ -130,19 +149,8 @@ class CudaGraphRunner:
         pool = torch.cuda.graph_pool_handle()
         stream = torch.cuda.Stream(self.device)
         for bucket in sorted(self.buckets, reverse=True):
-            self.cu_seqlens.fill_(bucket)
-            self.cu_seqlens[0] = 0
-            batch, meta = self._static_batch(bucket)
-            stream.wait_stream(torch.cuda.current_stream(self.device))
-            with torch.cuda.stream(stream):  # warm-up: kernels compiled and selected
-                self._pass(batch, meta)
-            torch.cuda.current_stream(self.device).wait_stream(stream)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
-                self.outputs[bucket], pooled = self._pass(batch, meta)
-                if pooled is not None:
-                    self.pooled[bucket] = pooled
-            self.graphs[bucket] = graph
+            with collector_paused():
+                self._capture_bucket(bucket, stream, pool)
         self._ladder = sorted(self.graphs)
         torch.cuda.synchronize(self.device)
         log.info(
@@ -151,6 +159,22 @@ class CudaGraphRunner:
             ",".join(map(str, self._ladder)),
             time.perf_counter() - started,
         )
+
+    def _capture_bucket(self, bucket: int, stream: torch.cuda.Stream, pool: Any) -> None:
+        self.cu_seqlens.fill_(bucket)
+        self.cu_seqlens[0] = 0
+        batch, meta = self._static_batch(bucket)
+        stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(stream):  # warm-up: kernels compiled and selected
+            self._pass(batch, meta)
+        torch.cuda.current_stream(self.device).wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        # torch.cuda.graph collects garbage before the capture begins.
+        with torch.cuda.graph(graph, pool=pool):
+            self.outputs[bucket], pooled = self._pass(batch, meta)
+            if pooled is not None:
+                self.pooled[bucket] = pooled
+        self.graphs[bucket] = graph
 
     def run(self, batch: PackedBatch) -> ForwardPass:
         """One replay for a host-side batch; what it leaves is valid until the next `run`."""
