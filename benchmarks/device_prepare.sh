@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Sets a GPU machine up for the benchmarks from what travelled with the working tree:
 #   source benchmarks/device_prepare.sh
-# - .carry/minilm-xz: all-MiniLM-L6-v2 with its weights xz-compressed (to fit the transfer
-#   limit) is unpacked in place;
+# - .carry/minilm-xz (`make bench_carry`): all-MiniLM-L6-v2 with its weights in float16,
+#   xz-compressed to fit the transfer limit, is unpacked in place;
 # - the wheel in dist/ (`make wheel`) is installed with --no-deps into /tmp/site, whose
 #   bin/ holds `text-embeddings-router`;
 # and exports PYTHONPATH, PATH, HF_HUB_OFFLINE and TRT_TEI_MINILM_DIR for them.
