@@ -42,8 +42,10 @@ enum Command {
         kind: BatchKind,
         batch: Batch,
         reply: ForwardReply,
-        /// Released as soon as the backend thread picks the batch up.
+        /// Released as soon as the backend thread picks the batch up, or with `hold_slot`
+        /// once the batch has run.
         slot: OwnedSemaphorePermit,
+        hold_slot: bool,
     },
     Health(oneshot::Sender<Result<(), BackendError>>),
 }
@@ -64,7 +66,21 @@ impl Slot {
         self.device
     }
 
+    /// Hands the thread a batch; its slot frees when the thread starts it, so that the next
+    /// batch is packed while this one runs (the prefetch).
     pub fn send(self, kind: BatchKind, batch: Batch, reply: ForwardReply) {
+        self.forward(kind, batch, reply, false);
+    }
+
+    /// Hands the thread a batch and keeps its slot taken until the batch has run: nothing is
+    /// packed for the thread meanwhile, so a query queued during the batch runs right after
+    /// it instead of after a prefetched batch too. For bulk batches on a thread that also
+    /// runs queries (CPU), where one bulk batch is tens of milliseconds.
+    pub fn send_exclusive(self, kind: BatchKind, batch: Batch, reply: ForwardReply) {
+        self.forward(kind, batch, reply, true);
+    }
+
+    fn forward(self, kind: BatchKind, batch: Batch, reply: ForwardReply, hold_slot: bool) {
         // If the thread is gone the command (and `reply`) is dropped: the waiter sees
         // `Stopped`.
         let _ = self.tx.send(Command::Forward {
@@ -72,6 +88,7 @@ impl Slot {
             batch,
             reply,
             slot: self.permit,
+            hold_slot,
         });
     }
 }
@@ -292,10 +309,16 @@ fn serve_lane(
                 batch,
                 reply,
                 slot,
+                hold_slot,
             } => {
                 // Busy before the slot frees, so a free slot never looks like an idle device.
                 busy.store(true, Ordering::Relaxed);
-                drop(slot);
+                let held = if hold_slot {
+                    Some(slot)
+                } else {
+                    drop(slot);
+                    None
+                };
                 if !state.is_healthy() {
                     // The device failed after this batch was handed over: hand it back, to
                     // run on another device.
@@ -323,6 +346,7 @@ fn serve_lane(
                     result,
                     device,
                 });
+                drop(held);
             }
             Command::Health(reply) => {
                 let result = guarded(|| backend.health());

@@ -186,3 +186,46 @@ fn the_contract_lists_every_field_and_only_three_are_required() {
     let missing = serde_json::from_str::<ModelInfo>(r#"{"model_type": "embedding"}"#);
     assert!(missing.unwrap_err().to_string().contains("tokenizer_path"));
 }
+
+/// A batch sent with `send` frees its thread's slot as it starts (the next batch can be
+/// packed meanwhile); one sent with `send_exclusive` keeps it until the batch has run.
+#[tokio::test]
+async fn an_exclusive_batch_keeps_its_slot_until_it_has_run() {
+    let gate = Arc::new(Gate::default());
+    let mut fake = FakeBackend::new(FakeBackend::info());
+    fake.gate = Some(gate.clone());
+    let (handle, _info, _thread) = BackendHandle::spawn(fake.into_factory()).unwrap();
+
+    let (tx, prefetched) = oneshot::channel();
+    let slot = handle.reserve(Lane::Bulk).await.unwrap();
+    slot.send(BatchKind::Pooled, batch(&[&[HOLD_ID]]), tx);
+    until("the batch runs", || gate.held() == 1).await;
+    let free = handle.try_reserve(Lane::Bulk);
+    assert!(
+        free.is_some(),
+        "the slot stayed taken while a plain batch ran"
+    );
+    drop(free);
+    gate.open();
+    assert!(prefetched.await.unwrap().result.is_ok());
+
+    let gate = Arc::new(Gate::default());
+    let mut fake = FakeBackend::new(FakeBackend::info());
+    fake.gate = Some(gate.clone());
+    let (handle, _info, _thread) = BackendHandle::spawn(fake.into_factory()).unwrap();
+    let (tx, exclusive) = oneshot::channel();
+    let slot = handle.reserve(Lane::Bulk).await.unwrap();
+    slot.send_exclusive(BatchKind::Pooled, batch(&[&[HOLD_ID]]), tx);
+    until("the batch runs", || gate.held() == 1).await;
+    assert!(
+        handle.try_reserve(Lane::Bulk).is_none(),
+        "the slot freed while an exclusive batch ran"
+    );
+    gate.open();
+    assert!(exclusive.await.unwrap().result.is_ok());
+    // Freed once the reply is out.
+    until("the slot frees", || {
+        handle.try_reserve(Lane::Bulk).is_some()
+    })
+    .await;
+}

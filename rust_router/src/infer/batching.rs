@@ -110,7 +110,13 @@ fn send_batch(slot: Slot, next: NextBatch, take: Take, ctx: &Arc<Context>) {
         metadata,
     } = next;
     let (reply, rx) = oneshot::channel();
-    slot.send(kind, batch, reply);
+    // Paced bulk batches share their thread with queries: none is prefetched behind them,
+    // so a query waits for the rest of one bulk batch at most, not for the next one too.
+    if packed == Lane::Bulk && ctx.queue.paces_bulk() {
+        slot.send_exclusive(kind, batch, reply);
+    } else {
+        slot.send(kind, batch, reply);
+    }
     let job = Job {
         kind,
         lane: take.backend_lane(),

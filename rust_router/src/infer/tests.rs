@@ -40,6 +40,16 @@ struct Harness {
 }
 
 fn harness(interactive_lane: bool, interactive_max_tokens: usize) -> Harness {
+    paced_harness(interactive_lane, interactive_max_tokens, None)
+}
+
+/// [`harness`] with `max_bulk_batch_time` (bulk batches bounded by time where one thread runs
+/// both lanes).
+fn paced_harness(
+    interactive_lane: bool,
+    interactive_max_tokens: usize,
+    max_bulk_batch_time: Option<Duration>,
+) -> Harness {
     let gate = Arc::new(Gate::default());
     let mut fake = FakeBackend::new(ModelInfo {
         interactive_lane,
@@ -55,7 +65,7 @@ fn harness(interactive_lane: bool, interactive_max_tokens: usize) -> Harness {
         max_batch_requests: None,
         max_concurrent_requests: 64,
         interactive_max_tokens,
-        max_bulk_batch_time: None,
+        max_bulk_batch_time,
     };
     let (infer, _task) = Infer::new(
         test_tokenization(16, 0),
@@ -190,6 +200,36 @@ async fn one_thread_serves_both_lanes_queries_first() {
             one_thread(4),
             one_thread(14)
         ]
+    );
+}
+
+/// With paced bulk batches (one thread for both lanes, on a CPU) no bulk batch is packed
+/// while one runs, so a query queued meanwhile runs right after the bulk batch in progress:
+/// it waits for the rest of one bulk batch, not for a prefetched one as well.
+#[tokio::test]
+async fn a_query_waits_for_no_prefetched_bulk_batch_when_bulk_batches_are_paced() {
+    let h = paced_harness(false, 8, Some(Duration::from_millis(40)));
+    assert!(h.infer.queue.paces_bulk());
+    let a = h.embed(&[HELD_BULK]);
+    until("A runs", || h.gate.held() == 1).await;
+    let b = h.embed(&["b a b c d e f"]);
+    until("B is queued", || h.infer.queue.len() == 1).await;
+    // Nothing is packed for the thread while A runs: B stays in the queue.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(!h.packed(Lane::Bulk, 2), "B was prefetched behind A");
+    assert_eq!(h.infer.queue.len(), 1);
+    let query = h.embed(&["hello"]);
+    until("the query is queued", || h.infer.queue.len() == 2).await;
+
+    h.gate.open();
+    for task in [a, b, query] {
+        assert_eq!(task.await.unwrap().unwrap(), 1);
+    }
+    let one_thread = |id| ("model-backend".to_string(), Some(id));
+    assert_eq!(
+        h.passes(),
+        [one_thread(HOLD_ID), one_thread(4), one_thread(13)],
+        "the query runs before B, which was queued before it"
     );
 }
 

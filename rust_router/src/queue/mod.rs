@@ -394,6 +394,11 @@ impl Queue {
         self.state().pace_bulk(target);
     }
 
+    /// Whether bulk batches are bounded by time ([`Queue::pace_bulk`]).
+    pub fn paces_bulk(&self) -> bool {
+        self.state().pacing.is_some()
+    }
+
     /// A bulk batch of `tokens` ran in `took` (no-op unless bulk batches are paced).
     pub fn record_bulk(&self, tokens: usize, took: Duration) {
         self.state().record_bulk(tokens, took);
