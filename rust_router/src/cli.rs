@@ -89,7 +89,8 @@ pub struct Args {
     /// Where the runtime has no interactive lane (CPU), one backend thread runs both queues
     /// and a query waits for the bulk batch in progress: bulk batches are then bounded to
     /// about this many milliseconds of forward pass (their token budget follows the measured
-    /// speed), so queries stay fast during a backfill. 0: bounded by tokens only.
+    /// speed), and none is prefetched behind the one in progress, so queries stay fast during
+    /// a backfill. 0: bounded by tokens only, and prefetched.
     #[arg(long, env = "MAX_BULK_BATCH_MS", default_value_t = 40)]
     pub max_bulk_batch_ms: u64,
 

@@ -3,9 +3,14 @@ a whole bulk batch, and the backfill keeps most of its speed.
 
 all-MiniLM-L6-v2 (real weights) on the CPU, which has no interactive lane: one backend thread
 serves both queues, so what protects a query is that bulk batches are bounded by time
-(`--max-bulk-batch-ms`). The thresholds are generous for a noisy shared machine, but a query
-that waited for a full-size bulk batch (seconds on a CPU) fails them: the test compares the
-queries' latency under the backfill with the time that batch takes at the speed measured here.
+(`--max-bulk-batch-ms`) and that none is prefetched behind the one in progress. The
+thresholds are generous for a noisy shared machine, but a query that waited for a full-size
+bulk batch (seconds on a CPU) fails them: the test compares the queries' latency under the
+backfill with the time that batch takes at the speed measured here.
+
+The queries themselves take a share of the two cores (a query every 50 ms, ~10-15 ms of
+forward pass each), which the backfill cannot keep: what the test asks is that the two
+together keep the machine busy, nothing lost to switching between them.
 """
 
 from __future__ import annotations
@@ -116,16 +121,20 @@ def test_a_query_does_not_wait_behind_a_bulk_batch_on_cpu(start_server, minilm_d
     under.sort()
     p90 = under[int(0.9 * (len(under) - 1))]
     full_batch_s = min(MAX_BATCH_TOKENS, tokens) / solo_rate
+    backfill_share = solo_s / mixed_s
+    # The machine's time the queries took: as many as answered, each its idle latency.
+    query_share = min(len(under), mixed_s / QUERY_INTERVAL_S) * idle_p50 / mixed_s
     report = (
         f"idle p50 {idle_p50 * 1e3:.0f} ms; under the backfill p50 "
         f"{statistics.median(under) * 1e3:.0f} ms, p90 {p90 * 1e3:.0f} ms, max "
-        f"{under[-1] * 1e3:.0f} ms ({len(under)} queries); backfill {solo_rate:,.0f} tokens/s "
-        f"solo, {solo_s / mixed_s:.0%} of it under queries; a full bulk batch would take "
-        f"{full_batch_s * 1e3:.0f} ms"
+        f"{under[-1] * 1e3:.0f} ms ({len(under)} queries, ~{query_share:.0%} of the time); "
+        f"backfill {solo_rate:,.0f} tokens/s solo, {backfill_share:.0%} of it under queries; "
+        f"a full bulk batch would take {full_batch_s * 1e3:.0f} ms"
     )
     print(report)
     assert len(under) >= 5, report
     # Waiting behind one full-size bulk batch would put most queries near `full_batch_s`.
     assert p90 < 0.25 * full_batch_s, report
     assert statistics.median(under) < 0.1 * full_batch_s + 10 * idle_p50, report
-    assert solo_s / mixed_s > 0.7, report
+    assert backfill_share > 0.5, report
+    assert backfill_share + query_share > 0.8, report
