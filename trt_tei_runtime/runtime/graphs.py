@@ -113,10 +113,6 @@ class CudaGraphRunner:
         self.pooler = pooler
         # A batch's inputs arrive in the graphs' static buffers in one host-to-device copy.
         self.inputs = InputStaging(device, max_tokens=max_num_tokens, slots=max_batch_size + 2)
-        self.input_ids = self.inputs.input_ids
-        self.token_type_ids = self.inputs.token_type_ids
-        self.position_ids = self.inputs.position_ids
-        self.cu_seqlens = self.inputs.cu_seqlens
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[int, torch.Tensor] = {}
         self.pooled: dict[int, torch.Tensor] = {}
@@ -127,10 +123,10 @@ class CudaGraphRunner:
 
     def _static_batch(self, bucket: int) -> tuple[PackedBatch, AttentionMetadata]:
         batch = PackedBatch(
-            input_ids=self.input_ids[:bucket],
-            token_type_ids=self.token_type_ids[:bucket],
-            position_ids=self.position_ids[:bucket],
-            cu_seqlens=self.cu_seqlens[: bucket_slots(bucket, self.max_batch_size)],
+            input_ids=self.inputs.input_ids[:bucket],
+            token_type_ids=self.inputs.token_type_ids[:bucket],
+            position_ids=self.inputs.position_ids[:bucket],
+            cu_seqlens=self.inputs.cu_seqlens[: bucket_slots(bucket, self.max_batch_size)],
             max_seqlen=min(bucket, self.max_seqlen),
         )
         return batch, AttentionMetadata(cu_seqlens=batch.cu_seqlens, max_seqlen=batch.max_seqlen)
@@ -161,8 +157,8 @@ class CudaGraphRunner:
         )
 
     def _capture_bucket(self, bucket: int, stream: torch.cuda.Stream, pool: Any) -> None:
-        self.cu_seqlens.fill_(bucket)
-        self.cu_seqlens[0] = 0
+        self.inputs.cu_seqlens.fill_(bucket)
+        self.inputs.cu_seqlens[0] = 0
         batch, meta = self._static_batch(bucket)
         stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(stream):  # warm-up: kernels compiled and selected
