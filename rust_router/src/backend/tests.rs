@@ -187,15 +187,20 @@ fn the_contract_lists_every_field_and_only_three_are_required() {
     assert!(missing.unwrap_err().to_string().contains("tokenizer_path"));
 }
 
+/// One backend thread over the fake, whose batches holding [`HOLD_ID`] wait at the gate.
+fn one_gated_thread() -> (BackendHandle, Arc<Gate>, BackendThreads) {
+    let gate = Arc::new(Gate::default());
+    let mut fake = FakeBackend::new(FakeBackend::info());
+    fake.gate = Some(gate.clone());
+    let (handle, _info, thread) = BackendHandle::spawn(fake.into_factory()).unwrap();
+    (handle, gate, thread)
+}
+
 /// A batch sent with `send` frees its thread's slot as it starts (the next batch can be
 /// packed meanwhile); one sent with `send_exclusive` keeps it until the batch has run.
 #[tokio::test]
 async fn an_exclusive_batch_keeps_its_slot_until_it_has_run() {
-    let gate = Arc::new(Gate::default());
-    let mut fake = FakeBackend::new(FakeBackend::info());
-    fake.gate = Some(gate.clone());
-    let (handle, _info, _thread) = BackendHandle::spawn(fake.into_factory()).unwrap();
-
+    let (handle, gate, _thread) = one_gated_thread();
     let (tx, prefetched) = oneshot::channel();
     let slot = handle.reserve(Lane::Bulk).await.unwrap();
     slot.send(BatchKind::Pooled, batch(&[&[HOLD_ID]]), tx);
@@ -209,10 +214,7 @@ async fn an_exclusive_batch_keeps_its_slot_until_it_has_run() {
     gate.open();
     assert!(prefetched.await.unwrap().result.is_ok());
 
-    let gate = Arc::new(Gate::default());
-    let mut fake = FakeBackend::new(FakeBackend::info());
-    fake.gate = Some(gate.clone());
-    let (handle, _info, _thread) = BackendHandle::spawn(fake.into_factory()).unwrap();
+    let (handle, gate, _thread) = one_gated_thread();
     let (tx, exclusive) = oneshot::channel();
     let slot = handle.reserve(Lane::Bulk).await.unwrap();
     slot.send_exclusive(BatchKind::Pooled, batch(&[&[HOLD_ID]]), tx);
