@@ -45,6 +45,35 @@ def test_add_layer_norm(dtype, cols):  # type: ignore[no-untyped-def]
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+def test_add_layer_norm_of_a_broadcast_row(dtype):  # type: ignore[no-untyped-def]
+    # A post-norm adds the output bias its GEMM left out as a row with stride 0.
+    x = torch.randn(300, 1024, device="cuda", dtype=dtype)
+    w, b, row = (torch.randn(1024, device="cuda", dtype=dtype) for _ in range(3))
+    _close(
+        triton_kernels.add_layer_norm(x, row.expand_as(x), w, b, 1e-12),
+        reference.add_layer_norm(x, row, w, b, 1e-12),
+    )
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("with_bias", [True, False])
+def test_linear_adds_into_the_stream_in_its_gemm(dtype, with_bias):  # type: ignore[no-untyped-def]
+    from trt_tei_runtime.layers import Linear
+
+    x = torch.randn(2048, 1024, device="cuda", dtype=dtype)
+    linear = Linear(
+        torch.randn(1024, 1024, device="cuda", dtype=dtype) * 0.03,
+        torch.randn(1024, device="cuda", dtype=dtype),
+    )
+    stream = torch.randn(2048, 1024, device="cuda", dtype=dtype)
+    expected = stream.float() + linear(x, with_bias=with_bias).float()
+    out = linear(x, into=stream, with_bias=with_bias)
+    assert out.data_ptr() == stream.data_ptr()
+    # One rounding of the sum instead of two: within one half-precision step.
+    torch.testing.assert_close(out.float(), expected, rtol=1e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("activation", ["silu", "gelu_tanh"])
 @pytest.mark.parametrize("ffn", [3072, 1000])
 def test_gated_activation(dtype, activation, ffn):  # type: ignore[no-untyped-def]

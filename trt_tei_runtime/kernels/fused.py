@@ -32,7 +32,10 @@ def add_rms_norm(
 def add_layer_norm(
     x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float
 ) -> torch.Tensor:
-    """LayerNorm(x + residual) — BERT's post-norm residual."""
+    """LayerNorm(x + residual) — BERT's post-norm residual. `residual` `[T, H]`, or a row
+    `[H]` added to every token (the bias a GEMM that accumulated into `x` left out)."""
+    if residual.dim() == 1:
+        residual = residual.expand_as(x)
     if _use_triton(x):
         return triton_kernels.add_layer_norm(x, residual, weight, bias, eps)
     return reference.add_layer_norm(x, residual, weight, bias, eps)

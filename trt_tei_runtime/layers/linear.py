@@ -22,8 +22,22 @@ class Linear(nn.Module):
     def out_features(self) -> int:
         return int(self.weight.shape[0])
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
+    def forward(
+        self, x: torch.Tensor, into: torch.Tensor | None = None, with_bias: bool = True
+    ) -> torch.Tensor:
+        """`x W^T + b`. With `into` (a residual stream `[T, out]`): `into + x W^T + b`,
+        written into `into` and returned; the GEMM reads the stream as its C operand
+        (beta = 1), so the norm after it reads one tensor instead of two.
+        `with_bias=False` leaves `b` out, for a caller that adds it in a pass it makes
+        anyway (a post-norm adds it as a broadcast row)."""
+        bias = self.bias if with_bias else None
+        if into is None:
+            return F.linear(x, self.weight, bias)
+        stream = into.view(-1, into.shape[-1])
+        stream.addmm_(x.reshape(-1, x.shape[-1]), self.weight.t())
+        if bias is not None:
+            stream.add_(bias)
+        return into
 
 
 # Activations cuBLASLt can apply in the GEMM's epilogue. Its GELU is the tanh form; BERT's

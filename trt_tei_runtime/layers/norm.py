@@ -38,9 +38,13 @@ class RMSNorm(nn.Module):
         return add_rms_norm(x, None, self.weight, self.eps, self.gemma)[0]
 
     def add_and_norm(
-        self, x: torch.Tensor, residual: torch.Tensor | None
+        self, x: torch.Tensor | None, residual: torch.Tensor | None
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(norm(x + residual), x + residual) in one pass: the pre-norm residual stream."""
+        """(norm(x + residual), x + residual) in one pass: the pre-norm residual stream.
+        Either may be None: a block output already added to the stream, or no stream yet."""
+        if x is None:
+            assert residual is not None
+            x, residual = residual, None
         return add_rms_norm(x, residual, self.weight, self.eps, self.gemma)
 
 

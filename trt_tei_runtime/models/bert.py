@@ -166,9 +166,13 @@ class BertLayer(nn.Module):
         tokens = x.shape[0]
         qkv = self.qkv(x).view(tokens, 3, self.num_heads, self.head_dim)
         attn = self.attend(qkv[:, 0], qkv[:, 1], qkv[:, 2], meta, context)
-        x = self.attn_norm(self.attn_out(attn.reshape(tokens, -1)), residual=x)
+        # Each output projection accumulates into the residual `x` (which nothing reads
+        # again) and leaves its bias to the norm, which then reads one tensor.
+        x = self.attn_out(attn.reshape(tokens, -1), into=x, with_bias=False)
+        x = self.attn_norm(x, residual=self.attn_out.bias)
         hidden = linear_activation(self.up, x, self.act_name, self.act)
-        return self.ffn_norm(self.down(hidden), residual=x)
+        x = self.down(hidden, into=x, with_bias=False)
+        return self.ffn_norm(x, residual=self.down.bias)
 
     def attend(
         self,

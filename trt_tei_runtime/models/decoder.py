@@ -201,7 +201,15 @@ class DecoderAttention(nn.Module):
             v.view(tokens, self.num_kv_heads, self.head_dim),
         )
 
-    def forward(self, x: torch.Tensor, rope: RopeAngles, meta: AttentionMetadata) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        rope: RopeAngles,
+        meta: AttentionMetadata,
+        into: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """The block's output; with `into` (the residual stream), added into it in place
+        by the output projection (`Linear.forward`)."""
         q, k, v = self.project(x)
         q, k = apply_rotary_qk(q, k, rope, *self.qk_norms())
         out = varlen_attention(
@@ -214,7 +222,7 @@ class DecoderAttention(nn.Module):
             scale=self.scale,
             softcap=self.softcap,
         )
-        return self.o_proj(out.reshape(x.shape[0], self.q_size))
+        return self.o_proj(out.reshape(x.shape[0], self.q_size), into=into)
 
 
 class GatedMLP(nn.Module):
@@ -230,8 +238,9 @@ class GatedMLP(nn.Module):
         self.down = take_linear(reader, f"{prefix}.down_proj", h, ffn, config.mlp_bias)
         self.activation = gated_activation_name(config.hidden_act)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down(gated_activation(self.gate_up(x), self.activation))
+    def forward(self, x: torch.Tensor, into: torch.Tensor | None = None) -> torch.Tensor:
+        """The block's output; with `into` (the residual stream), added into it in place."""
+        return self.down(gated_activation(self.gate_up(x), self.activation), into=into)
 
 
 class DecoderLayer(nn.Module):
@@ -252,17 +261,18 @@ class DecoderLayer(nn.Module):
 
     def forward(
         self,
-        x: torch.Tensor,
+        x: torch.Tensor | None,
         residual: torch.Tensor | None,
         rope: RopeAngles,
         meta: AttentionMetadata,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Pre-norm block on the residual stream: takes and returns (block output, stream);
-        each norm adds the previous output into the stream in the same fused pass."""
+    ) -> tuple[torch.Tensor | None, torch.Tensor]:
+        """Pre-norm block on the residual stream: takes and returns (pending block output,
+        stream). The next norm adds a pending output into the stream in its own pass;
+        here both output projections add theirs in their GEMMs, so none is pending."""
         h, residual = self.input_layernorm.add_and_norm(x, residual)
-        h = self.self_attn(h, rope, meta)
-        h, residual = self.post_attention_layernorm.add_and_norm(h, residual)
-        return self.mlp(h), residual
+        residual = self.self_attn(h, rope, meta, into=residual)
+        h = self.post_attention_layernorm(residual)
+        return None, self.mlp(h, into=residual)
 
 
 class DecoderModel(TransformerModel):
@@ -298,7 +308,7 @@ class DecoderModel(TransformerModel):
         return F.embedding(input_ids, self.embed_tokens)
 
     def forward(self, batch: PackedBatch, meta: AttentionMetadata) -> torch.Tensor:
-        x = self.embed(batch.input_ids)
+        x: torch.Tensor | None = self.embed(batch.input_ids)
         rope = self.rotary(batch.position_ids)
         residual = None
         for layer in self.layers:

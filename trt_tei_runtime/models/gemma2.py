@@ -60,11 +60,11 @@ class Gemma2DecoderLayer(DecoderLayer):
 
     def forward(
         self,
-        x: torch.Tensor,
+        x: torch.Tensor | None,
         residual: torch.Tensor | None,
         rope: RopeAngles,
         meta: AttentionMetadata,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    ) -> tuple[torch.Tensor | None, torch.Tensor]:
         """Sandwich norms: each block's output is normalized before it joins the stream."""
         h, residual = self.input_layernorm.add_and_norm(x, residual)
         h = self.post_attention_layernorm(self.self_attn(h, rope, meta))

@@ -139,7 +139,7 @@ class Gemma3TextModel(Gemma2Model):
         )
 
     def forward(self, batch: PackedBatch, meta: AttentionMetadata) -> torch.Tensor:
-        x = self.embed(batch.input_ids)
+        x: torch.Tensor | None = self.embed(batch.input_ids)
         ropes = {kind: rotary(batch.position_ids) for kind, rotary in self.rotaries.items()}
         residual = None
         for kind, layer in zip(self.layer_types, self.layers):

@@ -151,9 +151,10 @@ class ModernBertLayer(nn.Module):
         qkv = self.wqkv(h).view(tokens, 3, self.num_heads, self.head_dim)
         q, k = apply_rotary_qk(qkv[:, 0], qkv[:, 1], rope)
         attn = varlen_attention(q, k, qkv[:, 2], meta, sliding_window=self.window, scale=self.scale)
-        x = x + self.wo(attn.reshape(tokens, -1))
-        mlp = self.wo_mlp(gated_activation(self.wi(self.mlp_norm(x)), self.activation))
-        return x + mlp
+        # The output projections add into the residual `x` in their GEMMs (`Linear.forward`).
+        x = self.wo(attn.reshape(tokens, -1), into=x)
+        hidden = gated_activation(self.wi(self.mlp_norm(x)), self.activation)
+        return self.wo_mlp(hidden, into=x)
 
 
 class ModernBertModel(TransformerModel):

@@ -165,12 +165,15 @@ class RotaryEncoderLayer(nn.Module):
         qkv = self.qkv(x).view(tokens, 3, self.num_heads, self.head_dim)
         q, k = apply_rotary_qk(qkv[:, 0], qkv[:, 1], rope)
         attn = varlen_attention(q, k, qkv[:, 2], meta, scale=self.scale)
-        x = self.attn_norm(self.o_proj(attn.reshape(tokens, -1)), residual=x)
+        # As in BERT: the projections accumulate into `x`, the norms add their biases.
+        x = self.o_proj(attn.reshape(tokens, -1), into=x, with_bias=False)
+        x = self.attn_norm(x, residual=self.o_proj.bias)
         if self.gated:
             hidden = gated_activation(self.up(x), self.gated_name)
         else:
             hidden = linear_activation(self.up, x, self.act_name, self.act)
-        return self.mlp_norm(self.down(hidden), residual=x)
+        x = self.down(hidden, into=x, with_bias=False)
+        return self.mlp_norm(x, residual=self.down.bias)
 
 
 class RotaryEncoderModel(TransformerModel):
