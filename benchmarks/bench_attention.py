@@ -1,7 +1,8 @@
-"""Packed attention: FlashAttention 2 (torch's `varlen_attn`) and cuDNN's fused attention
-against our Triton kernel.
+"""Packed attention: FlashAttention 2 (torch's `varlen_attn`), cuDNN's fused attention and
+FlashAttention 4 (the CuTe-DSL kernels of the `flash-attn-4` package, Hopper and newer,
+where it is installed) against our Triton kernel.
 
-    python benchmarks/bench_attention.py
+    python benchmarks/bench_attention.py [--no-cudnn]
 
 For the attention shapes of BENCHMARKS.md's models (bert-large, qwen3-0.6b, qwen3-8b) and
 batches from a single 24-token query to a 16k-token backfill batch, prints the time of one
@@ -13,7 +14,8 @@ The others are captured in a CUDA graph and replayed, as the engine runs them, s
 overhead is not counted, and their `cu_seqlens` carry a CUDA graph's empty tail sequences,
 as the engine's graphs do. It is what chose the Triton kernel over FlashAttention 2
 (`layers/attention.py`) and the default tiles (`triton_attention.default_blocks`).
-Reports only; CUDA only.
+FlashAttention 4 compiles each kernel on its first call; its column gives that call's time
+beside the replayed one. Reports only; CUDA only.
 """
 
 from __future__ import annotations
@@ -25,6 +27,11 @@ import numpy as np
 import torch
 
 from trt_tei_runtime.layers import attention
+
+try:
+    from flash_attn.cute.interface import flash_attn_varlen_func as fa4_varlen
+except ImportError:
+    fa4_varlen = None
 from trt_tei_runtime.layers.triton_attention import Blocks, default_blocks
 from trt_tei_runtime.layers.triton_attention import attention as triton_attention
 
@@ -103,7 +110,7 @@ def eager_time_us(fn, reps: int = 20) -> float:  # type: ignore[no-untyped-def]
     return start.elapsed_time(end) * 1000 / reps
 
 
-def refusal(exc: RuntimeError) -> str:
+def refusal(exc: Exception) -> str:
     return str(exc).splitlines()[0][:200]
 
 
@@ -133,11 +140,44 @@ def measure_cudnn(q, k, v, cu, live, longest, causal, reference):  # type: ignor
     return None
 
 
+def fa4_attention(q, k, v, cu, longest, causal):  # type: ignore[no-untyped-def]
+    out = fa4_varlen(
+        q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=longest, max_seqlen_k=longest,
+        causal=causal, softmax_scale=q.shape[-1] ** -0.5,
+    )  # fmt: skip
+    return out[0] if isinstance(out, tuple) else out
+
+
+def measure_fa4(q, k, v, cu, longest, causal, reference):  # type: ignore[no-untyped-def]
+    """FlashAttention 4's (µs per replayed call, max abs difference to `reference`, first
+    call's ms), or a line saying why it did not run."""
+    if fa4_varlen is None:
+        return "not installed"
+    try:
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        out = fa4_attention(q, k, v, cu, longest, causal)
+        torch.cuda.synchronize()
+        first_ms = (time.perf_counter() - start) * 1e3
+        error = (out.float() - reference.float()).abs().max().item()
+        return graph_time_us(lambda: fa4_attention(q, k, v, cu, longest, causal)), error, first_ms
+    except Exception as exc:  # a beta package: report any refusal, do not stop the sweep
+        print(f"FlashAttention 4 failed: {refusal(exc)}", flush=True)
+        return "fails"
+
+
+def fa4_cell(fa4) -> str:  # type: ignore[no-untyped-def]
+    if isinstance(fa4, str):
+        return fa4
+    us, error, first_ms = fa4
+    return f"{us:.1f} ({error:.1e}, first call {first_ms:.0f} ms)"
+
+
 def measure_batch(
-    heads: tuple[int, int, int, bool], lengths: list[int]
-) -> tuple[float, tuple[float, float, str] | None, dict[Blocks, tuple[float, float]]]:
-    """FlashAttention 2's µs per call, cuDNN's (µs, max abs difference), and per Triton
-    tiling its µs and max abs difference."""
+    heads: tuple[int, int, int, bool], lengths: list[int], with_cudnn: bool
+) -> tuple[float, tuple[float, float, str] | None, object, dict[Blocks, tuple[float, float]]]:
+    """FlashAttention 2's µs per call, cuDNN's (µs, max abs difference), FlashAttention
+    4's, and per Triton tiling its µs and max abs difference."""
     hq, hkv, dim, causal = heads
     tokens, longest = sum(lengths), max(lengths)
     ends = np.cumsum(lengths).tolist()
@@ -149,7 +189,8 @@ def measure_batch(
     meta = attention.AttentionMetadata(cu_seqlens=cu, max_seqlen=longest)
     flash = attention._flash(q, k, v, meta, causal, None, None)
     flash_us = graph_time_us(lambda: attention._flash(q, k, v, meta, causal, None, None))
-    cudnn = measure_cudnn(q, k, v, cu, live, longest, causal, flash)
+    cudnn = measure_cudnn(q, k, v, cu, live, longest, causal, flash) if with_cudnn else None
+    fa4 = measure_fa4(q, k, v, cu, longest, causal, flash)
     results: dict[Blocks, tuple[float, float]] = {}
     for blocks in [default_blocks(longest, dim), *SWEEP]:
         # Query tiles past the longest sequence only add masked rows.
@@ -164,29 +205,30 @@ def measure_batch(
 
         error = (run().float() - flash.float()).abs().max().item()
         results[blocks] = (graph_time_us(run), error)
-    return flash_us, cudnn, results
+    return flash_us, cudnn, fa4, results
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--shapes", default=",".join(HEADS))
+    parser.add_argument("--no-cudnn", action="store_true", help="skip cuDNN (slow, refuses graphs)")
     args = parser.parse_args()
     torch.manual_seed(0)
     rows = []
     for shape in args.shapes.split(","):
         for batch_name, lengths in BATCHES.items():
             lengths = [int(n) for n in lengths]
-            flash_us, cudnn, results = measure_batch(HEADS[shape], lengths)
+            flash_us, cudnn, fa4, results = measure_batch(HEADS[shape], lengths, not args.no_cudnn)
             default = default_blocks(max(lengths), HEADS[shape][2])
             best = min(results, key=lambda b: results[b][0])
             tokens = sum(lengths)
             row = (
-                shape, batch_name, tokens, flash_us, cudnn, results[default][0], best,
+                shape, batch_name, tokens, flash_us, cudnn, fa4, results[default][0], best,
                 results[best],
             )  # fmt: skip
             rows.append(row)
             print(
-                f"{shape:11s} {batch_name:13s} flash {flash_us:8.1f} µs cudnn {cudnn} | "
+                f"{shape:11s} {batch_name:13s} flash {flash_us:8.1f} µs cudnn {cudnn} fa4 {fa4} | "
                 + " ".join(
                     f"{b.block_m}x{b.block_n}w{b.num_warps}s{b.num_stages}:{t:.1f}"
                     for b, (t, _) in results.items()
@@ -196,14 +238,16 @@ def main() -> None:
     print(f"\n{torch.cuda.get_device_name()}, torch {torch.__version__}; µs per call, bf16")
     print(
         "| shape | batch | tokens | FlashAttention 2 | cuDNN (max abs diff vs FA2, how) "
-        "| Triton (default tiles) | best tiles | best µs | max abs diff vs FA2 |"
+        "| FlashAttention 4 (max abs diff vs FA2) | Triton (default tiles) | best tiles "
+        "| best µs | max abs diff vs FA2 |"
     )
-    print("|---|---|---|---|---|---|---|---|---|")
-    for shape, name, tokens, flash_us, cudnn, default_us, best, (best_us, err) in rows:
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for shape, name, tokens, flash_us, cudnn, fa4, default_us, best, (best_us, err) in rows:
         tiles = f"{best.block_m}x{best.block_n} w{best.num_warps} s{best.num_stages}"
-        cudnn_cell = "fails" if cudnn is None else f"{cudnn[0]:.1f} ({cudnn[1]:.1e}, {cudnn[2]})"
+        cudnn_cell = "–" if cudnn is None else f"{cudnn[0]:.1f} ({cudnn[1]:.1e}, {cudnn[2]})"
         print(
-            f"| {shape} | {name} | {tokens} | {flash_us:.1f} | {cudnn_cell} | {default_us:.1f} "
+            f"| {shape} | {name} | {tokens} | {flash_us:.1f} | {cudnn_cell} | {fa4_cell(fa4)} "
+            f"| {default_us:.1f} "
             f"| {tiles} | {best_us:.1f} | {err:.1e} |"
         )
 
