@@ -56,6 +56,17 @@ def test_add_layer_norm_of_a_broadcast_row(dtype):  # type: ignore[no-untyped-de
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+def test_add_rms_norm_of_a_broadcast_row(dtype):  # type: ignore[no-untyped-def]
+    # A pre-norm adds a pending output bias the same way.
+    x = torch.randn(300, 1024, device="cuda", dtype=dtype)
+    w, row = (torch.randn(1024, device="cuda", dtype=dtype) for _ in range(2))
+    out, summed = triton_kernels.add_rms_norm(x, row.expand_as(x), w, 1e-6, False)
+    ref_out, ref_sum = reference.add_rms_norm(x, row, w, 1e-6, False)
+    torch.testing.assert_close(summed, ref_sum, rtol=0, atol=0)
+    _close(out, ref_out)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("with_bias", [True, False])
 def test_linear_adds_into_the_stream_in_its_gemm(dtype, with_bias):  # type: ignore[no-untyped-def]
     from trt_tei_runtime.layers import Linear

@@ -48,30 +48,24 @@ class Fp8Linear(nn.Module):
     def out_features(self) -> int:
         return int(self.weight.shape[0])
 
-    def forward(
-        self, x: torch.Tensor, into: torch.Tensor | None = None, with_bias: bool = True
-    ) -> torch.Tensor:
-        """`Linear.forward`'s contract. `_scaled_mm` has no C operand, so `into` takes a
-        separate add here."""
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         x2 = x.reshape(-1, shape[-1])
         xq, x_scale = quantize_fp8_rowwise(x2)
-        bias = self.bias if with_bias else None
         if scaled_mm_supported(x.device) and x.dtype == torch.bfloat16:
             out = torch._scaled_mm(
                 xq,
                 self.weight.t(),
                 scale_a=x_scale,
                 scale_b=self.weight_scale,
-                bias=bias,
+                bias=self.bias,
                 out_dtype=torch.bfloat16,
             )
         else:
             x_deq = (xq.float() * x_scale).to(x.dtype)
             w_deq = (self.weight.float() * self.weight_scale.t()).to(x.dtype)
-            out = F.linear(x_deq, w_deq, bias)
-        out = out.reshape(*shape[:-1], -1)
-        return out if into is None else into.add_(out)
+            out = F.linear(x_deq, w_deq, self.bias)
+        return out.reshape(*shape[:-1], -1)
 
 
 def quantizable_linears(network: nn.Module, scope: str = "layers.") -> dict[str, Linear]:

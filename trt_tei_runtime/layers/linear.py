@@ -40,6 +40,28 @@ class Linear(nn.Module):
         return into
 
 
+def add_to_stream(
+    linear: nn.Module, x: torch.Tensor, stream: torch.Tensor
+) -> tuple[torch.Tensor | None, torch.Tensor]:
+    """The residual add `stream + linear(x)`, as (pending, stream) for the norm after it,
+    which adds `pending` (a tensor, a row, or None) in the pass it makes anyway.
+
+    A plain `Linear` adds its product into `stream` in the GEMM itself (cuBLAS reads the
+    stream as its C operand), leaving only its bias pending as a row: the norm then reads
+    one tensor instead of two. Other linears (FP8: `_scaled_mm` has no C operand; LoRA)
+    return their whole output pending, and the norm adds it as it did before."""
+    if type(linear) is Linear:
+        linear(x, into=stream, with_bias=False)  # through __call__: the preemption gate's hooks
+        return linear.bias, stream
+    return linear(x), stream
+
+
+def add_into_stream(linear: nn.Module, x: torch.Tensor, stream: torch.Tensor) -> torch.Tensor:
+    """`stream + linear(x)`, written into `stream`: for a stream no norm reads next."""
+    pending, stream = add_to_stream(linear, x, stream)
+    return stream if pending is None else stream.add_(pending)
+
+
 # Activations cuBLASLt can apply in the GEMM's epilogue. Its GELU is the tanh form; BERT's
 # exact (erf) GELU differs from it by at most ~3e-4, ten times below bf16's rounding step
 # at the same magnitude, so on half precision the fused form is used for both.

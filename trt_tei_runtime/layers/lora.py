@@ -63,21 +63,13 @@ class AdaptedLinear(nn.Module):
     def out_features(self) -> int:
         return int(self.delta.up.shape[0])
 
-    @property
-    def bias(self) -> torch.Tensor | None:
-        bias = self.base.bias
-        return bias if isinstance(bias, torch.Tensor) else None
-
-    def forward(
-        self, x: torch.Tensor, into: torch.Tensor | None = None, with_bias: bool = True
-    ) -> torch.Tensor:
-        """`Linear.forward`'s contract, plus each token's adapter delta."""
-        out = self.base(x, into, with_bias)
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.base(x)
         adapters = self.selection.token_adapters
         if adapters is None:
             return out
         low = F.linear(x, self.delta.down) * self.delta.mask(adapters, x.dtype)
-        return out.add_(F.linear(low, self.delta.up))
+        return out + F.linear(low, self.delta.up)
 
 
 def embedding_delta(

@@ -41,10 +41,13 @@ class RMSNorm(nn.Module):
         self, x: torch.Tensor | None, residual: torch.Tensor | None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """(norm(x + residual), x + residual) in one pass: the pre-norm residual stream.
-        Either may be None: a block output already added to the stream, or no stream yet."""
-        if x is None:
+        Either may be None: nothing pending (`add_to_stream` added it in its GEMM), or no
+        stream yet. `x` may be a row `[H]` added to every token (a pending bias)."""
+        if x is None or x.dim() == 1:
             assert residual is not None
-            x, residual = residual, None
+            x, residual = residual, x
+        if residual is not None and residual.dim() == 1:
+            residual = residual.expand_as(x)
         return add_rms_norm(x, residual, self.weight, self.eps, self.gemma)
 
 

@@ -18,6 +18,7 @@ from ..layers import (
     AttentionMetadata,
     LayerNorm,
     Linear,
+    add_to_stream,
     get_activation,
     linear_activation,
     varlen_attention,
@@ -166,13 +167,12 @@ class BertLayer(nn.Module):
         tokens = x.shape[0]
         qkv = self.qkv(x).view(tokens, 3, self.num_heads, self.head_dim)
         attn = self.attend(qkv[:, 0], qkv[:, 1], qkv[:, 2], meta, context)
-        # Each output projection accumulates into the residual `x` (which nothing reads
-        # again) and leaves its bias to the norm, which then reads one tensor.
-        x = self.attn_out(attn.reshape(tokens, -1), into=x, with_bias=False)
-        x = self.attn_norm(x, residual=self.attn_out.bias)
+        # The residual `x` is read by nothing else: the output projections add into it.
+        pending, x = add_to_stream(self.attn_out, attn.reshape(tokens, -1), x)
+        x = self.attn_norm(x, residual=pending)
         hidden = linear_activation(self.up, x, self.act_name, self.act)
-        x = self.down(hidden, into=x, with_bias=False)
-        return self.ffn_norm(x, residual=self.down.bias)
+        pending, x = add_to_stream(self.down, hidden, x)
+        return self.ffn_norm(x, residual=pending)
 
     def attend(
         self,

@@ -29,6 +29,7 @@ from ..layers import (
     RopeAngles,
     RopeConfig,
     RotaryEmbedding,
+    add_to_stream,
     apply_rotary_qk,
     gated_activation,
     gated_activation_name,
@@ -201,15 +202,11 @@ class DecoderAttention(nn.Module):
             v.view(tokens, self.num_kv_heads, self.head_dim),
         )
 
-    def forward(
-        self,
-        x: torch.Tensor,
-        rope: RopeAngles,
-        meta: AttentionMetadata,
-        into: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        """The block's output; with `into` (the residual stream), added into it in place
-        by the output projection (`Linear.forward`)."""
+    def forward(self, x: torch.Tensor, rope: RopeAngles, meta: AttentionMetadata) -> torch.Tensor:
+        return self.o_proj(self.attend(x, rope, meta))
+
+    def attend(self, x: torch.Tensor, rope: RopeAngles, meta: AttentionMetadata) -> torch.Tensor:
+        """The attention's output `[T, Hq * D]`, before the output projection."""
         q, k, v = self.project(x)
         q, k = apply_rotary_qk(q, k, rope, *self.qk_norms())
         out = varlen_attention(
@@ -222,7 +219,7 @@ class DecoderAttention(nn.Module):
             scale=self.scale,
             softcap=self.softcap,
         )
-        return self.o_proj(out.reshape(x.shape[0], self.q_size), into=into)
+        return out.reshape(x.shape[0], self.q_size)
 
 
 class GatedMLP(nn.Module):
@@ -238,9 +235,12 @@ class GatedMLP(nn.Module):
         self.down = take_linear(reader, f"{prefix}.down_proj", h, ffn, config.mlp_bias)
         self.activation = gated_activation_name(config.hidden_act)
 
-    def forward(self, x: torch.Tensor, into: torch.Tensor | None = None) -> torch.Tensor:
-        """The block's output; with `into` (the residual stream), added into it in place."""
-        return self.down(gated_activation(self.gate_up(x), self.activation), into=into)
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down(self.hidden(x))
+
+    def hidden(self, x: torch.Tensor) -> torch.Tensor:
+        """`act(gate(x)) * up(x)`, the down projection's input."""
+        return gated_activation(self.gate_up(x), self.activation)
 
 
 class DecoderLayer(nn.Module):
@@ -266,13 +266,14 @@ class DecoderLayer(nn.Module):
         rope: RopeAngles,
         meta: AttentionMetadata,
     ) -> tuple[torch.Tensor | None, torch.Tensor]:
-        """Pre-norm block on the residual stream: takes and returns (pending block output,
-        stream). The next norm adds a pending output into the stream in its own pass;
-        here both output projections add theirs in their GEMMs, so none is pending."""
+        """Pre-norm block on the residual stream: takes and returns (pending, stream). Each
+        norm adds what is pending into the stream in its own pass; the output projections
+        add their products into the stream themselves where they can (`add_to_stream`)."""
         h, residual = self.input_layernorm.add_and_norm(x, residual)
-        residual = self.self_attn(h, rope, meta, into=residual)
-        h = self.post_attention_layernorm(residual)
-        return None, self.mlp(h, into=residual)
+        attn = self.self_attn.attend(h, rope, meta)
+        pending, residual = add_to_stream(self.self_attn.o_proj, attn, residual)
+        h, residual = self.post_attention_layernorm.add_and_norm(pending, residual)
+        return add_to_stream(self.mlp.down, self.mlp.hidden(h), residual)
 
 
 class DecoderModel(TransformerModel):

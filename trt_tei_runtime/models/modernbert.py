@@ -28,6 +28,7 @@ from ..layers import (
     RopeAngles,
     RopeConfig,
     RotaryEmbedding,
+    add_into_stream,
     apply_rotary_qk,
     gated_activation,
     gated_activation_name,
@@ -151,10 +152,10 @@ class ModernBertLayer(nn.Module):
         qkv = self.wqkv(h).view(tokens, 3, self.num_heads, self.head_dim)
         q, k = apply_rotary_qk(qkv[:, 0], qkv[:, 1], rope)
         attn = varlen_attention(q, k, qkv[:, 2], meta, sliding_window=self.window, scale=self.scale)
-        # The output projections add into the residual `x` in their GEMMs (`Linear.forward`).
-        x = self.wo(attn.reshape(tokens, -1), into=x)
+        # The output projections add into the residual `x` (`add_into_stream`).
+        x = add_into_stream(self.wo, attn.reshape(tokens, -1), x)
         hidden = gated_activation(self.wi(self.mlp_norm(x)), self.activation)
-        return self.wo_mlp(hidden, into=x)
+        return add_into_stream(self.wo_mlp, hidden, x)
 
 
 class ModernBertModel(TransformerModel):

@@ -26,6 +26,7 @@ from ..layers import (
     RopeAngles,
     RopeConfig,
     RotaryEmbedding,
+    add_to_stream,
     apply_rotary_qk,
     gated_activation,
     gated_activation_name,
@@ -165,15 +166,15 @@ class RotaryEncoderLayer(nn.Module):
         qkv = self.qkv(x).view(tokens, 3, self.num_heads, self.head_dim)
         q, k = apply_rotary_qk(qkv[:, 0], qkv[:, 1], rope)
         attn = varlen_attention(q, k, qkv[:, 2], meta, scale=self.scale)
-        # As in BERT: the projections accumulate into `x`, the norms add their biases.
-        x = self.o_proj(attn.reshape(tokens, -1), into=x, with_bias=False)
-        x = self.attn_norm(x, residual=self.o_proj.bias)
+        # As in BERT: the output projections add into the residual `x`.
+        pending, x = add_to_stream(self.o_proj, attn.reshape(tokens, -1), x)
+        x = self.attn_norm(x, residual=pending)
         if self.gated:
             hidden = gated_activation(self.up(x), self.gated_name)
         else:
             hidden = linear_activation(self.up, x, self.act_name, self.act)
-        x = self.down(hidden, into=x, with_bias=False)
-        return self.mlp_norm(x, residual=self.down.bias)
+        pending, x = add_to_stream(self.down, hidden, x)
+        return self.mlp_norm(x, residual=pending)
 
 
 class RotaryEncoderModel(TransformerModel):
