@@ -110,6 +110,15 @@ def eager_time_us(fn, reps: int = 20) -> float:  # type: ignore[no-untyped-def]
     return start.elapsed_time(end) * 1000 / reps
 
 
+def first_call(fn):  # type: ignore[no-untyped-def]
+    """`fn()`'s result and its ms, synchronized (a first call may build or compile)."""
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    out = fn()
+    torch.cuda.synchronize()
+    return out, (time.perf_counter() - start) * 1e3
+
+
 def refusal(exc: Exception) -> str:
     return str(exc).splitlines()[0][:200]
 
@@ -127,11 +136,9 @@ def measure_cudnn(q, k, v, cu, live, longest, causal, reference):  # type: ignor
     )
     for how, offsets, timer in tries:
         try:
-            torch.cuda.synchronize()
-            start = time.perf_counter()
-            out = cudnn_attention(q, k, v, offsets, longest, causal)
-            torch.cuda.synchronize()
-            first_ms = (time.perf_counter() - start) * 1e3
+            out, first_ms = first_call(
+                lambda o=offsets: cudnn_attention(q, k, v, o, longest, causal)
+            )
             error = (out.float() - reference.float()).abs().max().item()
             us = timer(lambda o=offsets: cudnn_attention(q, k, v, o, longest, causal))
             return us, error, f"{how}, first call {first_ms:.1f} ms"
@@ -154,11 +161,7 @@ def measure_fa4(q, k, v, cu, longest, causal, reference):  # type: ignore[no-unt
     if fa4_varlen is None:
         return "not installed"
     try:
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        out = fa4_attention(q, k, v, cu, longest, causal)
-        torch.cuda.synchronize()
-        first_ms = (time.perf_counter() - start) * 1e3
+        out, first_ms = first_call(lambda: fa4_attention(q, k, v, cu, longest, causal))
         error = (out.float() - reference.float()).abs().max().item()
         return graph_time_us(lambda: fa4_attention(q, k, v, cu, longest, causal)), error, first_ms
     except Exception as exc:  # a beta package: report any refusal, do not stop the sweep

@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import argparse
 
-import numpy as np
 import torch
 import torch.nn.functional as F
+from bench_attention import graph_time_us
 
 from trt_tei_runtime.kernels import add_layer_norm, add_rms_norm
 
@@ -30,29 +30,6 @@ SHAPES = {
     "qwen3-0.6b": (1024, [2048, 3072], "rms"),
     "qwen3-8b": (4096, [4096, 12288], "rms"),
 }
-
-
-def graph_us(fn, reps: int = 20, rounds: int = 5) -> float:  # type: ignore[no-untyped-def]
-    """Median µs of one `fn()` over `rounds` replays of a graph of `reps` calls."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(reps):
-            fn()
-    graph.replay()
-    times = []
-    for _ in range(rounds):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1000 / reps)
-    return float(np.median(times))
 
 
 def measure(tokens: int, hidden: int, features: int, norm: str) -> tuple[float, float, float]:
@@ -86,8 +63,8 @@ def measure(tokens: int, hidden: int, features: int, norm: str) -> tuple[float, 
 
     error = (in_norm().float() - in_gemm().float()).abs().max().item()
     # The copy that keeps `in_gemm`'s input fixed is not part of the engine's work.
-    fused = graph_us(in_gemm) - graph_us(copy_only)
-    return graph_us(in_norm), fused, error
+    fused = graph_time_us(in_gemm) - graph_time_us(copy_only)
+    return graph_time_us(in_norm), fused, error
 
 
 def main() -> None:
