@@ -99,7 +99,7 @@ pub struct Args {
     /// longer than this (measured at start-up: large models), queries may also pass between
     /// the linears of a layer, and where one linear is still longer, bulk batches run in parts
     /// of whole sequences, so that a step takes about this long. 0: steps are whole layers.
-    /// [default: the runtime's, 4]
+    /// [default: the runtime's, 6]
     #[arg(long, env = "MAX_BULK_STEP_MS", allow_negative_numbers = true)]
     pub max_bulk_step_ms: Option<f64>,
 

@@ -22,8 +22,9 @@ largest linear is still longer, the bulk lane runs its batches in parts of whole
 one after the other, about equal in size. Gates inside layers cost nothing on the GPU;
 parts cost GEMM efficiency, so they are only as small as needed. Measured on an H100 with
 qwen3-8b under a realistic backfill (benchmarks/RESULTS.md): whole layers gave a query p99
-of 3.3x its idle p50; 4 ms steps (two parts of a 16k batch) 1.6x for 2 % less backfill;
-2 ms steps (parts of ~5k tokens) 1.3x for 5 % less.
+of 3.3x its idle p50; 6 ms steps (gates between linears, batches whole) 1.9x; 4 ms steps
+(two parts of a 16k batch) 1.4-1.6x for 2-4 % less backfill; 2 ms steps (parts of ~5k
+tokens) 1.3x for 5 % less.
 """
 
 from __future__ import annotations
@@ -48,9 +49,10 @@ LINEARS = (Linear, Fp8Linear)
 # H200: two queued layers gave a query p99 of 4.2x its idle p50 under a bert-large backfill.
 DEFAULT_DEPTH = 1
 
-# A query waits for about two steps of bulk work at most; longer steps are split. 4 ms keeps
-# a qwen3-8b query under 2x its idle latency and two parts of a 16k batch at full speed.
-DEFAULT_MAX_STEP_MS = 4.0
+# A query waits for about two steps of bulk work at most; longer steps are split. 6 ms keeps
+# qwen3-8b's batches whole (its largest linear, ~5 ms over 16k tokens, is one step) and its
+# query under 2x its idle latency, within the 3x the product promises for large models.
+DEFAULT_MAX_STEP_MS = 6.0
 # Below this many tokens a part's GEMMs would no longer fill the GPU.
 MIN_PART_TOKENS = 2048
 
