@@ -16,6 +16,12 @@ def _use_triton(x: torch.Tensor) -> bool:
     return triton_kernels is not None and x.is_cuda and x.dtype in (torch.float16, torch.bfloat16)
 
 
+def _rows(residual: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """`residual` as `x`'s shape: a row `[H]` (a bias a GEMM that added into `x` left out)
+    is added to every token, as a stride-0 view."""
+    return residual.expand_as(x) if residual.dim() == 1 else residual
+
+
 def add_rms_norm(
     x: torch.Tensor,
     residual: torch.Tensor | None,
@@ -23,7 +29,10 @@ def add_rms_norm(
     eps: float,
     gemma: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(RMSNorm(x + residual), x + residual); `gemma` scales by `1 + w` in float32."""
+    """(RMSNorm(x + residual), x + residual); `gemma` scales by `1 + w` in float32.
+    `residual` `[T, H]`, a row `[H]`, or None."""
+    if residual is not None:
+        residual = _rows(residual, x)
     if _use_triton(x):
         return triton_kernels.add_rms_norm(x, residual, weight, eps, gemma)
     return reference.add_rms_norm(x, residual, weight, eps, gemma)
@@ -32,10 +41,9 @@ def add_rms_norm(
 def add_layer_norm(
     x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float
 ) -> torch.Tensor:
-    """LayerNorm(x + residual) — BERT's post-norm residual. `residual` `[T, H]`, or a row
-    `[H]` added to every token (the bias a GEMM that accumulated into `x` left out)."""
-    if residual.dim() == 1:
-        residual = residual.expand_as(x)
+    """LayerNorm(x + residual) — BERT's post-norm residual. `residual` `[T, H]` or a row
+    `[H]`."""
+    residual = _rows(residual, x)
     if _use_triton(x):
         return triton_kernels.add_layer_norm(x, residual, weight, bias, eps)
     return reference.add_layer_norm(x, residual, weight, bias, eps)

@@ -46,8 +46,6 @@ class RMSNorm(nn.Module):
         if x is None or x.dim() == 1:
             assert residual is not None
             x, residual = residual, x
-        if residual is not None and residual.dim() == 1:
-            residual = residual.expand_as(x)
         return add_rms_norm(x, residual, self.weight, self.eps, self.gemma)
 
 
