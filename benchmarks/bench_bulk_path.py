@@ -1,6 +1,7 @@
 """How much of the engine's backfill speed survives the router's way of calling it.
 
-    python benchmarks/bench_bulk_path.py --shapes bert-large,qwen3-0.6b [--reps 3]
+    python benchmarks/bench_bulk_path.py --shapes bert-large,qwen3-0.6b [--reps 3] \
+        [--bulk-graphs on,off]
 
 The router's bulk thread calls `Backend.embed` with one batch of uint32 buffers and waits
 for its rows on the host before it takes the next batch. The engine benchmark launches
@@ -15,14 +16,17 @@ whole corpus, interleaved):
 - pipelined: the same buffers through `runtime.dispatch.run_jobs`, which launches batch
   k+1 before it waits for batch k's rows (what `Model.embed` does).
 
-Batches are packed in arrival order up to 16,384 tokens, as the router's queue
-packs them; document lengths are BENCHMARKS.md's backfill (64–512 tokens, seed 0). Random
-weights in bf16. Reports only; needs a CUDA GPU.
+`--bulk-graphs on,off` builds the backend twice per shape, with and without the bulk
+lane's CUDA graphs above 2,048 tokens (TRT_TEI_BULK_GRAPHS), and also prints each build's
+start-up time and the GPU memory it holds. Batches are packed in arrival order up to
+16,384 tokens, as the router's queue packs them; document lengths are BENCHMARKS.md's
+backfill (64–512 tokens, seed 0). Random weights in bf16. Reports only; needs a CUDA GPU.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import tempfile
 import time
@@ -91,11 +95,18 @@ def pipelined_run(executor: Executor, batches: list[Buffers]) -> Callable[[], No
     return run
 
 
-def bench_shape(shape: str, folder: Path, args: argparse.Namespace) -> dict[str, float]:
+def bench_shape(
+    shape: str, folder: Path, args: argparse.Namespace, bulk_graphs: str
+) -> dict[str, float]:
     # The runtime's default batch limit is the router's (16,384 tokens); passing it would
     # also require the decoders' 32k-token inputs to fit in one batch.
+    os.environ["TRT_TEI_BULK_GRAPHS"] = "1" if bulk_graphs == "on" else "0"
+    torch.cuda.synchronize()
+    began = time.perf_counter()
     backend = Backend(str(folder), dtype="bfloat16")
+    startup_s = time.perf_counter() - began
     executor = backend.executors[0]
+    assert (executor.bulk.large_graphs is not None) == (bulk_graphs == "on")
     vocab = int(executor.model.network.vocab_size)
     lengths = backfill_lengths(shape)
     buffers = router_batches(lengths, MAX_BATCH_TOKENS, vocab)
@@ -118,6 +129,8 @@ def bench_shape(shape: str, folder: Path, args: argparse.Namespace) -> dict[str,
     row = {name: tokens / statistics.median(t) for name, t in times.items()}
     row["batches"] = len(buffers)
     row["tokens"] = tokens
+    row["startup_s"] = startup_s
+    row["reserved_gib"] = torch.cuda.memory_reserved() / 2**30
     del backend, executor
     torch.cuda.empty_cache()
     return row
@@ -129,25 +142,30 @@ def main() -> None:
     )
     parser.add_argument("--shapes", default="bert-large,qwen3-0.6b")
     parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument(
+        "--bulk-graphs", default="on", help="comma-separated builds: on, off (default: on)"
+    )
     args = parser.parse_args()
     rows = {}
     with tempfile.TemporaryDirectory() as tmp:
         for shape in args.shapes.split(","):
             folder = write_random_checkpoint(shape, Path(tmp) / shape)
-            rows[shape] = bench_shape(shape, folder, args)
+            for bulk_graphs in args.bulk_graphs.split(","):
+                rows[shape, bulk_graphs] = bench_shape(shape, folder, args, bulk_graphs)
     print(f"device: {torch.cuda.get_device_name()}; bf16, batches of ≤ {MAX_BATCH_TOKENS}")
     print(
-        "| shape | batches | engine tok/s | router-style tok/s (of engine) "
-        "| pipelined (of engine) |"
+        "| shape | bulk graphs | batches | engine tok/s | router-style tok/s (of engine) "
+        "| pipelined (of engine) | start-up s | GPU memory reserved GiB |"
     )
-    print("|---|---|---|---|---|")
-    for shape, r in rows.items():
+    print("|---|---|---|---|---|---|---|---|")
+    for (shape, bulk_graphs), r in rows.items():
         limit = BF16_LIMIT_TOKENS_PER_S.get(shape)
         of_limit = f" ({r['engine'] / limit:.0%} of limit)" if limit else ""
         print(
-            f"| {shape} | {r['batches']:.0f} | {r['engine']:,.0f}{of_limit} "
+            f"| {shape} | {bulk_graphs} | {r['batches']:.0f} | {r['engine']:,.0f}{of_limit} "
             f"| {r['router']:,.0f} ({r['router'] / r['engine']:.1%}) "
-            f"| {r['pipelined']:,.0f} ({r['pipelined'] / r['engine']:.1%}) |"
+            f"| {r['pipelined']:,.0f} ({r['pipelined'] / r['engine']:.1%}) "
+            f"| {r['startup_s']:.1f} | {r['reserved_gib']:.2f} |"
         )
 
 

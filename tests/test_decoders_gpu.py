@@ -57,6 +57,26 @@ def test_decoder_bf16_hidden_states(tmp_path, case, graphs):  # type: ignore[no-
     assert cosine(pooled, expected[np.cumsum(LENGTHS) - 1]).min() >= 0.999
 
 
+@pytest.mark.parametrize("case", sorted(EMBEDDERS))
+def test_decoder_bulk_graphs_equal_eager(tmp_path, case):  # type: ignore[no-untyped-def]
+    """A batch above MAX_GRAPH_TOKENS replays the bulk graphs (attention from a block
+    table: causal, sliding windows, soft-capping, grouped k/v heads) and gives an eager
+    pass's hidden states."""
+    arch, overrides = EMBEDDERS[case]
+    folder = make_decoder_checkpoint(tmp_path, arch, **overrides)
+    graphs = load_executor(folder, device="cuda", dtype="bfloat16", max_num_tokens=4096)
+    eager = load_executor(folder, device="cuda", dtype="bfloat16", cuda_graphs=False)
+    lengths = [256, 3, 200, 1, 255, 70] * 6  # 4,710 tokens: two batches of the bulk graphs
+    ids = random_ids(lengths, seed=3)
+    for part in (ids[:18], ids[18:]):
+        batch = PackedBatch.from_sequences(part)
+        assert graphs.bulk.large_graphs is not None and graphs.bulk.large_graphs.can_run(batch)
+        assert batch.num_tokens > 2048
+        ours = graphs.hidden_states(batch).float().cpu()
+        expected = eager.hidden_states(batch).float().cpu()
+        assert cosine(ours, expected).min() >= 0.999
+
+
 @pytest.mark.parametrize("arch", sorted(CLASSIFIERS))
 def test_decoder_bf16_classifier_logits(tmp_path, arch):  # type: ignore[no-untyped-def]
     folder = make_decoder_checkpoint(tmp_path, arch, num_labels=CLASSIFIERS[arch])

@@ -1,7 +1,8 @@
 """Tier 5 (device): CUDA graphs and engines on the GPU.
 
-Graphs on vs off at every bucket boundary, a batch that fills `max_num_tokens` exactly and
-one token over (eager fallback), builder round trip and the FP8 gate on Hopper.
+Graphs on vs off at every bucket boundary, the bulk graphs above MAX_GRAPH_TOKENS (their
+segments and the gate between them), a batch that fills `max_num_tokens` exactly and one
+token over (eager fallback), builder round trip and the FP8 gate on Hopper.
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ from trt_tei_runtime.engine import BuilderConfig
 from trt_tei_runtime.engine.build import build_engine
 from trt_tei_runtime.engine.calibration import CALIBRATION_TEXTS
 from trt_tei_runtime.runtime import load_executor
-from trt_tei_runtime.runtime.graphs import MAX_GRAPH_TOKENS, bucket_ladder
+from trt_tei_runtime.runtime.executor import Executor
+from trt_tei_runtime.runtime.graphs import MAX_GRAPH_TOKENS, bucket_ladder, bulk_ladder
 from trt_tei_runtime.runtime.preemption import MIN_PART_TOKENS, BulkPlan
 from trt_tei_runtime.runtime.staging import InputStaging
 
@@ -129,21 +131,49 @@ def test_lanes_run_concurrently_without_mixing_results(models):  # type: ignore[
         torch.testing.assert_close(ours, ref, rtol=3e-2, atol=3e-2)
 
 
-def test_eager_bulk_batches_pause_while_a_query_is_in_flight(models):  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize("bulk_graphs", [True, False], ids=["bulk-graphs", "eager"])
+def test_bulk_batches_pause_while_a_query_is_in_flight(models, bulk_graphs):  # type: ignore[no-untyped-def]
     graphs, eager = models
     lane = graphs.interactive
     assert lane is not None
-    bulk = _batch([128] * 24, graphs.model.network.vocab_size, seed=7)  # 3,072 tokens: eager
+    bulk = _batch([128] * 24, graphs.model.network.vocab_size, seed=7)  # 3,072 tokens
     expected = eager.embed(bulk).cpu()
-    results: list[torch.Tensor] = []
-    thread = threading.Thread(target=lambda: results.append(graphs.embed(bulk).cpu()))
-    with lane.gate.interactive():
-        thread.start()
-        thread.join(timeout=1.0)
-        assert thread.is_alive(), "the bulk batch ran through while a query was in flight"
-    thread.join(timeout=60)
-    assert not thread.is_alive()
-    torch.testing.assert_close(results[0], expected, rtol=3e-2, atol=3e-2)
+    large, graphs.bulk.large_graphs = graphs.bulk.large_graphs, None
+    try:
+        if bulk_graphs:
+            graphs.bulk.large_graphs = large
+        results: list[torch.Tensor] = []
+        thread = threading.Thread(target=lambda: results.append(graphs.embed(bulk).cpu()))
+        with lane.gate.interactive():
+            thread.start()
+            thread.join(timeout=1.0)
+            assert thread.is_alive(), "the bulk batch ran through while a query was in flight"
+        thread.join(timeout=60)
+        assert not thread.is_alive()
+        torch.testing.assert_close(results[0], expected, rtol=3e-2, atol=3e-2)
+        # It stopped before every layer: between graph segments as between eager layers.
+        assert _count_steps(graphs, bulk) == len(graphs.model.network.layers)
+    finally:
+        graphs.bulk.large_graphs = large
+
+
+@pytest.mark.parametrize("tokens", [2049, 3071, 3072, 3073, 4095, 4096])
+def test_bulk_graphs_equal_eager_above_the_small_graphs(models, tokens):  # type: ignore[no-untyped-def]
+    """Batches above MAX_GRAPH_TOKENS replay the bulk graphs of their bucket, captured in
+    one segment per layer after the embeddings, and give an eager pass's embeddings."""
+    graphs, eager = models
+    runner = graphs.bulk.large_graphs
+    assert runner is not None and sorted(runner.graphs) == bulk_ladder(MAX_TOKENS)
+    layers = len(graphs.model.network.layers)
+    assert all(len(segments) == layers + 1 for segments in runner.graphs.values())
+    batch = _batch(_lengths_for(tokens, longest=100), graphs.model.network.vocab_size, seed=tokens)
+    assert runner.can_run(batch)
+    out = graphs.bulk.forward(batch)
+    assert out.pooled is not None, "pooled inside the replay: the bulk graphs ran"
+    ours, ref = graphs.embed(batch), eager.embed(batch)
+    cos = torch.nn.functional.cosine_similarity(ours.double(), ref.double(), dim=-1)
+    assert cos.min() >= 0.9999, cos.min()
+    torch.testing.assert_close(ours, ref, rtol=3e-2, atol=3e-2)
 
 
 def test_graph_replays_do_not_leak_between_batches(models):  # type: ignore[no-untyped-def]
@@ -226,6 +256,9 @@ def test_model_has_no_interactive_lane_and_no_gate(tmp_path):  # type: ignore[no
     executor = Model(folder, device="cuda", dtype="bfloat16").executors[0]
     assert executor.bulk.graphs is not None
     assert executor.interactive is None and executor.bulk.gate is None
+    # Nothing to stop for: each bulk bucket is one graph.
+    large = executor.bulk.large_graphs
+    assert large is not None and all(len(s) == 1 for s in large.graphs.values())
     served = load_executor(folder, device="cuda", dtype="bfloat16")
     assert served.interactive is not None and served.bulk.gate is served.interactive.gate
 
@@ -245,6 +278,7 @@ def test_long_layers_gate_within_layers_and_run_bulk_batches_in_parts(models):  
     )
     assert split.bulk.gate is not None
     assert split.bulk.gate.plan == BulkPlan(within_layers=True, max_part_tokens=MIN_PART_TOKENS)
+    assert split.bulk.large_graphs is None, "a graph cannot stop inside a GEMM: parts are eager"
     bulk = _batch([128] * 20 + [77], graphs.model.network.vocab_size, seed=11)  # 2,637: 2 parts
     torch.testing.assert_close(split.embed(bulk), eager.embed(bulk), rtol=3e-2, atol=3e-2)
     results: list[torch.Tensor] = []
@@ -258,6 +292,24 @@ def test_long_layers_gate_within_layers_and_run_bulk_batches_in_parts(models):  
     # Queries pass between linears: the gate counts steps inside the layers.
     steps = _count_steps(split, bulk)
     assert steps > 2 * len(split.model.network.layers), steps
+
+
+def test_bulk_graphs_stop_between_linears_where_layers_are_long(models, monkeypatch):  # type: ignore[no-untyped-def]
+    """Where the plan gates before every linear but keeps batches whole (qwen3-8b's), the
+    bulk graphs are cut there too, and a batch stops at each cut."""
+    graphs, eager = models
+    monkeypatch.setattr(Executor, "_bulk_plan", lambda *args: BulkPlan(within_layers=True))
+    executor = load_executor(
+        graphs.model.info.model_dir, device="cuda", dtype="bfloat16", max_num_tokens=MAX_TOKENS
+    )
+    gate, runner = executor.bulk.gate, executor.bulk.large_graphs
+    assert gate is not None and runner is not None
+    stops = gate.stops(executor.model.network.layers)
+    assert len(stops) > 2 * len(executor.model.network.layers)  # the linears
+    assert all(len(segments) == len(stops) + 1 for segments in runner.graphs.values())
+    bulk = _batch([128] * 30, graphs.model.network.vocab_size, seed=12)  # 3,840 tokens
+    assert _count_steps(executor, bulk) == len(stops)
+    torch.testing.assert_close(executor.embed(bulk), eager.embed(bulk), rtol=3e-2, atol=3e-2)
 
 
 def _count_steps(executor, batch: PackedBatch) -> int:  # type: ignore[no-untyped-def]
@@ -310,13 +362,14 @@ def test_staged_eager_batches_launched_back_to_back_equal_unstaged(models):  # t
     ]
     lane = graphs.bulk
     assert lane.inputs is not None and all(lane.inputs.fits(b) for b in batches)
-    assert all(b.num_tokens > MAX_GRAPH_TOKENS for b in batches)  # eager, not replays
-    staged = [graphs.embed(b) for b in batches]  # no read-back in between
-    staged_host = [s.cpu() for s in staged]
-    inputs, lane.inputs = lane.inputs, None
+    assert all(b.num_tokens > MAX_GRAPH_TOKENS for b in batches)
+    inputs, large, lane.large_graphs = lane.inputs, lane.large_graphs, None  # eager passes
     try:
+        staged = [graphs.embed(b) for b in batches]  # no read-back in between
+        staged_host = [s.cpu() for s in staged]
+        lane.inputs = None
         unstaged = [graphs.embed(b).cpu() for b in batches]
     finally:
-        lane.inputs = inputs
+        lane.inputs, lane.large_graphs = inputs, large
     for ours, ref in zip(staged_host, unstaged, strict=True):
         torch.testing.assert_close(ours, ref, rtol=0, atol=0)

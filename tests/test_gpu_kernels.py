@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -170,6 +171,52 @@ def test_packed_attention_takes_triton_and_matches_flash(dtype, causal, lengths,
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(
+    ("heads", "kv_heads", "head_dim"), [(16, 16, 64), (16, 8, 128), (4, 1, 256)]
+)
+@pytest.mark.parametrize(
+    ("causal", "window", "softcap"),
+    [
+        (False, None, None),
+        (True, None, None),
+        (True, 100, None),
+        (False, 48, None),
+        (True, None, 30.0),
+    ],
+)
+def test_block_table_attention_equals_the_grid_kernel(  # type: ignore[no-untyped-def]
+    dtype, heads, kv_heads, head_dim, causal, window, softcap
+):
+    """The persistent block-table kernel (the bulk graphs') computes every listed block as
+    the grid kernel does, bit for bit, with a graph's layout: a junk sequence and empty
+    slots after the real ones, not listed in the table."""
+    from trt_tei_runtime.layers import triton_attention as ta
+
+    torch.manual_seed(0)
+    lengths = [512, 64, 300, 1, 77, 1000, 128, 3]
+    real = sum(lengths)
+    bucket = real + 50  # the junk sequence: the bucket's padding
+    ends = torch.tensor(lengths).cumsum(0).tolist()
+    cu_host = np.array([0, *ends, bucket, bucket, bucket], np.int32)
+    table_host = np.zeros(ta.block_table_capacity(bucket, cu_host.size), np.int32)
+    ta.fill_block_table(cu_host[: len(lengths) + 1], table_host)
+    cu = torch.from_numpy(cu_host).cuda()
+    table = torch.from_numpy(table_host).cuda()
+    q = torch.randn(bucket, heads, head_dim, device="cuda", dtype=dtype)
+    k, v = (torch.randn(bucket, kv_heads, head_dim, device="cuda", dtype=dtype) for _ in "kv")
+    options = {"causal": causal, "sliding_window": window, "scale": head_dim**-0.5}
+    grid = ta.attention(q, k, v, cu, max(lengths), softcap=softcap, **options)
+    # A graph's static metadata: the bucket's whole length as the longest sequence; as
+    # many programs as the device holds, or a few, each then taking many blocks in turn.
+    for programs in (None, 7):
+        ours = ta.attention(
+            q, k, v, cu, bucket, softcap=softcap, block_table=table, programs=programs, **options
+        )
+        torch.testing.assert_close(ours[:real], grid[:real], rtol=0, atol=0)
+        assert not torch.isnan(ours[:real]).any()
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("cols", [1024, 3072, 12288, 1000])
 def test_quantize_fp8_rowwise(dtype, cols):  # type: ignore[no-untyped-def]
     x = (
@@ -200,7 +247,10 @@ def test_linear_gelu_epilogue_matches_exact_gelu(dtype):  # type: ignore[no-unty
         torch.randn(4096, 1024, device="cuda", dtype=dtype) * 0.03,
         torch.randn(4096, device="cuda", dtype=dtype) * 0.1,
     )
+    calls: list[object] = []
+    linear.register_forward_pre_hook(lambda module, args: calls.append(module))
     fused = linear_activation(linear, x, "gelu", torch.nn.functional.gelu)
+    assert calls == [linear], "the fused GEMM runs through the module: the gate's hooks fire"
     exact = torch.nn.functional.gelu(linear(x).float())
     # tanh-form GELU in the epilogue against erf GELU: within half-precision rounding.
     torch.testing.assert_close(fused.float(), exact, rtol=2e-2, atol=2e-2)

@@ -39,6 +39,10 @@ class AttentionMetadata:
     # key mask [n, 1, 1, max_len] (True = real token).
     pad_index: torch.Tensor | None = None
     key_mask: torch.Tensor | None = None
+    # Triton only: the batch's query blocks (`triton_attention.fill_block_table`), for a
+    # launch whose shape depends on neither the batch's sequences nor their lengths (the
+    # bulk lane's CUDA graphs); other kernels go by `cu_seqlens` and `max_seqlen`.
+    block_table: torch.Tensor | None = None
 
     @classmethod
     def build(cls, cu_seqlens: torch.Tensor, max_seqlen: int, *, packed: bool) -> AttentionMetadata:
@@ -117,6 +121,7 @@ def varlen_attention(
             sliding_window=sliding_window,
             scale=q.shape[-1] ** -0.5 if scale is None else scale,
             softcap=softcap,
+            block_table=meta.block_table,
         )
     if softcap is not None:
         return _padded_eager(q, k, v, meta, causal, sliding_window, scale, softcap)

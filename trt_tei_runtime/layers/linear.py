@@ -23,13 +23,22 @@ class Linear(nn.Module):
         return int(self.weight.shape[0])
 
     def forward(
-        self, x: torch.Tensor, into: torch.Tensor | None = None, with_bias: bool = True
+        self,
+        x: torch.Tensor,
+        into: torch.Tensor | None = None,
+        with_bias: bool = True,
+        gelu: bool = False,
     ) -> torch.Tensor:
         """`x W^T + b`. With `into` (a residual stream `[T, out]`): `into + x W^T + b`,
         written into `into` and returned; the GEMM reads the stream as its C operand
         (beta = 1), so the norm after it reads one tensor instead of two.
         `with_bias=False` leaves `b` out, for a caller that adds it in a pass it makes
-        anyway (a post-norm adds it as a broadcast row)."""
+        anyway (a post-norm adds it as a broadcast row). `gelu`: tanh-GELU of `x W^T + b`
+        in the GEMM's epilogue (cuBLASLt; `linear_activation` says when)."""
+        if gelu:
+            x2 = x.reshape(-1, x.shape[-1])
+            out = torch._addmm_activation(self.bias, x2, self.weight.t(), use_gelu=True)
+            return out.reshape(*x.shape[:-1], -1)
         bias = self.bias if with_bias else None
         if into is None:
             return F.linear(x, self.weight, bias)
@@ -83,7 +92,5 @@ def linear_activation(
         and x.is_cuda
         and x.dtype in (torch.float16, torch.bfloat16)
     ):
-        x2 = x.reshape(-1, x.shape[-1])
-        out = torch._addmm_activation(linear.bias, x2, linear.weight.t(), use_gelu=True)
-        return out.reshape(*x.shape[:-1], -1)
+        return linear(x, gelu=True)  # through __call__: the preemption gate's hooks
     return fallback(linear(x))

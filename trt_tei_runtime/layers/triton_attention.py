@@ -16,8 +16,10 @@ log2(e) folded into the scale.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 try:
@@ -27,6 +29,12 @@ except ImportError:  # pragma: no cover - CPU-only installs
     triton = None
 
 _LOG2E = 1.4426950408889634
+# The block-table kernel's query tile: what `default_blocks` picks for every sequence of 64
+# tokens or more, at every head size.
+TABLE_BLOCK_M = 64
+# Persistent programs per SM of the block-table kernel: with 32, as fast as the grid kernel
+# on the batch's own grid, or faster (benchmarks/bench_table_attention.py, RESULTS.md).
+PROGRAMS_PER_SM = 32
 
 
 def available(q: torch.Tensor) -> bool:
@@ -64,12 +72,16 @@ def _block_d(head_dim: int) -> int:
 if triton is not None:
 
     @triton.jit
-    def _attention_kernel(
+    def _attend_block(
         Q,
         K,
         V,
         Out,
-        CU,
+        start,
+        length,
+        m0,
+        head,
+        kv_head,
         stride_qt,
         stride_qh,
         stride_kt,
@@ -82,7 +94,6 @@ if triton is not None:
         softcap,
         window_left,
         window_right,
-        GROUP: tl.constexpr,
         HEAD_DIM: tl.constexpr,
         BLOCK_D: tl.constexpr,
         BLOCK_M: tl.constexpr,
@@ -91,15 +102,8 @@ if triton is not None:
         HAS_RIGHT: tl.constexpr,
         HAS_SOFTCAP: tl.constexpr,
     ):
-        pid_m = tl.program_id(0)
-        seq = tl.program_id(1)
-        head = tl.program_id(2)
-        start = tl.load(CU + seq)
-        length = tl.load(CU + seq + 1) - start
-        m0 = pid_m * BLOCK_M
-        if m0 >= length:
-            return
-        kv_head = head // GROUP
+        """One head's attention for the queries `m0 : m0 + BLOCK_M` of the sequence at
+        `start` of `length` tokens."""
         offs_m = m0 + tl.arange(0, BLOCK_M)
         offs_d = tl.arange(0, BLOCK_D)
         d_ok = offs_d < HEAD_DIM
@@ -155,6 +159,97 @@ if triton is not None:
         o_ptrs = Out + (start + offs_m)[:, None] * stride_ot + head * stride_oh + offs_d[None, :]
         tl.store(o_ptrs, acc.to(Out.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
 
+    @triton.jit
+    def _attention_kernel(
+        Q,
+        K,
+        V,
+        Out,
+        CU,
+        stride_qt,
+        stride_qh,
+        stride_kt,
+        stride_kh,
+        stride_vt,
+        stride_vh,
+        stride_ot,
+        stride_oh,
+        scale,
+        softcap,
+        window_left,
+        window_right,
+        GROUP: tl.constexpr,
+        HEAD_DIM: tl.constexpr,
+        BLOCK_D: tl.constexpr,
+        BLOCK_M: tl.constexpr,
+        BLOCK_N: tl.constexpr,
+        HAS_LEFT: tl.constexpr,
+        HAS_RIGHT: tl.constexpr,
+        HAS_SOFTCAP: tl.constexpr,
+    ):
+        """A program per (query block, sequence, head); blocks past the end return."""
+        pid_m = tl.program_id(0)
+        seq = tl.program_id(1)
+        head = tl.program_id(2)
+        start = tl.load(CU + seq)
+        length = tl.load(CU + seq + 1) - start
+        m0 = pid_m * BLOCK_M
+        if m0 >= length:
+            return
+        _attend_block(
+            Q, K, V, Out, start, length, m0, head, head // GROUP,
+            stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot,
+            stride_oh, scale, softcap, window_left, window_right,
+            HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP,
+        )  # fmt: skip
+
+    @triton.jit
+    def _attention_table_kernel(
+        Q,
+        K,
+        V,
+        Out,
+        CU,
+        TABLE,
+        stride_qt,
+        stride_qh,
+        stride_kt,
+        stride_kh,
+        stride_vt,
+        stride_vh,
+        stride_ot,
+        stride_oh,
+        scale,
+        softcap,
+        window_left,
+        window_right,
+        HEADS: tl.constexpr,
+        GROUP: tl.constexpr,
+        HEAD_DIM: tl.constexpr,
+        BLOCK_D: tl.constexpr,
+        BLOCK_M: tl.constexpr,
+        BLOCK_N: tl.constexpr,
+        HAS_LEFT: tl.constexpr,
+        HAS_RIGHT: tl.constexpr,
+        HAS_SOFTCAP: tl.constexpr,
+    ):
+        """Persistent programs taking (query block, head) items in turn from the block
+        table: `TABLE[0]` blocks, then one `seq << 16 | block` entry each."""
+        items = tl.load(TABLE) * HEADS
+        for item in range(tl.program_id(0), items, tl.num_programs(0)):
+            entry = tl.load(TABLE + 1 + item // HEADS)
+            head = item % HEADS
+            seq = entry >> 16
+            m0 = (entry & 0xFFFF) * BLOCK_M
+            start = tl.load(CU + seq)
+            length = tl.load(CU + seq + 1) - start
+            _attend_block(
+                Q, K, V, Out, start, length, m0, head, head // GROUP,
+                stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot,
+                stride_oh, scale, softcap, window_left, window_right,
+                HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP,
+            )  # fmt: skip
+
 
 def attention(
     q: torch.Tensor,
@@ -168,11 +263,17 @@ def attention(
     scale: float,
     softcap: float | None = None,
     blocks: Blocks | None = None,
+    block_table: torch.Tensor | None = None,
+    programs: int | None = None,
 ) -> torch.Tensor:
     """q `[T, Hq, D]`, k/v `[T, Hkv, D]` → `[T, Hq, D]`; masks as `varlen_attention`'s.
 
     `max_seqlen` bounds the sequences in `cu_seqlens` (it sizes the grid and the tiles);
-    `blocks` overrides the tiles (benchmarks sweep them)."""
+    `blocks` overrides the tiles (benchmarks sweep them). With a `block_table`
+    (`fill_block_table`) the grid is a fixed set of persistent programs that take the
+    table's blocks in turn: it depends on neither the sequences' count nor their lengths,
+    and rows of tokens in no listed block are left unwritten. `programs` overrides their
+    count (`persistent_programs`)."""
     assert triton is not None
     q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
     tokens, heads, head_dim = q.shape
@@ -182,14 +283,7 @@ def attention(
         right = 0
     else:
         left = right = -1 if sliding_window is None else sliding_window
-    tiles = blocks or default_blocks(max_seqlen, head_dim)
-    grid = (triton.cdiv(max(max_seqlen, 1), tiles.block_m), cu_seqlens.numel() - 1, heads)
-    _attention_kernel[grid](
-        q,
-        k,
-        v,
-        out,
-        cu_seqlens,
+    args = (
         q.stride(0),
         q.stride(1),
         k.stride(0),
@@ -202,6 +296,21 @@ def attention(
         float(softcap or 1.0),
         max(left, 0),
         max(right, 0),
+    )
+    if block_table is None:
+        tiles = blocks or default_blocks(max_seqlen, head_dim)
+        grid = (triton.cdiv(max(max_seqlen, 1), tiles.block_m), cu_seqlens.numel() - 1, heads)
+        kernel = _attention_kernel[grid]
+        inputs: tuple[torch.Tensor, ...] = (q, k, v, out, cu_seqlens)
+        extra: dict[str, int] = {}
+    else:
+        tiles = table_blocks(max_seqlen, head_dim)
+        kernel = _attention_table_kernel[(programs or persistent_programs(q.device),)]
+        inputs, extra = (q, k, v, out, cu_seqlens, block_table), {"HEADS": heads}
+    kernel(
+        *inputs,
+        *args,
+        **extra,
         GROUP=heads // k.shape[1],
         HEAD_DIM=head_dim,
         BLOCK_D=_block_d(head_dim),
@@ -214,3 +323,46 @@ def attention(
         num_stages=tiles.num_stages,
     )
     return out
+
+
+def table_blocks(max_seqlen: int, head_dim: int) -> Blocks:
+    """The tiles of the block-table kernel: the default ones with `TABLE_BLOCK_M` queries,
+    whatever the batch (the table was cut into blocks of that size)."""
+    tiles = default_blocks(max(max_seqlen, TABLE_BLOCK_M), head_dim)
+    assert tiles.block_m == TABLE_BLOCK_M
+    return tiles
+
+
+def persistent_programs(device: torch.device) -> int:
+    """How many programs the block-table kernel runs: more than an SM holds at once, so
+    that a program that drew short blocks is followed by another, not by an idle SM."""
+    return PROGRAMS_PER_SM * _multiprocessors(device)
+
+
+@functools.cache
+def _multiprocessors(device: torch.device) -> int:
+    return int(torch.cuda.get_device_properties(device).multi_processor_count)
+
+
+def block_table_capacity(max_tokens: int, max_sequences: int) -> int:
+    """Entries a block table needs (its count included) for batches of up to these sizes:
+    every sequence adds at most one partial block."""
+    return 1 + -(-max_tokens // TABLE_BLOCK_M) + max_sequences
+
+
+def fill_block_table(cu_seqlens: np.ndarray, table: np.ndarray) -> None:
+    """Writes the query blocks of the sequences of `cu_seqlens` into `table` (int32, at
+    least `block_table_capacity` entries): their count, then `sequence << 16 | block` for
+    each, the longest sequences' first, so that the persistent programs, which take the
+    entries in turn, end at about the same time."""
+    lengths: np.ndarray = np.diff(cu_seqlens.astype(np.int64))
+    if lengths.size >= 1 << 15 or (lengths.size and lengths.max() > TABLE_BLOCK_M << 16):
+        raise ValueError("a block table holds up to 32,767 sequences of up to 4M tokens")
+    order = np.argsort(-lengths, kind="stable")
+    counts: np.ndarray = -(-lengths[order] // TABLE_BLOCK_M)
+    total = int(counts.sum())
+    sequence: np.ndarray = np.repeat(order, counts)
+    first_of_sequence: np.ndarray = np.repeat(np.cumsum(counts) - counts, counts)
+    block: np.ndarray = np.arange(total) - first_of_sequence
+    table[0] = total
+    table[1 : 1 + total] = (sequence << 16) | block

@@ -20,7 +20,7 @@ from ..models import Task
 from ..pooling import pool
 from ..sparse import splade_pool, top_active
 from .devices import DeviceSpec, parse_devices
-from .graphs import MAX_GRAPH_TOKENS, CudaGraphRunner, ForwardPass, Pooler
+from .graphs import MAX_GRAPH_TOKENS, CudaGraphRunner, ForwardPass, Pooler, bulk_ladder
 from .lanes import InteractiveLane, Lane, on_device
 from .loader import LoadedModel, ModelInfo, load_model
 from .preemption import DEFAULT_MAX_STEP_MS, BulkPlan, LayerGate, largest_linear_share
@@ -45,13 +45,14 @@ class Executor:
         max_batch_size: int = DEFAULT_MAX_BATCH_SIZE,
         interactive_lane: bool = True,
         max_bulk_step_ms: float | None = DEFAULT_MAX_STEP_MS,
+        bulk_graphs: bool = True,
     ) -> None:
         """With `cuda_graphs` on a device where the attention runs on packed tokens (CUDA,
         half precision), warms the allocator up and captures the bulk lane's graphs for
         batches up to these sizes, and with `interactive_lane` builds the interactive lane
-        and gates eager bulk batches for it; else one eager lane. A query waits for steps
-        of bulk work of about `max_bulk_step_ms` (`preemption.BulkPlan`); None or 0: for
-        whole layers.
+        and gates bulk batches for it; else one eager lane. A query waits for steps of bulk
+        work of about `max_bulk_step_ms` (`preemption.BulkPlan`); None or 0: for whole
+        layers. Without `bulk_graphs`, batches above `MAX_GRAPH_TOKENS` run eagerly.
 
         Without interactive traffic (`Model`, corpus jobs) leave the interactive lane out:
         the gate keeps at most one layer of a bulk batch queued on the GPU, so the host
@@ -74,13 +75,22 @@ class Executor:
             with on_device(self.device):
                 self._warm_up(max_num_tokens)
                 self.bulk.graphs = self._capture(max_num_tokens, max_batch_size)
+                gate = None
                 if interactive_lane:
-                    self._add_interactive_lane(max_num_tokens, max_batch_size, max_bulk_step_ms)
+                    gate = self._add_interactive_lane(
+                        max_num_tokens, max_batch_size, max_bulk_step_ms
+                    )
+                if bulk_graphs and (gate is None or gate.max_part_tokens is None):
+                    self._capture_large(max_num_tokens, max_batch_size, gate)
+                if gate is not None:
+                    # After every capture: graphs hold no host-side hooks.
+                    gate.attach(model.network.layers)
 
     def _add_interactive_lane(
         self, max_num_tokens: int, max_batch_size: int, max_bulk_step_ms: float | None
-    ) -> None:
-        """The interactive lane's graphs and stream, and the gate between the lanes."""
+    ) -> LayerGate:
+        """The interactive lane's graphs and stream, and the gate between the lanes (not
+        attached yet)."""
         model = self.model
         gate = LayerGate(plan=self._bulk_plan(max_num_tokens, max_bulk_step_ms))
         self.bulk.gate = gate
@@ -95,7 +105,32 @@ class Executor:
             gate=gate,
             inputs=self._input_staging(max_num_tokens),
         )
-        gate.attach(model.network.layers)  # after capture: graphs hold no host-side hooks
+        return gate
+
+    def _capture_large(
+        self, max_num_tokens: int, max_batch_size: int, gate: LayerGate | None
+    ) -> None:
+        """The bulk lane's graphs above `MAX_GRAPH_TOKENS`, in segments cut where the gate
+        stops (one graph per bucket without a gate). Eager bulk passes then run only for
+        batches with more sequences than the graphs' slots, so the blocks the warm-up left
+        in the allocator's cache go back to the device."""
+        buckets = bulk_ladder(max_num_tokens)
+        if not buckets:
+            return
+        runner = CudaGraphRunner(
+            self.model.network,
+            self.device,
+            max_num_tokens=max_num_tokens,
+            max_batch_size=max_batch_size,
+            max_seqlen=min(self.info.max_input_length, max_num_tokens),
+            buckets=buckets,
+            pooler=self._graph_pooler(),
+            block_table=True,
+            segment_at=() if gate is None else gate.stops(self.model.network.layers),
+        )
+        runner.capture()
+        self.bulk.large_graphs = runner
+        torch.cuda.empty_cache()
 
     def _input_staging(self, max_num_tokens: int) -> InputStaging | None:
         """A lane's own buffers for eager batches of up to `max_num_tokens` (CUDA only):
@@ -284,6 +319,13 @@ def graphs_enabled(cuda_graphs: bool | None) -> bool:
     return os.environ.get("TRT_TEI_CUDA_GRAPHS", "1") != "0"
 
 
+def bulk_graphs_enabled(bulk_graphs: bool | None) -> bool:
+    """`bulk_graphs` when given, else on unless TRT_TEI_BULK_GRAPHS=0."""
+    if bulk_graphs is not None:
+        return bulk_graphs
+    return os.environ.get("TRT_TEI_BULK_GRAPHS", "1") != "0"
+
+
 def load_executor(
     model_id: str | os.PathLike[str],
     *,
@@ -293,6 +335,7 @@ def load_executor(
     max_batch_size: int | None = None,
     interactive_lane: bool = True,
     max_bulk_step_ms: float | None = DEFAULT_MAX_STEP_MS,
+    bulk_graphs: bool | None = None,
     **load_options: object,
 ) -> Executor:
     """`load_model` and an executor on one device. Graph sizes: the arguments, else an
@@ -306,6 +349,7 @@ def load_executor(
         max_batch_size=max_batch_size or limits.get("max_batch_size", DEFAULT_MAX_BATCH_SIZE),
         interactive_lane=interactive_lane,
         max_bulk_step_ms=max_bulk_step_ms,
+        bulk_graphs=bulk_graphs_enabled(bulk_graphs),
     )
 
 

@@ -18,6 +18,16 @@ Each bucket's graph sees only as many sequence slots as a batch of its size can 
 and programs of empty slots still cost scheduling time. With 258 slots in every graph, a
 24-token query's attention took 114 µs of bert-large's GPU time and 181 µs of
 qwen3-0.6b's; with 34 slots, 78 and 110 µs (H200, benchmarks/RESULTS.md).
+
+Bulk batches above `MAX_GRAPH_TOKENS` replay graphs of their own (`bulk_ladder`), built
+for two things the small ones need not do:
+- Their attention takes a block table (`triton_attention.fill_block_table`, filled with
+  the inputs): a fixed set of persistent programs walks the batch's real query blocks,
+  where a grid sized for the bucket's longest possible sequence would launch millions
+  of empty programs (a 32k-token model) and one sized for the batch could not be replayed.
+- Each bucket's forward pass may be captured as segments, cut before the modules the
+  preemption gate stands before (`segment_at`); `run` replays them one by one and calls
+  `between` before each segment after the first, where the gate waits for queries.
 """
 
 from __future__ import annotations
@@ -26,11 +36,12 @@ import contextlib
 import gc
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch import nn
 
 from ..batch import PackedBatch
 from ..layers import AttentionMetadata
@@ -43,6 +54,12 @@ log = logging.getLogger(__name__)
 # qwen3-0.6b backfill fell from 352k to 272k tok/s, because one graph's attention must be
 # launched for the bucket's worst-case sequence length, not the batch's.
 MAX_GRAPH_TOKENS = 2048
+# Bulk buckets above MAX_GRAPH_TOKENS, this many tokens apart, and closer in the top
+# step: a router's bulk batch is filled to within a document of its token limit, and a
+# batch of 16k tokens padded to the next 1,024 gave back most of what its graphs saved
+# (H100, bert-large: +0.8 % backfill; benchmarks/RESULTS.md).
+BULK_BUCKET_STEP = 1024
+BULK_TOP_STEP = 128
 
 
 # Pooled rows `[slots - 1, D]` of the hidden states `[bucket, H]` over a graph's `cu_seqlens`.
@@ -91,6 +108,18 @@ def bucket_ladder(max_num_tokens: int) -> list[int]:
     return ladder
 
 
+def bulk_ladder(max_num_tokens: int) -> list[int]:
+    """`BULK_BUCKET_STEP`s above `MAX_GRAPH_TOKENS`, `BULK_TOP_STEP`s over the last
+    `BULK_BUCKET_STEP` below `max_num_tokens`, and `max_num_tokens`; empty where that is no
+    more than `MAX_GRAPH_TOKENS`."""
+    if max_num_tokens <= MAX_GRAPH_TOKENS:
+        return []
+    top = max(max_num_tokens - BULK_BUCKET_STEP, MAX_GRAPH_TOKENS)
+    coarse = [*range(MAX_GRAPH_TOKENS + BULK_BUCKET_STEP, top, BULK_BUCKET_STEP), top]
+    fine = range(max_num_tokens - BULK_TOP_STEP, top, -BULK_TOP_STEP)
+    return sorted({*coarse, *fine, max_num_tokens} - {MAX_GRAPH_TOKENS})
+
+
 class CudaGraphRunner:
     def __init__(
         self,
@@ -102,8 +131,13 @@ class CudaGraphRunner:
         max_seqlen: int,
         buckets: list[int] | None = None,
         pooler: Pooler | None = None,
+        block_table: bool = False,
+        segment_at: Sequence[nn.Module] = (),
     ) -> None:
-        """`pooler`, where given, is captured after the network in every graph."""
+        """`pooler`, where given, is captured after the network in every graph.
+        `block_table`: the attention runs from a block table (bulk graphs). `segment_at`:
+        every bucket's pass is captured as segments, a new one starting before each of
+        these modules is called."""
         self.network = network
         self.device = device
         self.max_num_tokens = max_num_tokens
@@ -111,9 +145,12 @@ class CudaGraphRunner:
         self.max_seqlen = max_seqlen
         self.buckets = buckets or bucket_ladder(max_num_tokens)
         self.pooler = pooler
+        self.segment_at = segment_at
         # A batch's inputs arrive in the graphs' static buffers in one host-to-device copy.
-        self.inputs = InputStaging(device, max_tokens=max_num_tokens, slots=max_batch_size + 2)
-        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.inputs = InputStaging(
+            device, max_tokens=max_num_tokens, slots=max_batch_size + 2, block_table=block_table
+        )
+        self.graphs: dict[int, list[torch.cuda.CUDAGraph]] = {}  # a bucket's segments
         self.outputs: dict[int, torch.Tensor] = {}
         self.pooled: dict[int, torch.Tensor] = {}
         self._ladder: list[int] = []  # the captured buckets, smallest first
@@ -129,7 +166,12 @@ class CudaGraphRunner:
             cu_seqlens=self.inputs.cu_seqlens[: bucket_slots(bucket, self.max_batch_size)],
             max_seqlen=min(bucket, self.max_seqlen),
         )
-        return batch, AttentionMetadata(cu_seqlens=batch.cu_seqlens, max_seqlen=batch.max_seqlen)
+        meta = AttentionMetadata(
+            cu_seqlens=batch.cu_seqlens,
+            max_seqlen=batch.max_seqlen,
+            block_table=self.inputs.block_table,
+        )
+        return batch, meta
 
     def _pass(
         self, batch: PackedBatch, meta: AttentionMetadata
@@ -142,6 +184,7 @@ class CudaGraphRunner:
     @torch.inference_mode()
     def capture(self) -> None:
         started = time.perf_counter()
+        gc.collect()  # as torch.cuda.graph does before a capture (see `collector_paused`)
         pool = torch.cuda.graph_pool_handle()
         stream = torch.cuda.Stream(self.device)
         for bucket in sorted(self.buckets, reverse=True):
@@ -159,27 +202,51 @@ class CudaGraphRunner:
     def _capture_bucket(self, bucket: int, stream: torch.cuda.Stream, pool: Any) -> None:
         self.inputs.cu_seqlens.fill_(bucket)
         self.inputs.cu_seqlens[0] = 0
+        if self.inputs.block_table is not None:
+            self.inputs.block_table[0] = 0  # captured with no blocks; each batch lists its own
         batch, meta = self._static_batch(bucket)
         stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(stream):  # warm-up: kernels compiled and selected
             self._pass(batch, meta)
         torch.cuda.current_stream(self.device).wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        # torch.cuda.graph collects garbage before the capture begins.
-        with torch.cuda.graph(graph, pool=pool):
-            self.outputs[bucket], pooled = self._pass(batch, meta)
-            if pooled is not None:
-                self.pooled[bucket] = pooled
-        self.graphs[bucket] = graph
+        segments = [torch.cuda.CUDAGraph()]
 
-    def run(self, batch: PackedBatch) -> ForwardPass:
-        """One replay for a host-side batch; what it leaves is valid until the next `run`."""
+        def next_segment(module: nn.Module, args: Any) -> None:
+            segments[-1].capture_end()
+            segments.append(torch.cuda.CUDAGraph())
+            segments[-1].capture_begin(pool=pool)
+
+        hooks = [module.register_forward_pre_hook(next_segment) for module in self.segment_at]
+        torch.cuda.synchronize(self.device)
+        try:
+            with torch.cuda.stream(stream):
+                segments[0].capture_begin(pool=pool)
+                try:
+                    self.outputs[bucket], pooled = self._pass(batch, meta)
+                finally:
+                    segments[-1].capture_end()
+        finally:
+            for hook in hooks:
+                hook.remove()
+        if pooled is not None:
+            self.pooled[bucket] = pooled
+        self.graphs[bucket] = segments
+
+    def run(self, batch: PackedBatch, between: Callable[[], None] | None = None) -> ForwardPass:
+        """Replays the graphs of the smallest bucket that holds a host-side batch, calling
+        `between` before each segment after the first; what it leaves is valid until the
+        next `run`."""
         tokens, n = batch.num_tokens, batch.num_seqs
         bucket = next(
             b for b in self._ladder if b >= tokens and bucket_slots(b, self.max_batch_size) >= n + 2
         )
         on_device = self.inputs.send(batch, tail=bucket)
-        self.graphs[bucket].replay()
+        first, *rest = self.graphs[bucket]
+        first.replay()
+        for segment in rest:
+            if between is not None:
+                between()
+            segment.replay()
         pooled = self.pooled.get(bucket)
         return ForwardPass(
             self.outputs[bucket][:tokens], on_device, None if pooled is None else pooled[:n]

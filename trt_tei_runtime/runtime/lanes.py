@@ -1,8 +1,9 @@
 """Lanes: the two ways a batch goes through the model on one device.
 
-The bulk lane runs large batches on the device's current stream; an eager bulk batch
-passes the preemption gate between layers, so that an interactive batch in flight runs
-without the bulk batch's work queued ahead of it (see `preemption`). The interactive lane
+The bulk lane runs large batches on the device's current stream; a bulk batch passes the
+preemption gate between layers (between the segments of its CUDA graphs, or between the
+layers of an eager pass), so that an interactive batch in flight runs without the bulk
+batch's work queued ahead of it (see `preemption`). The interactive lane
 has a stream of the highest priority and CUDA graphs with their own buffers, so that both
 lanes can replay at the same time, each driven by its own host thread. Where there are no
 graphs (CPU, fp32) there is one lane, the bulk one, and it is not gated.
@@ -42,12 +43,15 @@ class Lane:
         gate: LayerGate | None = None,
         inputs: InputStaging | None = None,
     ) -> None:
-        """`inputs`: where eager batches that fit it are staged for one asynchronous copy
-        to the device (CUDA); else they are copied as they are."""
+        """`graphs`: one replay for batches up to `MAX_GRAPH_TOKENS`. `inputs`: where eager
+        batches that fit it are staged for one asynchronous copy to the device (CUDA); else
+        they are copied as they are."""
         self.network = network
         self.device = device
         self.packed_attention = packed_attention
         self.graphs = graphs
+        # Batches above `graphs`' sizes: segmented replays, the gate between segments.
+        self.large_graphs: CudaGraphRunner | None = None
         self.gate = gate
         self.inputs = inputs
 
@@ -60,10 +64,16 @@ class Lane:
 
     def forward(self, batch: PackedBatch) -> ForwardPass:
         """Hidden states `[T, H]` and the batch as it lies on the device (one copy either
-        way), and the pooled rows where a graph pooled them: a graph replay where one
-        covers the batch, else an eager pass."""
+        way), and the pooled rows where a graph pooled them: graph replays where they
+        cover the batch, else an eager pass."""
         if self.graphs is not None and self.graphs.can_run(batch):
             return self.graphs.run(batch)
+        large = self.large_graphs
+        if large is not None and large.can_run(batch):
+            if self.gate is None:
+                return large.run(batch)
+            with self.gate.bulk():
+                return large.run(batch, between=self.gate.step)
         if self.gate is None:
             return self._eager(batch)
         with self.gate.bulk():

@@ -11,15 +11,17 @@ work queued on the GPU in the first place.
 So while it runs an eager bulk batch, the bulk thread keeps at most `depth` layers queued
 behind the one the GPU is running (one event per layer) and, before it launches the next
 layer, waits while any interactive batch is in flight. A query then waits for at most
-`depth + 1` layers of bulk work, about 1 ms each for a 16k-token batch. CUDA-graph replays
-(batches up to 2,048 tokens) are one launch each and are not split.
+`depth + 1` layers of bulk work, about 1 ms each for a 16k-token batch. A bulk batch that
+replays CUDA graphs stops at the same places: above 2,048 tokens its graphs are captured
+in segments cut there (`graphs.CudaGraphRunner`), and the gate's `step` runs between them;
+a batch of up to 2,048 tokens is one replay and is not split.
 
 A large model's layer is long: a qwen3-8b layer over 16k tokens runs ~10 ms, so a query
 waited ~18 ms p50 for it under a backfill. The step a query waits for is bounded by
 `max_step_ms`, from one layer's time measured at start-up (`BulkPlan.for_layer`): where a
-layer is longer, the gate also stands before every linear inside the layers, and where the
-largest linear is still longer, the bulk lane runs its batches in parts of whole sequences,
-one after the other, about equal in size. Gates inside layers cost nothing on the GPU;
+layer is longer, the gate stands before every linear inside the layers instead, and where
+the largest linear is still longer, the bulk lane runs its batches in parts of whole
+sequences, one after the other, about equal in size. Gates inside layers cost nothing on the GPU;
 parts cost GEMM efficiency, so they are only as small as needed. Measured on an H100 with
 qwen3-8b under a realistic backfill (benchmarks/RESULTS.md): whole layers gave a query p99
 of 3.3x its idle p50; 6 ms steps (gates between linears, batches whole) 1.9x; 4 ms steps
@@ -61,7 +63,7 @@ MIN_PART_TOKENS = 2048
 class BulkPlan:
     """Where the gate stands in an eager bulk batch, and how large its parts are."""
 
-    within_layers: bool = False  # also before every linear, not only before every layer
+    within_layers: bool = False  # before every linear, not only before every layer
     max_part_tokens: int | None = None  # None: batches run whole
 
     @classmethod
@@ -110,13 +112,18 @@ class LayerGate:
         """Bulk batches above this many tokens run in parts."""
         return self.plan.max_part_tokens
 
+    def stops(self, layers: nn.ModuleList) -> list[nn.Module]:
+        """The modules a bulk batch stops before: every layer, or by the plan every linear
+        inside them (a layer's first linear comes before anything long in it, so a stop
+        at the layer too would add an empty step)."""
+        if not self.plan.within_layers:
+            return list(layers)
+        return [m for layer in layers for m in layer.modules() if isinstance(m, LINEARS)]
+
     def attach(self, layers: nn.ModuleList) -> None:
-        for layer in layers:
-            layer.register_forward_pre_hook(self._before_step)
-            if self.plan.within_layers:
-                for module in layer.modules():
-                    if isinstance(module, LINEARS):
-                        module.register_forward_pre_hook(self._before_step)
+        """Eager bulk passes stop at `stops(layers)`."""
+        for module in self.stops(layers):
+            module.register_forward_pre_hook(self._before_step)
 
     @contextlib.contextmanager
     def interactive(self) -> Iterator[None]:
@@ -144,8 +151,12 @@ class LayerGate:
             self._queued.clear()
 
     def _before_step(self, module: nn.Module, args: Any) -> None:
-        if self._bulk_thread != threading.get_ident():
-            return
+        if self._bulk_thread == threading.get_ident():
+            self.step()
+
+    def step(self) -> None:
+        """Before the bulk batch's next step: waits until at most `depth` steps are queued
+        behind the one running, and while any interactive batch is in flight."""
         event = torch.cuda.Event()
         event.record()
         self._queued.append(event)
