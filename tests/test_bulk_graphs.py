@@ -19,6 +19,7 @@ from trt_tei_runtime.layers.triton_attention import (
     fill_block_table,
 )
 from trt_tei_runtime.runtime import load_executor
+from trt_tei_runtime.runtime.executor import bulk_graphs_enabled
 from trt_tei_runtime.runtime.graphs import (
     BULK_BUCKET_STEP,
     BULK_TOP_STEP,
@@ -118,3 +119,11 @@ def test_a_pass_reaches_every_stop_once(tmp_path, family):  # type: ignore[no-un
         module.register_forward_pre_hook(lambda module, args: reached.append(module))
     executor.hidden_states(PackedBatch.from_sequences([[5, 6, 7, 8], [9, 10]]))
     assert reached == stops
+
+
+def test_bulk_graphs_follow_the_argument_else_the_environment(monkeypatch):  # type: ignore[no-untyped-def]
+    monkeypatch.delenv("TRT_TEI_BULK_GRAPHS", raising=False)
+    assert bulk_graphs_enabled(None)
+    monkeypatch.setenv("TRT_TEI_BULK_GRAPHS", "0")
+    assert not bulk_graphs_enabled(None)
+    assert bulk_graphs_enabled(True) and not bulk_graphs_enabled(False)

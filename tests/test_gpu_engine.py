@@ -19,6 +19,7 @@ from trt_tei_runtime.batch import PackedBatch
 from trt_tei_runtime.engine import BuilderConfig
 from trt_tei_runtime.engine.build import build_engine
 from trt_tei_runtime.engine.calibration import CALIBRATION_TEXTS
+from trt_tei_runtime.runtime import executor as executor_module
 from trt_tei_runtime.runtime import load_executor
 from trt_tei_runtime.runtime.executor import Executor
 from trt_tei_runtime.runtime.graphs import MAX_GRAPH_TOKENS, bucket_ladder, bulk_ladder
@@ -309,6 +310,21 @@ def test_bulk_graphs_stop_between_linears_where_layers_are_long(models, monkeypa
     assert all(len(segments) == len(stops) + 1 for segments in runner.graphs.values())
     bulk = _batch([128] * 30, graphs.model.network.vocab_size, seed=12)  # 3,840 tokens
     assert _count_steps(executor, bulk) == len(stops)
+    torch.testing.assert_close(executor.embed(bulk), eager.embed(bulk), rtol=3e-2, atol=3e-2)
+
+
+def test_long_layers_run_bulk_batches_eagerly(models, monkeypatch):  # type: ignore[no-untyped-def]
+    """Where a layer over a full bulk batch takes longer than BULK_GRAPHS_MAX_LAYER_MS
+    (here any), graphs would save nothing and pad: bulk batches above the small graphs
+    run eagerly, and the small graphs stay."""
+    graphs, eager = models
+    monkeypatch.setattr(executor_module, "BULK_GRAPHS_MAX_LAYER_MS", 0.0)
+    executor = load_executor(
+        graphs.model.info.model_dir, device="cuda", dtype="bfloat16", max_num_tokens=MAX_TOKENS
+    )
+    assert executor.bulk.large_graphs is None and executor.bulk.graphs is not None
+    bulk = _batch([128] * 24, graphs.model.network.vocab_size, seed=13)  # 3,072 tokens
+    assert executor.bulk.forward(bulk).pooled is None  # an eager pass
     torch.testing.assert_close(executor.embed(bulk), eager.embed(bulk), rtol=3e-2, atol=3e-2)
 
 

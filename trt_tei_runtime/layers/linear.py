@@ -36,6 +36,7 @@ class Linear(nn.Module):
         anyway (a post-norm adds it as a broadcast row). `gelu`: tanh-GELU of `x W^T + b`
         in the GEMM's epilogue (cuBLASLt; `linear_activation` says when)."""
         if gelu:
+            assert self.bias is not None, "cuBLASLt's GELU epilogue takes a bias"
             x2 = x.reshape(-1, x.shape[-1])
             out = torch._addmm_activation(self.bias, x2, self.weight.t(), use_gelu=True)
             return out.reshape(*x.shape[:-1], -1)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -33,6 +34,19 @@ DEFAULT_MAX_NUM_TOKENS = 16384
 DEFAULT_MAX_BATCH_SIZE = 256
 # The document length a bulk layer is timed over (what a backfill mostly sends).
 TYPICAL_DOCUMENT_TOKENS = 512
+# Bulk batches replay CUDA graphs where a layer over a full batch takes at most this long.
+# Graphs save the launches between kernels, ~0.1 ms a layer; a longer layer has nothing to
+# save and pays its bucket's padding (H100, qwen3-8b's 10 ms layers: -1.8 % backfill;
+# bert-large's 0.8 ms: +7.6 %, benchmarks/RESULTS.md).
+BULK_GRAPHS_MAX_LAYER_MS = 2.0
+
+
+@dataclass(frozen=True)
+class LayerTime:
+    """One layer's GPU time over a bulk batch of `tokens` tokens."""
+
+    tokens: int
+    ms: float
 
 
 class Executor:
@@ -75,24 +89,36 @@ class Executor:
             with on_device(self.device):
                 self._warm_up(max_num_tokens)
                 self.bulk.graphs = self._capture(max_num_tokens, max_batch_size)
+                # One layer's time over a full bulk batch, where bulk batches outgrow
+                # the graphs above: it plans the gate's steps and the bulk graphs.
+                layer = None
+                if max_num_tokens > MAX_GRAPH_TOKENS and (interactive_lane or bulk_graphs):
+                    layer = self._time_layer(max_num_tokens)
                 gate = None
                 if interactive_lane:
                     gate = self._add_interactive_lane(
-                        max_num_tokens, max_batch_size, max_bulk_step_ms
+                        max_num_tokens, max_batch_size, layer, max_bulk_step_ms
                     )
-                if bulk_graphs and (gate is None or gate.max_part_tokens is None):
-                    self._capture_large(max_num_tokens, max_batch_size, gate)
+                if bulk_graphs and layer is not None and layer.ms <= BULK_GRAPHS_MAX_LAYER_MS:
+                    if gate is None or gate.max_part_tokens is None:
+                        self._capture_large(max_num_tokens, max_batch_size, gate)
                 if gate is not None:
                     # After every capture: graphs hold no host-side hooks.
                     gate.attach(model.network.layers)
 
     def _add_interactive_lane(
-        self, max_num_tokens: int, max_batch_size: int, max_bulk_step_ms: float | None
+        self,
+        max_num_tokens: int,
+        max_batch_size: int,
+        layer: LayerTime | None,
+        max_bulk_step_ms: float | None,
     ) -> LayerGate:
         """The interactive lane's graphs and stream, and the gate between the lanes (not
-        attached yet)."""
+        attached yet). `layer`: None where every bulk batch is one graph replay."""
         model = self.model
-        gate = LayerGate(plan=self._bulk_plan(max_num_tokens, max_bulk_step_ms))
+        gate = LayerGate(
+            plan=BulkPlan() if layer is None else self._bulk_plan(layer, max_bulk_step_ms)
+        )
         self.bulk.gate = gate
         # The same ladder as the bulk lane's: under many concurrent small requests the
         # interactive batches grow (64 clients of 24 tokens: ~1,500 tokens), and an eager
@@ -139,12 +165,9 @@ class Executor:
             return None
         return InputStaging(self.device, max_tokens=max_num_tokens, slots=max_num_tokens + 1)
 
-    def _bulk_plan(self, max_num_tokens: int, max_step_ms: float | None) -> BulkPlan:
-        """Where gated bulk batches stop for queries and how large their parts are, from one
-        layer's time over a full bulk batch of typical documents, measured here (once to
-        compile, once timed)."""
-        if not max_step_ms or max_num_tokens <= MAX_GRAPH_TOKENS:
-            return BulkPlan()  # no limit, or every bulk batch is one graph replay
+    def _time_layer(self, max_num_tokens: int) -> LayerTime:
+        """One layer's time over a full bulk batch of typical documents, measured here
+        (once to compile, once timed), eagerly."""
         length = min(self.info.max_input_length, TYPICAL_DOCUMENT_TOKENS, max_num_tokens)
         batch = self._full_batch(length, max_num_tokens)
         self.hidden_states(batch)
@@ -153,17 +176,18 @@ class Executor:
         self.hidden_states(batch)
         end.record()
         end.synchronize()
-        layers = self.model.network.layers
-        layer_ms = start.elapsed_time(end) / len(layers)
-        plan = BulkPlan.for_layer(
-            batch.num_tokens, layer_ms, largest_linear_share(layers[0]), max_step_ms
-        )
+        return LayerTime(batch.num_tokens, start.elapsed_time(end) / len(self.model.network.layers))
+
+    def _bulk_plan(self, layer: LayerTime, max_step_ms: float | None) -> BulkPlan:
+        """Where gated bulk batches stop for queries and how large their parts are."""
+        share = largest_linear_share(self.model.network.layers[0])
+        plan = BulkPlan.for_layer(layer.tokens, layer.ms, share, max_step_ms)
         if plan.within_layers:
             log.info(
                 "a bulk layer over %d tokens takes %.1f ms: queries may also pass between its "
                 "linears%s, so that they wait for steps of about %.1f ms",
-                batch.num_tokens,
-                layer_ms,
+                layer.tokens,
+                layer.ms,
                 ""
                 if plan.max_part_tokens is None
                 else f", and bulk batches run in parts of up to {plan.max_part_tokens} tokens",
