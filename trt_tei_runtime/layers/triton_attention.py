@@ -166,50 +166,6 @@ if triton is not None:
         V,
         Out,
         CU,
-        stride_qt,
-        stride_qh,
-        stride_kt,
-        stride_kh,
-        stride_vt,
-        stride_vh,
-        stride_ot,
-        stride_oh,
-        scale,
-        softcap,
-        window_left,
-        window_right,
-        GROUP: tl.constexpr,
-        HEAD_DIM: tl.constexpr,
-        BLOCK_D: tl.constexpr,
-        BLOCK_M: tl.constexpr,
-        BLOCK_N: tl.constexpr,
-        HAS_LEFT: tl.constexpr,
-        HAS_RIGHT: tl.constexpr,
-        HAS_SOFTCAP: tl.constexpr,
-    ):
-        """A program per (query block, sequence, head); blocks past the end return."""
-        pid_m = tl.program_id(0)
-        seq = tl.program_id(1)
-        head = tl.program_id(2)
-        start = tl.load(CU + seq)
-        length = tl.load(CU + seq + 1) - start
-        m0 = pid_m * BLOCK_M
-        if m0 >= length:
-            return
-        _attend_block(
-            Q, K, V, Out, start, length, m0, head, head // GROUP,
-            stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot,
-            stride_oh, scale, softcap, window_left, window_right,
-            HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP,
-        )  # fmt: skip
-
-    @triton.jit
-    def _attention_table_kernel(
-        Q,
-        K,
-        V,
-        Out,
-        CU,
         TABLE,
         stride_qt,
         stride_qh,
@@ -232,23 +188,39 @@ if triton is not None:
         HAS_LEFT: tl.constexpr,
         HAS_RIGHT: tl.constexpr,
         HAS_SOFTCAP: tl.constexpr,
+        FROM_TABLE: tl.constexpr,
     ):
-        """Persistent programs taking (query block, head) items in turn from the block
-        table: `TABLE[0]` blocks, then one `seq << 16 | block` entry each."""
-        items = tl.load(TABLE) * HEADS
-        for item in range(tl.program_id(0), items, tl.num_programs(0)):
-            entry = tl.load(TABLE + 1 + item // HEADS)
-            head = item % HEADS
-            seq = entry >> 16
-            m0 = (entry & 0xFFFF) * BLOCK_M
+        """Without `FROM_TABLE`: a program per (query block, sequence, head), blocks past
+        their sequence's end doing nothing. With it: persistent programs taking (query
+        block, head) items in turn from the block table, `TABLE[0]` blocks and then one
+        `seq << 16 | block` entry each."""
+        if FROM_TABLE:
+            items = tl.load(TABLE) * HEADS
+            for item in range(tl.program_id(0), items, tl.num_programs(0)):
+                entry = tl.load(TABLE + 1 + item // HEADS)
+                head = item % HEADS
+                seq = entry >> 16
+                start = tl.load(CU + seq)
+                _attend_block(
+                    Q, K, V, Out, start, tl.load(CU + seq + 1) - start,
+                    (entry & 0xFFFF) * BLOCK_M, head, head // GROUP,
+                    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
+                    stride_ot, stride_oh, scale, softcap, window_left, window_right,
+                    HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP,
+                )  # fmt: skip
+        else:
+            seq = tl.program_id(1)
+            head = tl.program_id(2)
             start = tl.load(CU + seq)
             length = tl.load(CU + seq + 1) - start
-            _attend_block(
-                Q, K, V, Out, start, length, m0, head, head // GROUP,
-                stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot,
-                stride_oh, scale, softcap, window_left, window_right,
-                HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP,
-            )  # fmt: skip
+            m0 = tl.program_id(0) * BLOCK_M
+            if m0 < length:
+                _attend_block(
+                    Q, K, V, Out, start, length, m0, head, head // GROUP,
+                    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
+                    stride_ot, stride_oh, scale, softcap, window_left, window_right,
+                    HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP,
+                )  # fmt: skip
 
 
 def attention(
@@ -283,7 +255,23 @@ def attention(
         right = 0
     else:
         left = right = -1 if sliding_window is None else sliding_window
-    args = (
+    if block_table is None:
+        tiles = blocks or default_blocks(max_seqlen, head_dim)
+        grid: tuple[int, ...] = (
+            triton.cdiv(max(max_seqlen, 1), tiles.block_m),
+            cu_seqlens.numel() - 1,
+            heads,
+        )
+    else:
+        tiles = table_blocks(max_seqlen, head_dim)
+        grid = (programs or persistent_programs(q.device),)
+    _attention_kernel[grid](
+        q,
+        k,
+        v,
+        out,
+        cu_seqlens,
+        cu_seqlens if block_table is None else block_table,  # not read without a table
         q.stride(0),
         q.stride(1),
         k.stride(0),
@@ -296,21 +284,7 @@ def attention(
         float(softcap or 1.0),
         max(left, 0),
         max(right, 0),
-    )
-    if block_table is None:
-        tiles = blocks or default_blocks(max_seqlen, head_dim)
-        grid = (triton.cdiv(max(max_seqlen, 1), tiles.block_m), cu_seqlens.numel() - 1, heads)
-        kernel = _attention_kernel[grid]
-        inputs: tuple[torch.Tensor, ...] = (q, k, v, out, cu_seqlens)
-        extra: dict[str, int] = {}
-    else:
-        tiles = table_blocks(max_seqlen, head_dim)
-        kernel = _attention_table_kernel[(programs or persistent_programs(q.device),)]
-        inputs, extra = (q, k, v, out, cu_seqlens, block_table), {"HEADS": heads}
-    kernel(
-        *inputs,
-        *args,
-        **extra,
+        HEADS=heads,
         GROUP=heads // k.shape[1],
         HEAD_DIM=head_dim,
         BLOCK_D=_block_d(head_dim),
@@ -319,6 +293,7 @@ def attention(
         HAS_LEFT=left >= 0,
         HAS_RIGHT=right >= 0,
         HAS_SOFTCAP=softcap is not None,
+        FROM_TABLE=block_table is not None,
         num_warps=tiles.num_warps,
         num_stages=tiles.num_stages,
     )
