@@ -12,6 +12,14 @@ host and allocates only its output, so CUDA graphs can capture it; programs of q
 blocks past their sequence's end (empty sequences of a graph's static batch included)
 return at once. Scores, soft-cap and softmax are float32; exponentials are base 2 with
 log2(e) folded into the scale.
+
+Two launches of the one kernel. By default a grid of (query block, sequence, head)
+programs sized to the batch: cheap where the batch is what it is launched for (eager
+passes, and small graphs whose every slot a batch may fill). With a block table
+(`fill_block_table`), a fixed set of persistent programs takes the batch's real query
+blocks in turn: the bulk lane's CUDA graphs, whose launch must serve any batch of their
+bucket, where a grid sized for the longest possible sequence in every slot took a
+decoder's attention 5.5x as long (benchmarks/bench_table_attention.py).
 """
 
 from __future__ import annotations
