@@ -127,3 +127,35 @@ def test_bulk_graphs_follow_the_argument_else_the_environment(monkeypatch):  # t
     monkeypatch.setenv("TRT_TEI_BULK_GRAPHS", "0")
     assert not bulk_graphs_enabled(None)
     assert bulk_graphs_enabled(True) and not bulk_graphs_enabled(False)
+
+
+class _FakeRunner:
+    """Stands in for a bulk `CudaGraphRunner`: records how the lane called it."""
+
+    def __init__(self, fits: bool) -> None:
+        self.fits = fits
+        self.calls: list[object] = []
+
+    def can_run(self, batch: PackedBatch) -> bool:
+        return self.fits
+
+    def run(self, batch: PackedBatch, between: object = None) -> str:
+        self.calls.append(between)
+        return "replayed"
+
+
+@pytest.mark.parametrize("gated", [False, True])
+def test_the_bulk_lane_replays_its_large_graphs_where_they_fit(tmp_path, gated):  # type: ignore[no-untyped-def]
+    """A batch the bulk graphs hold replays them, with the gate's step between segments
+    where there is a gate; one they do not hold runs eagerly."""
+    folder = make_checkpoint(tmp_path, "BertModel", pooling="mean")
+    lane = load_executor(folder, device="cpu").bulk
+    gate = LayerGate() if gated else None
+    lane.gate = gate
+    batch = PackedBatch.from_sequences([[5, 6, 7], [8, 9]])
+    lane.large_graphs = _FakeRunner(fits=True)  # type: ignore[assignment]
+    assert lane.forward(batch) == "replayed"
+    assert lane.large_graphs.calls == [None if gate is None else gate.step]  # type: ignore[union-attr]
+    lane.large_graphs = _FakeRunner(fits=False)  # type: ignore[assignment]
+    out = lane.forward(batch)
+    assert out.hidden.shape[0] == batch.num_tokens and lane.large_graphs.calls == []  # type: ignore[union-attr]

@@ -88,7 +88,9 @@ class Executor:
         if cuda_graphs and packed:
             with on_device(self.device):
                 self._warm_up(max_num_tokens)
-                self.bulk.graphs = self._capture(max_num_tokens, max_batch_size)
+                self.bulk.graphs = self._capture(
+                    min(max_num_tokens, MAX_GRAPH_TOKENS), max_batch_size
+                )
                 # One layer's time over a full bulk batch, where bulk batches outgrow
                 # the graphs above: it plans the gate's steps and the bulk graphs.
                 layer = None
@@ -127,7 +129,7 @@ class Executor:
         self.interactive = InteractiveLane(
             model.network,
             self.device,
-            graphs=self._capture(max_num_tokens, max_batch_size),
+            graphs=self._capture(min(max_num_tokens, MAX_GRAPH_TOKENS), max_batch_size),
             gate=gate,
             inputs=self._input_staging(max_num_tokens),
         )
@@ -143,18 +145,13 @@ class Executor:
         buckets = bulk_ladder(max_num_tokens)
         if not buckets:
             return
-        runner = CudaGraphRunner(
-            self.model.network,
-            self.device,
-            max_num_tokens=max_num_tokens,
-            max_batch_size=max_batch_size,
-            max_seqlen=min(self.info.max_input_length, max_num_tokens),
+        runner = self._capture(
+            max_num_tokens,
+            max_batch_size,
             buckets=buckets,
-            pooler=self._graph_pooler(),
             block_table=True,
             segment_at=() if gate is None else gate.stops(self.model.network.layers),
         )
-        runner.capture()
         self.bulk.large_graphs = runner
         torch.cuda.empty_cache()
 
@@ -206,14 +203,17 @@ class Executor:
             return self.interactive
         return self.bulk
 
-    def _capture(self, max_num_tokens: int, max_batch_size: int) -> CudaGraphRunner:
+    def _capture(self, max_num_tokens: int, max_batch_size: int, **options: Any) -> CudaGraphRunner:
+        """Graphs for batches up to these sizes, captured; `options`: `CudaGraphRunner`'s
+        (the bulk graphs' `buckets`, `block_table`, `segment_at`)."""
         graphs = CudaGraphRunner(
             self.model.network,
             self.device,
-            max_num_tokens=min(max_num_tokens, MAX_GRAPH_TOKENS),
+            max_num_tokens=max_num_tokens,
             max_batch_size=max_batch_size,
             max_seqlen=min(self.info.max_input_length, max_num_tokens),
             pooler=self._graph_pooler(),
+            **options,
         )
         graphs.capture()
         return graphs

@@ -69,14 +69,13 @@ class Lane:
         if self.graphs is not None and self.graphs.can_run(batch):
             return self.graphs.run(batch)
         large = self.large_graphs
-        if large is not None and large.can_run(batch):
-            if self.gate is None:
-                return large.run(batch)
-            with self.gate.bulk():
-                return large.run(batch, between=self.gate.step)
+        if large is not None and not large.can_run(batch):
+            large = None
         if self.gate is None:
-            return self._eager(batch)
+            return self._eager(batch) if large is None else large.run(batch)
         with self.gate.bulk():
+            if large is not None:
+                return large.run(batch, between=self.gate.step)
             limit = self.gate.max_part_tokens
             if limit is None or batch.num_tokens <= limit:
                 return self._eager(batch)
