@@ -177,6 +177,38 @@ def test_bulk_graphs_equal_eager_above_the_small_graphs(models, tokens):  # type
     torch.testing.assert_close(ours, ref, rtol=3e-2, atol=3e-2)
 
 
+def test_bulk_graphs_warm_up_once_per_kind_of_bucket(tmp_path, monkeypatch):  # type: ignore[no-untyped-def]
+    """Bulk buckets share their warm-up pass: one for the buckets whose token counts are
+    multiples of 16 and one for the others (Triton compiles per divisibility by 16), and
+    every bucket of a ladder that mixes both replays an eager pass's embeddings."""
+    from trt_tei_runtime.runtime.graphs import CudaGraphRunner
+
+    folder = make_checkpoint(tmp_path, "BertModel", pooling="mean", hidden_size=64)
+    warm_ups: list[int] = []
+    capture_bucket = CudaGraphRunner._capture_bucket
+
+    def counting(self, bucket, stream, pool, warm_up):  # type: ignore[no-untyped-def]
+        if warm_up and self.inputs.block_table is not None:
+            warm_ups.append(bucket)
+        return capture_bucket(self, bucket, stream, pool, warm_up)
+
+    monkeypatch.setattr(CudaGraphRunner, "_capture_bucket", counting)
+    limit = 4100  # not a multiple of 16: its buckets are 3,072 and 4,100 - k * 128
+    graphs = load_executor(
+        folder, device="cuda", dtype="bfloat16", max_num_tokens=limit, max_batch_size=64
+    )
+    eager = load_executor(folder, device="cuda", dtype="bfloat16", cuda_graphs=False)
+    runner = graphs.bulk.large_graphs
+    assert runner is not None and sorted(runner.graphs) == bulk_ladder(limit)
+    assert warm_ups == [limit, max(b for b in bulk_ladder(limit) if b % 16 == 0)]
+    vocab = graphs.model.network.vocab_size
+    for tokens in bulk_ladder(limit):
+        batch = _batch(_lengths_for(tokens, longest=100), vocab, seed=tokens)
+        assert graphs.bulk.forward(batch).pooled is not None, "the bulk graphs ran"
+        ours, ref = graphs.embed(batch), eager.embed(batch)
+        torch.testing.assert_close(ours, ref, rtol=3e-2, atol=3e-2)
+
+
 def test_graph_replays_do_not_leak_between_batches(models):  # type: ignore[no-untyped-def]
     graphs, eager = models
     big = _batch([100, 37, 5], graphs.model.network.vocab_size, seed=1)

@@ -133,11 +133,15 @@ class CudaGraphRunner:
         pooler: Pooler | None = None,
         block_table: bool = False,
         segment_at: Sequence[nn.Module] = (),
+        warm_up_each_bucket: bool = True,
     ) -> None:
         """`pooler`, where given, is captured after the network in every graph.
         `block_table`: the attention runs from a block table (bulk graphs). `segment_at`:
         every bucket's pass is captured as segments, a new one starting before each of
-        these modules is called."""
+        these modules is called. A bucket's capture follows an eager pass of the same
+        bucket (kernels compiled and chosen), or without `warm_up_each_bucket` only the
+        largest bucket's (and the largest one's of the other divisibility by 16): where
+        the buckets launch the same kernels."""
         self.network = network
         self.device = device
         self.max_num_tokens = max_num_tokens
@@ -146,6 +150,7 @@ class CudaGraphRunner:
         self.buckets = buckets or bucket_ladder(max_num_tokens)
         self.pooler = pooler
         self.segment_at = segment_at
+        self.warm_up_each_bucket = warm_up_each_bucket
         # A batch's inputs arrive in the graphs' static buffers in one host-to-device copy.
         self.inputs = InputStaging(
             device, max_tokens=max_num_tokens, slots=max_batch_size + 2, block_table=block_table
@@ -187,9 +192,15 @@ class CudaGraphRunner:
         gc.collect()  # as torch.cuda.graph does before a capture (see `collector_paused`)
         pool = torch.cuda.graph_pool_handle()
         stream = torch.cuda.Stream(self.device)
+        warmed: set[bool] = set()
         for bucket in sorted(self.buckets, reverse=True):
+            # Triton compiles an integer argument's kernel once per divisibility by 16.
+            kind = bucket % 16 == 0
             with collector_paused():
-                self._capture_bucket(bucket, stream, pool)
+                self._capture_bucket(
+                    bucket, stream, pool, self.warm_up_each_bucket or kind not in warmed
+                )
+            warmed.add(kind)
         self._ladder = sorted(self.graphs)
         torch.cuda.synchronize(self.device)
         log.info(
@@ -199,16 +210,19 @@ class CudaGraphRunner:
             time.perf_counter() - started,
         )
 
-    def _capture_bucket(self, bucket: int, stream: torch.cuda.Stream, pool: Any) -> None:
+    def _capture_bucket(
+        self, bucket: int, stream: torch.cuda.Stream, pool: Any, warm_up: bool
+    ) -> None:
         self.inputs.cu_seqlens.fill_(bucket)
         self.inputs.cu_seqlens[0] = 0
         if self.inputs.block_table is not None:
             self.inputs.block_table[0] = 0  # captured with no blocks; each batch lists its own
         batch, meta = self._static_batch(bucket)
-        stream.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(stream):  # warm-up: kernels compiled and selected
-            self._pass(batch, meta)
-        torch.cuda.current_stream(self.device).wait_stream(stream)
+        if warm_up:
+            stream.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.stream(stream):  # kernels compiled and chosen
+                self._pass(batch, meta)
+            torch.cuda.current_stream(self.device).wait_stream(stream)
         segments = [torch.cuda.CUDAGraph()]
 
         def next_segment(module: nn.Module, args: Any) -> None:
