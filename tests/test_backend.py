@@ -61,6 +61,43 @@ def test_embed_from_bytes_matches_model(embedder):  # type: ignore[no-untyped-de
         Backend(str(make_reranker_dir(model))).embed(*_pack(model, TEXTS, 2))
 
 
+def test_launch_returns_what_the_method_returns(embedder):  # type: ignore[no-untyped-def]
+    """`launch` then `result` gives the method's rows, for two batches in flight at once (as
+    the router's bulk thread holds them on a GPU); on a CPU the runtime does not pipeline."""
+    backend, model = embedder
+    assert backend.pipelines() is False
+    first = backend.launch("embed", *_pack(model, TEXTS, 2))
+    second = backend.launch("embed_all", *_pack(model, TEXTS[:1], 2))
+    np.testing.assert_array_equal(second.result(), backend.embed_all(*_pack(model, TEXTS[:1], 2)))
+    pooled = first.result()
+    assert pooled.dtype == np.float32 and pooled.flags["C_CONTIGUOUS"]
+    np.testing.assert_array_equal(pooled, backend.embed(*_pack(model, TEXTS, 2)))
+    with pytest.raises(ValueError, match="unknown method 'health'"):
+        backend.launch("health", *_pack(model, TEXTS, 2))
+    ids, types, positions, cu = _pack(model, TEXTS, 2)
+    with pytest.raises(InputError, match="not a multiple of 4"):
+        backend.launch("embed", ids[:-1], types, positions, cu)
+
+
+def test_launch_goes_through_a_subclass_override(embedder):  # type: ignore[no-untyped-def]
+    """A backend class that wraps `embed` (as tests/http/backends.py does to inject faults)
+    sees every launched batch too."""
+    _, model = embedder
+
+    class Wrapped(Backend):
+        calls = 0
+
+        def embed(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+            Wrapped.calls += 1
+            return super().embed(*args, **kwargs) + 1
+
+    wrapped = Wrapped(str(model.info.model_dir))
+    arrays = _pack(model, TEXTS, 2)
+    rows = wrapped.launch("embed", *arrays).result()
+    assert Wrapped.calls == 1
+    np.testing.assert_allclose(rows, model.embed(TEXTS, normalize=False) + 1, atol=1e-6)
+
+
 def make_reranker_dir(model: Model):  # type: ignore[no-untyped-def]
     return make_checkpoint(
         model.info.model_dir.parent / "reranker", "XLMRobertaForSequenceClassification"

@@ -15,6 +15,7 @@ import torch
 from tiny_checkpoints import make_checkpoint
 
 from trt_tei_runtime import Model
+from trt_tei_runtime.backend import Backend
 from trt_tei_runtime.batch import PackedBatch
 from trt_tei_runtime.engine import BuilderConfig
 from trt_tei_runtime.engine.build import build_engine
@@ -207,6 +208,37 @@ def test_bulk_graphs_warm_up_once_per_kind_of_bucket(tmp_path, monkeypatch):  # 
         assert graphs.bulk.forward(batch).pooled is not None, "the bulk graphs ran"
         ours, ref = graphs.embed(batch), eager.embed(batch)
         torch.testing.assert_close(ours, ref, rtol=3e-2, atol=3e-2)
+
+
+def _router_arrays(lengths: list[int], vocab: int, seed: int) -> tuple[bytes, ...]:
+    """A batch as the router sends it: four little-endian uint32 buffers."""
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(5, vocab, size=sum(lengths)).astype("<u4")
+    positions = np.concatenate([np.arange(n) for n in lengths]).astype("<u4")
+    cu = np.concatenate([[0], np.cumsum(lengths)]).astype("<u4")
+    return ids.tobytes(), np.zeros_like(ids).tobytes(), positions.tobytes(), cu.tobytes()
+
+
+def test_launched_bulk_batches_equal_their_embed_while_several_are_in_flight(tmp_path):  # type: ignore[no-untyped-def]
+    """The router's pipelined bulk thread: batches launched one after another before any is
+    read back (bulk graphs twice in the same bucket, small graphs, an eager batch with more
+    sequences than the graphs' slots) each read back the rows `embed` gives them."""
+    folder = make_checkpoint(tmp_path, "BertModel", pooling="mean", hidden_size=64)
+    backend = Backend(str(folder), dtype="bfloat16", max_batch_tokens=MAX_TOKENS)
+    assert backend.pipelines()
+    executor = backend.executors[0]
+    assert executor.bulk.large_graphs is not None and executor.bulk.gate is not None
+    vocab = executor.model.network.vocab_size
+    batches = [
+        _router_arrays([100] * 30, vocab, seed=1),
+        _router_arrays([100] * 30, vocab, seed=2),
+        _router_arrays([7, 50, 3], vocab, seed=3),
+        _router_arrays([2] * 300, vocab, seed=4),
+    ]
+    expected = [backend.embed(*arrays) for arrays in batches]
+    launched = [backend.launch("embed", *arrays) for arrays in batches]
+    for pending, rows in zip(launched, expected, strict=True):
+        np.testing.assert_array_equal(pending.result(), rows)
 
 
 def test_graph_replays_do_not_leak_between_batches(models):  # type: ignore[no-untyped-def]

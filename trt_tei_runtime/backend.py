@@ -13,6 +13,10 @@ that executor's interactive lane (`runtime.lanes`).
 
 A failure of the device itself (a CUDA error) raises `DeviceError`: the router then takes
 that device out of service and the others keep serving.
+
+Where `pipelines(device)` is true (a GPU, whose work runs behind the host's), the router's
+bulk thread calls `launch` instead: it starts batch k + 1 before it reads batch k's rows
+back (`Launched.result`), so the device never waits for the host between two bulk batches.
 """
 
 from __future__ import annotations
@@ -132,6 +136,36 @@ class Backend:
         (`sparse.top_active`)."""
         return self._run(Executor.embed_sparse, arrays, interactive, device)
 
+    def pipelines(self, device: int = 0) -> bool:
+        """Whether `launch` returns before its batch has run: on a GPU, not on a CPU (where
+        holding a finished batch back while the next one runs would only delay it)."""
+        return self.executors[device].device.type == "cuda"
+
+    def launch(self, method: str, *arrays: Any, device: int = 0) -> Launched:
+        """Starts a bulk batch of `method` ("embed", "embed_all", "predict" or
+        "embed_sparse", with the same arguments) and returns once the device holds all of
+        its work, its rows on their way to the host (with the interactive lane, that is
+        when its last step is queued). Read them with `Launched.result()`, before or after
+        launching the next batch."""
+        if method not in _LAUNCHABLE:
+            raise ValueError(f"launch: unknown method {method!r}, expected one of {_LAUNCHABLE}")
+        if getattr(type(self), method) is not getattr(Backend, method):
+            # A subclass that wraps the method (e.g. to inject faults) keeps its say: its
+            # rows are ready when this returns.
+            rows = getattr(self, method)(*arrays, device=device)
+            return Launched(self.executors[device], torch.from_numpy(rows), _nothing)
+        batch = PackedBatch.from_arrays(*arrays)
+        executor = self.executors[device]
+        lane = executor.lane(False)
+        with _device_failures(executor), lane.active():
+            rows = _LAUNCHABLE[method](executor, batch, lane)
+            if rows.device.type != "cuda":
+                return Launched(executor, rows, _nothing)
+            host = rows.to("cpu", non_blocking=True)
+            ready = torch.cuda.Event()
+            ready.record()
+        return Launched(executor, host, ready.synchronize)
+
     def _run(
         self,
         method: Callable[[Executor, PackedBatch, Lane], torch.Tensor],
@@ -145,6 +179,34 @@ class Backend:
         # The copy to the host follows the lane's own work, not the other lane's.
         with _device_failures(executor), lane.active():
             return _numpy(method(executor, batch, lane))
+
+
+class Launched:
+    """A bulk batch launched by `Backend.launch`: its rows, once they reach the host."""
+
+    def __init__(self, executor: Executor, host: torch.Tensor, wait: Callable[[], None]) -> None:
+        self._executor = executor
+        self._host = host
+        self._wait = wait
+
+    def result(self) -> np.ndarray:
+        """The rows as `Backend.embed` (or the launched method) returns them; waits for the
+        batch to finish. A device failure meanwhile raises `DeviceError`."""
+        with _device_failures(self._executor):
+            self._wait()
+            return _numpy(self._host)
+
+
+_LAUNCHABLE: dict[str, Callable[[Executor, PackedBatch, Lane], torch.Tensor]] = {
+    "embed": Executor.embed,
+    "embed_all": Executor.embed_tokens,
+    "predict": Executor.predict,
+    "embed_sparse": Executor.embed_sparse,
+}
+
+
+def _nothing() -> None:
+    return None
 
 
 @contextlib.contextmanager

@@ -8,7 +8,7 @@
 
 use super::device::{DeviceFailure, DeviceState, DeviceStatus, Health};
 use super::wait::{next_message, LaneWaits, WaitPolicy};
-use super::{Backend, BackendError, Batch, BatchKind, Lane, Matrix, ModelInfo};
+use super::{Backend, BackendError, Batch, BatchKind, Lane, Launched, Matrix, ModelInfo};
 use futures_util::future::{join_all, select_all};
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -291,7 +291,22 @@ impl Worker {
     }
 }
 
+/// A batch launched on a pipelining backend ([`Backend::pipelines`]) and not read back yet.
+struct InFlight {
+    launched: Launched,
+    batch: Batch,
+    reply: ForwardReply,
+    started: Instant,
+    /// The thread's time launching it; the time it then waits for its result is added.
+    launching: Duration,
+    held: Option<OwnedSemaphorePermit>,
+}
+
 /// One backend thread's life: run what its lane sends until every handle is gone.
+///
+/// On a backend that pipelines, a batch is launched, and read back only once the next one is
+/// launched too, or once nothing else waits in the channel: the device never idles while the
+/// host reads a result and prepares the next batch.
 fn serve_lane(
     mut backend: Box<dyn Backend>,
     mut rx: mpsc::UnboundedReceiver<Command>,
@@ -300,9 +315,28 @@ fn serve_lane(
 ) {
     let Worker { state, busy } = worker;
     let device = state.index;
+    let pipelines = backend.pipelines();
+    let mut in_flight: Option<InFlight> = None;
     // Waiting here holds no interpreter lock: the Python backend attaches only inside
-    // `forward` / `health`.
-    while let Some(cmd) = next_message(&mut rx, wait) {
+    // `forward` / `launch` / `health`.
+    loop {
+        let cmd = match in_flight.take() {
+            None => match next_message(&mut rx, wait) {
+                Some(cmd) => cmd,
+                None => break,
+            },
+            Some(flight) => match rx.try_recv() {
+                Ok(cmd) => {
+                    in_flight = Some(flight);
+                    cmd
+                }
+                // Nothing to launch meanwhile (or every handle gone): hand the result over.
+                Err(_) => {
+                    finish(flight, &state, &busy, device);
+                    continue;
+                }
+            },
+        };
         match cmd {
             Command::Forward {
                 kind,
@@ -322,6 +356,9 @@ fn serve_lane(
                 if !state.is_healthy() {
                     // The device failed after this batch was handed over: hand it back, to
                     // run on another device.
+                    if let Some(flight) = in_flight.take() {
+                        finish(flight, &state, &busy, device);
+                    }
                     busy.store(false, Ordering::Relaxed);
                     let result = Err(BackendError::Refused);
                     let _ = reply.send(Ran {
@@ -332,6 +369,41 @@ fn serve_lane(
                     continue;
                 }
                 let started = Instant::now();
+                if pipelines && !hold_slot {
+                    let launched = guarded(|| backend.launch(kind, &batch));
+                    let launching = started.elapsed();
+                    if let Some(flight) = in_flight.take() {
+                        finish(flight, &state, &busy, device);
+                    }
+                    match launched {
+                        Ok(launched) => {
+                            busy.store(true, Ordering::Relaxed);
+                            in_flight = Some(InFlight {
+                                launched,
+                                batch,
+                                reply,
+                                started,
+                                launching,
+                                held,
+                            });
+                        }
+                        Err(err) => {
+                            let result = Err(err);
+                            busy.store(false, Ordering::Relaxed);
+                            state.record(&result);
+                            let _ = reply.send(Ran {
+                                batch,
+                                result,
+                                device,
+                            });
+                        }
+                    }
+                    continue;
+                }
+                if let Some(flight) = in_flight.take() {
+                    finish(flight, &state, &busy, device);
+                }
+                busy.store(true, Ordering::Relaxed);
                 let result = guarded(|| backend.forward(kind, &batch));
                 let duration = started.elapsed();
                 busy.store(false, Ordering::Relaxed);
@@ -349,6 +421,9 @@ fn serve_lane(
                 drop(held);
             }
             Command::Health(reply) => {
+                if let Some(flight) = in_flight.take() {
+                    finish(flight, &state, &busy, device);
+                }
                 let result = guarded(|| backend.health());
                 if let Err(BackendError::Device(why)) = &result {
                     state.mark_failed(why);
@@ -357,7 +432,38 @@ fn serve_lane(
             }
         }
     }
+    if let Some(flight) = in_flight.take() {
+        finish(flight, &state, &busy, device);
+    }
     tracing::debug!(device, "backend thread stopping");
+}
+
+/// Reads a launched batch's result back and replies with it.
+fn finish(flight: InFlight, state: &DeviceState, busy: &AtomicBool, device: usize) {
+    let InFlight {
+        launched,
+        batch,
+        reply,
+        started,
+        launching,
+        held,
+    } = flight;
+    let waited = Instant::now();
+    let result = guarded(|| launched.finish());
+    let duration = launching + waited.elapsed();
+    busy.store(false, Ordering::Relaxed);
+    state.record(&result);
+    let result = result.map(|matrix| Output {
+        matrix,
+        started,
+        duration,
+    });
+    let _ = reply.send(Ran {
+        batch,
+        result,
+        device,
+    });
+    drop(held);
 }
 
 /// What the loading thread hands back once the model is loaded.

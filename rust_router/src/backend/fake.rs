@@ -1,8 +1,8 @@
 //! A deterministic backend for tests: no Python, no model, same contract.
 
 use super::{
-    Backend, BackendError, BackendFactory, Batch, BatchKind, DeviceBackends, LoadedBackend, Matrix,
-    ModelInfo, ModelType,
+    Backend, BackendError, BackendFactory, Batch, BatchKind, DeviceBackends, Launched,
+    LoadedBackend, Matrix, ModelInfo, ModelType,
 };
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -86,7 +86,17 @@ pub struct FakeBackend {
     /// Once set, every forward pass and health check fails as a lost GPU would
     /// (`DeviceError`), until the test clears it.
     pub broken: Arc<AtomicBool>,
+    /// Whether the bulk lane pipelines, as a GPU runtime's does ([`Backend::pipelines`]): a
+    /// batch runs when launched, and reading its result fails if the device broke since, as
+    /// every CUDA call fails once a GPU is lost.
+    pub pipelined: bool,
+    /// Per pipelined batch whose result was read: its first id (as [`SeenBatch::first_id`])
+    /// and how many batches had been launched by then.
+    pub finished: Arc<Mutex<Vec<FinishedBatch>>>,
 }
+
+/// A pipelined batch read back: its first id and how many batches had been launched by then.
+pub type FinishedBatch = (Option<u32>, usize);
 
 /// Per-token hidden state: any fixed function of (token, position, column) will do, as long as
 /// tests can recompute it.
@@ -182,6 +192,8 @@ impl FakeBackend {
             gate: None,
             device: 0,
             broken: Arc::default(),
+            pipelined: false,
+            finished: Arc::default(),
         }
     }
 
@@ -216,10 +228,13 @@ impl FakeBackend {
             let devices = fakes
                 .into_iter()
                 .map(|fake| DeviceBackends {
-                    interactive: fake
-                        .info
-                        .interactive_lane
-                        .then(|| Box::new(fake.clone()) as Box<dyn Backend + Send>),
+                    // Queries are not pipelined (the Python bridge's interactive lane is not).
+                    interactive: fake.info.interactive_lane.then(|| {
+                        Box::new(FakeBackend {
+                            pipelined: false,
+                            ..fake.clone()
+                        }) as Box<dyn Backend + Send>
+                    }),
                     bulk: Box::new(fake),
                 })
                 .collect();
@@ -240,6 +255,32 @@ impl FakeBackend {
 }
 
 impl Backend for FakeBackend {
+    fn pipelines(&self) -> bool {
+        self.pipelined
+    }
+
+    fn launch(&mut self, kind: BatchKind, batch: &Batch) -> Result<Launched, BackendError> {
+        let matrix = self.forward(kind, batch)?;
+        if !self.pipelined {
+            return Ok(Launched::new(move || Ok(matrix)));
+        }
+        let (broken, finished, seen) = (
+            self.broken.clone(),
+            self.finished.clone(),
+            self.seen.clone(),
+        );
+        let first_id = batch.input_ids.get(1).copied();
+        let lost = self.device_error();
+        Ok(Launched::new(move || {
+            let launched = seen.lock().unwrap().len();
+            finished.lock().unwrap().push((first_id, launched));
+            if broken.load(Ordering::SeqCst) {
+                return Err(lost);
+            }
+            Ok(matrix)
+        }))
+    }
+
     fn health(&mut self) -> Result<(), BackendError> {
         if self.is_broken() {
             return Err(self.device_error());

@@ -145,6 +145,33 @@ impl Lane {
 pub trait Backend {
     fn health(&mut self) -> Result<(), BackendError>;
     fn forward(&mut self, kind: BatchKind, batch: &Batch) -> Result<Matrix, BackendError>;
+
+    /// Whether [`Backend::launch`] returns before its batch has run (a GPU runtime): the
+    /// bulk thread then starts the next batch before it reads this one back.
+    fn pipelines(&self) -> bool {
+        false
+    }
+
+    /// Starts a batch and returns once the device holds its work; [`Launched::finish`]
+    /// reads its result. By default the whole pass runs here.
+    fn launch(&mut self, kind: BatchKind, batch: &Batch) -> Result<Launched, BackendError> {
+        let matrix = self.forward(kind, batch)?;
+        Ok(Launched::new(move || Ok(matrix)))
+    }
+}
+
+/// A batch started by [`Backend::launch`], its result not read yet.
+pub struct Launched(Box<dyn FnOnce() -> Result<Matrix, BackendError> + Send>);
+
+impl Launched {
+    pub fn new(finish: impl FnOnce() -> Result<Matrix, BackendError> + Send + 'static) -> Self {
+        Self(Box::new(finish))
+    }
+
+    /// Waits for the batch and returns its result.
+    pub fn finish(self) -> Result<Matrix, BackendError> {
+        (self.0)()
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -315,3 +342,5 @@ impl ModelInfo {
 mod tests;
 #[cfg(test)]
 mod tests_devices;
+#[cfg(test)]
+mod tests_pipelined;

@@ -7,8 +7,8 @@
 //! naming its device (`device=i`).
 
 use super::{
-    Backend, BackendError, BackendFactory, Batch, BatchKind, DeviceBackends, LoadedBackend, Matrix,
-    ModelInfo,
+    Backend, BackendError, BackendFactory, Batch, BatchKind, DeviceBackends, Launched,
+    LoadedBackend, Matrix, ModelInfo,
 };
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
@@ -274,6 +274,16 @@ fn call_kwargs(
     Ok(Some(kwargs.unbind()))
 }
 
+/// `Backend.pipelines(device=i)` where the runtime has it (an older or minimal runtime has
+/// not: its batches then run through `forward`).
+fn runtime_pipelines(obj: &Bound<'_, PyAny>, kwargs: Option<&Py<PyDict>>) -> PyResult<bool> {
+    if !obj.hasattr("pipelines")? || !obj.hasattr("launch")? {
+        return Ok(false);
+    }
+    let kwargs = kwargs.map(|k| k.bind(obj.py()));
+    obj.call_method("pipelines", (), kwargs)?.is_truthy()
+}
+
 /// One device's backends over the same Python object: its bulk lane, and its interactive lane
 /// (called with `interactive=True` from a second thread) when the runtime has one.
 fn device_lanes(
@@ -284,11 +294,13 @@ fn device_lanes(
     interactive: bool,
 ) -> PyResult<DeviceBackends> {
     let lane = |interactive: bool| -> PyResult<Box<dyn Backend + Send>> {
+        let health_kwargs = call_kwargs(py, false, device)?;
         Ok(Box::new(PyBackend {
             obj: obj.clone_ref(py),
             as_f32: as_f32.clone_ref(py),
             kwargs: call_kwargs(py, interactive, device)?,
-            health_kwargs: call_kwargs(py, false, device)?,
+            pipelines: !interactive && runtime_pipelines(obj.bind(py), health_kwargs.as_ref())?,
+            health_kwargs,
         }))
     };
     Ok(DeviceBackends {
@@ -307,6 +319,9 @@ struct PyBackend {
     kwargs: Option<Py<PyDict>>,
     /// Keyword arguments of `health()`: `device=i` with several devices.
     health_kwargs: Option<Py<PyDict>>,
+    /// The bulk lane of a runtime whose `pipelines(device)` says so: batches go through
+    /// `launch` (see [`Backend::pipelines`]).
+    pipelines: bool,
 }
 
 /// A Python exception as the router's error: `DeviceError` means the device broke, anything
@@ -337,35 +352,75 @@ fn u32_bytes<'py>(py: Python<'py>, values: &[u32]) -> PyResult<Bound<'py, PyByte
 
 impl PyBackend {
     fn call(&self, py: Python<'_>, kind: BatchKind, batch: &Batch) -> PyResult<Matrix> {
-        let method = match kind {
-            BatchKind::Pooled => "embed",
-            BatchKind::AllTokens => "embed_all",
-            BatchKind::Predict => "predict",
-            BatchKind::Sparse => "embed_sparse",
-        };
-        let args = (
-            u32_bytes(py, &batch.input_ids)?,
-            u32_bytes(py, &batch.token_type_ids)?,
-            u32_bytes(py, &batch.position_ids)?,
-            u32_bytes(py, &batch.cu_seqlens)?,
-        );
+        let method = method_name(kind);
+        let args = batch_arrays(py, batch)?;
         let kwargs = self.kwargs.as_ref().map(|k| k.bind(py));
         let out = self.obj.bind(py).call_method(method, args, kwargs)?;
-        let array = self.as_f32.bind(py).call1((out, "float32"))?;
-        let shape: Vec<usize> = array.getattr("shape")?.extract()?;
-        let [rows, cols] = shape[..] else {
-            return Err(pyo3::exceptions::PyValueError::new_err(format!(
-                "Backend.{method} must return a 2-D array, got shape {shape:?}"
-            )));
-        };
-        let bytes = array.call_method0("tobytes")?;
-        let bytes = bytes.cast::<PyBytes>()?.as_bytes();
-        let data = bytes
-            .chunks_exact(4)
-            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect();
-        Ok(Matrix { rows, cols, data })
+        to_matrix(&out, self.as_f32.bind(py), method)
     }
+
+    /// `Backend.launch(method, *arrays, **kwargs)`: the Python `Launched` object.
+    fn call_launch(&self, py: Python<'_>, kind: BatchKind, batch: &Batch) -> PyResult<Py<PyAny>> {
+        let (ids, types, positions, cu_seqlens) = batch_arrays(py, batch)?;
+        let args = (method_name(kind), ids, types, positions, cu_seqlens);
+        let kwargs = self.kwargs.as_ref().map(|k| k.bind(py));
+        Ok(self
+            .obj
+            .bind(py)
+            .call_method("launch", args, kwargs)?
+            .unbind())
+    }
+}
+
+fn method_name(kind: BatchKind) -> &'static str {
+    match kind {
+        BatchKind::Pooled => "embed",
+        BatchKind::AllTokens => "embed_all",
+        BatchKind::Predict => "predict",
+        BatchKind::Sparse => "embed_sparse",
+    }
+}
+
+type BatchArrays<'py> = (
+    Bound<'py, PyBytes>,
+    Bound<'py, PyBytes>,
+    Bound<'py, PyBytes>,
+    Bound<'py, PyBytes>,
+);
+
+fn batch_arrays<'py>(py: Python<'py>, batch: &Batch) -> PyResult<BatchArrays<'py>> {
+    Ok((
+        u32_bytes(py, &batch.input_ids)?,
+        u32_bytes(py, &batch.token_type_ids)?,
+        u32_bytes(py, &batch.position_ids)?,
+        u32_bytes(py, &batch.cu_seqlens)?,
+    ))
+}
+
+/// A method's result (any float array-like) as a row-major f32 matrix.
+fn to_matrix(out: &Bound<'_, PyAny>, as_f32: &Bound<'_, PyAny>, method: &str) -> PyResult<Matrix> {
+    let array = as_f32.call1((out, "float32"))?;
+    let shape: Vec<usize> = array.getattr("shape")?.extract()?;
+    let [rows, cols] = shape[..] else {
+        return Err(pyo3::exceptions::PyValueError::new_err(format!(
+            "Backend.{method} must return a 2-D array, got shape {shape:?}"
+        )));
+    };
+    let bytes = array.call_method0("tobytes")?;
+    let bytes = bytes.cast::<PyBytes>()?.as_bytes();
+    let data = bytes
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect();
+    Ok(Matrix { rows, cols, data })
+}
+
+fn batch_context(kind: BatchKind, batch: &Batch) -> String {
+    format!(
+        "{kind:?} batch of {} sequences / {} tokens failed",
+        batch.num_seqs(),
+        batch.num_tokens()
+    )
 }
 
 impl Backend for PyBackend {
@@ -383,13 +438,32 @@ impl Backend for PyBackend {
     fn forward(&mut self, kind: BatchKind, batch: &Batch) -> Result<Matrix, BackendError> {
         Python::attach(|py| {
             self.call(py, kind, batch).map_err(|e| {
-                let context = format!(
-                    "{kind:?} batch of {} sequences / {} tokens failed",
-                    batch.num_seqs(),
-                    batch.num_tokens()
-                );
-                backend_error(py, &e, &context, BackendError::Inference)
+                backend_error(py, &e, &batch_context(kind, batch), BackendError::Inference)
             })
         })
+    }
+
+    fn pipelines(&self) -> bool {
+        self.pipelines
+    }
+
+    fn launch(&mut self, kind: BatchKind, batch: &Batch) -> Result<Launched, BackendError> {
+        if !self.pipelines {
+            let matrix = self.forward(kind, batch)?;
+            return Ok(Launched::new(move || Ok(matrix)));
+        }
+        let context = batch_context(kind, batch);
+        let launched = Python::attach(|py| {
+            self.call_launch(py, kind, batch)
+                .map_err(|e| backend_error(py, &e, &context, BackendError::Inference))
+        })?;
+        let as_f32 = Python::attach(|py| self.as_f32.clone_ref(py));
+        Ok(Launched::new(move || {
+            Python::attach(|py| {
+                let out = launched.bind(py).call_method0("result");
+                out.and_then(|out| to_matrix(&out, as_f32.bind(py), method_name(kind)))
+                    .map_err(|e| backend_error(py, &e, &context, BackendError::Inference))
+            })
+        }))
     }
 }
