@@ -314,7 +314,10 @@ fn serve_lane(
     worker: Worker,
 ) {
     let Worker { state, busy } = worker;
-    let device = state.index;
+    let lane = Replies {
+        state: &state,
+        busy: &busy,
+    };
     let pipelines = backend.pipelines();
     let mut in_flight: Option<InFlight> = None;
     // Waiting here holds no interpreter lock: the Python backend attaches only inside
@@ -332,7 +335,7 @@ fn serve_lane(
                 }
                 // Nothing to launch meanwhile (or every handle gone): hand the result over.
                 Err(_) => {
-                    finish(flight, &state, &busy, device);
+                    lane.finish(flight);
                     continue;
                 }
             },
@@ -357,14 +360,14 @@ fn serve_lane(
                     // The device failed after this batch was handed over: hand it back, to
                     // run on another device.
                     if let Some(flight) = in_flight.take() {
-                        finish(flight, &state, &busy, device);
+                        lane.finish(flight);
                     }
                     busy.store(false, Ordering::Relaxed);
                     let result = Err(BackendError::Refused);
                     let _ = reply.send(Ran {
                         batch,
                         result,
-                        device,
+                        device: state.index,
                     });
                     continue;
                 }
@@ -373,7 +376,7 @@ fn serve_lane(
                     let launched = guarded(|| backend.launch(kind, &batch));
                     let launching = started.elapsed();
                     if let Some(flight) = in_flight.take() {
-                        finish(flight, &state, &busy, device);
+                        lane.finish(flight);
                     }
                     match launched {
                         Ok(launched) => {
@@ -387,42 +390,21 @@ fn serve_lane(
                                 held,
                             });
                         }
-                        Err(err) => {
-                            let result = Err(err);
-                            busy.store(false, Ordering::Relaxed);
-                            state.record(&result);
-                            let _ = reply.send(Ran {
-                                batch,
-                                result,
-                                device,
-                            });
-                        }
+                        Err(err) => lane.reply(batch, reply, Err(err), started, launching),
                     }
                     continue;
                 }
                 if let Some(flight) = in_flight.take() {
-                    finish(flight, &state, &busy, device);
+                    lane.finish(flight);
                 }
                 busy.store(true, Ordering::Relaxed);
                 let result = guarded(|| backend.forward(kind, &batch));
-                let duration = started.elapsed();
-                busy.store(false, Ordering::Relaxed);
-                state.record(&result);
-                let result = result.map(|matrix| Output {
-                    matrix,
-                    started,
-                    duration,
-                });
-                let _ = reply.send(Ran {
-                    batch,
-                    result,
-                    device,
-                });
+                lane.reply(batch, reply, result, started, started.elapsed());
                 drop(held);
             }
             Command::Health(reply) => {
                 if let Some(flight) = in_flight.take() {
-                    finish(flight, &state, &busy, device);
+                    lane.finish(flight);
                 }
                 let result = guarded(|| backend.health());
                 if let Err(BackendError::Device(why)) = &result {
@@ -433,37 +415,48 @@ fn serve_lane(
         }
     }
     if let Some(flight) = in_flight.take() {
-        finish(flight, &state, &busy, device);
+        lane.finish(flight);
     }
-    tracing::debug!(device, "backend thread stopping");
+    tracing::debug!(device = state.index, "backend thread stopping");
 }
 
-/// Reads a launched batch's result back and replies with it.
-fn finish(flight: InFlight, state: &DeviceState, busy: &AtomicBool, device: usize) {
-    let InFlight {
-        launched,
-        batch,
-        reply,
-        started,
-        launching,
-        held,
-    } = flight;
-    let waited = Instant::now();
-    let result = guarded(|| launched.finish());
-    let duration = launching + waited.elapsed();
-    busy.store(false, Ordering::Relaxed);
-    state.record(&result);
-    let result = result.map(|matrix| Output {
-        matrix,
-        started,
-        duration,
-    });
-    let _ = reply.send(Ran {
-        batch,
-        result,
-        device,
-    });
-    drop(held);
+/// Where a backend thread's forward passes are answered and counted.
+struct Replies<'a> {
+    state: &'a DeviceState,
+    busy: &'a AtomicBool,
+}
+
+impl Replies<'_> {
+    fn reply(
+        &self,
+        batch: Batch,
+        reply: ForwardReply,
+        result: Result<Matrix, BackendError>,
+        started: Instant,
+        duration: Duration,
+    ) {
+        self.busy.store(false, Ordering::Relaxed);
+        self.state.record(&result);
+        let result = result.map(|matrix| Output {
+            matrix,
+            started,
+            duration,
+        });
+        let _ = reply.send(Ran {
+            batch,
+            result,
+            device: self.state.index,
+        });
+    }
+
+    /// Reads a launched batch's result back and replies with it.
+    fn finish(&self, flight: InFlight) {
+        let waited = Instant::now();
+        let result = guarded(|| flight.launched.finish());
+        let duration = flight.launching + waited.elapsed();
+        self.reply(flight.batch, flight.reply, result, flight.started, duration);
+        drop(flight.held);
+    }
 }
 
 /// What the loading thread hands back once the model is loaded.
