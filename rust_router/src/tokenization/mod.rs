@@ -263,6 +263,9 @@ impl PoolPriority {
 pub struct Tokenization {
     tx: mpsc::Sender<Job>,
     inline: Arc<InlinePool>,
+    /// The pool threads' kernel thread ids (Linux), each added once the thread has taken its
+    /// scheduling class.
+    worker_tids: Arc<Mutex<Vec<u32>>>,
 }
 
 /// Idle [`Worker`]s for inline encoding: taken for one encode, then put back. There are never
@@ -310,8 +313,10 @@ impl Tokenization {
         });
         let (tx, rx) = mpsc::channel::<Job>();
         let rx = Arc::new(Mutex::new(rx));
+        let worker_tids: Arc<Mutex<Vec<u32>>> = Arc::default();
         for i in 0..workers.max(1) {
             let rx = rx.clone();
+            let tids = worker_tids.clone();
             let mut worker = Worker {
                 tokenizer: tokenizer.clone(),
                 truncation: None,
@@ -321,6 +326,11 @@ impl Tokenization {
                 .name(format!("tokenizer-{i}"))
                 .spawn(move || {
                     priority.apply();
+                    #[cfg(target_os = "linux")]
+                    if let Ok(mut tids) = tids.lock() {
+                        // SAFETY: gettid takes no arguments and cannot fail.
+                        tids.push(unsafe { libc::syscall(libc::SYS_gettid) } as u32);
+                    }
                     loop {
                         // Holding the lock while waiting is fine: the other workers would wait
                         // anyway.
@@ -347,7 +357,20 @@ impl Tokenization {
             config,
             idle: Mutex::new(vec![first]),
         });
-        Self { tx, inline }
+        Self {
+            tx,
+            inline,
+            worker_tids,
+        }
+    }
+
+    /// The kernel thread ids (Linux) of the pool threads that have started and taken their
+    /// scheduling class so far.
+    pub fn worker_tids(&self) -> Vec<u32> {
+        self.worker_tids
+            .lock()
+            .map(|tids| tids.clone())
+            .unwrap_or_default()
     }
 
     async fn submit<T>(&self, make: impl FnOnce(Reply<T>) -> Job) -> Result<T, TokenizationError> {

@@ -313,8 +313,9 @@ fn each_pool_priority_sets_its_class_on_the_calling_thread_only() {
 #[cfg(target_os = "linux")]
 #[tokio::test]
 async fn pool_threads_yield_their_cores_by_default_and_inline_callers_keep_theirs() {
+    // Other tests run pools in this process at the same time, some in the normal class: this
+    // one looks only at its own pool's threads, once both have started.
     let t = test_tokenization(16, 0);
-    // A job through the pool: its workers have started (and set their class) by then.
     t.encode(single("hello world"), Default::default())
         .await
         .unwrap();
@@ -323,17 +324,20 @@ async fn pool_threads_yield_their_cores_by_default_and_inline_callers_keep_their
         ..Default::default()
     };
     t.encode(single("hello"), inline).await.unwrap();
-    let mut pool_threads = 0;
-    for task in std::fs::read_dir("/proc/self/task").unwrap() {
-        let tid = task.unwrap().file_name().into_string().unwrap();
-        let Ok(name) = std::fs::read_to_string(format!("/proc/self/task/{tid}/comm")) else {
-            continue; // the thread has exited
-        };
-        if name.starts_with("tokenizer-") {
-            assert_eq!(scheduling(&tid).0, libc::SCHED_IDLE as u32, "{name}");
-            pool_threads += 1;
-        }
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while t.worker_tids().len() < 2 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the pool's threads did not start"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(1)).await;
     }
-    assert!(pool_threads >= 2, "found {pool_threads} pool threads");
+    for tid in t.worker_tids() {
+        assert_eq!(
+            scheduling(&tid.to_string()).0,
+            libc::SCHED_IDLE as u32,
+            "thread {tid}"
+        );
+    }
     assert_eq!(scheduling(&own_tid()).0, libc::SCHED_OTHER as u32);
 }
