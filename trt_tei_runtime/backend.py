@@ -25,7 +25,7 @@ import contextlib
 import logging
 import sys
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
@@ -33,9 +33,11 @@ import torch
 from .batch import PackedBatch
 from .errors import DeviceError, RuntimeErrorBase
 from .runtime import Executor, Lane, load_executors
+from .runtime.dispatch import to_host
 from .runtime.preemption import DEFAULT_MAX_STEP_MS
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 # How long a Python thread may hold the interpreter before a waiting one gets it. The
 # default (5 ms) would let the bulk thread, while it launches a large eager batch, hold an
@@ -152,19 +154,10 @@ class Backend:
         if getattr(type(self), method) is not getattr(Backend, method):
             # A subclass that wraps the method (e.g. to inject faults) keeps its say: its
             # rows are ready when this returns.
-            rows = getattr(self, method)(*arrays, device=device)
-            return Launched(self.executors[device], torch.from_numpy(rows), _nothing)
-        batch = PackedBatch.from_arrays(*arrays)
-        executor = self.executors[device]
-        lane = executor.lane(False)
-        with _device_failures(executor), lane.active():
-            rows = _LAUNCHABLE[method](executor, batch, lane)
-            if rows.device.type != "cuda":
-                return Launched(executor, rows, _nothing)
-            host = rows.to("cpu", non_blocking=True)
-            ready = torch.cuda.Event()
-            ready.record()
-        return Launched(executor, host, ready.synchronize)
+            host, wait = to_host(torch.from_numpy(getattr(self, method)(*arrays, device=device)))
+        else:
+            host, wait = self._call(_LAUNCHABLE[method], arrays, False, device, to_host)
+        return Launched(self.executors[device], host, wait)
 
     def _run(
         self,
@@ -173,12 +166,23 @@ class Backend:
         interactive: bool,
         device: int,
     ) -> np.ndarray:
+        return self._call(method, arrays, interactive, device, _numpy)
+
+    def _call(
+        self,
+        method: Callable[[Executor, PackedBatch, Lane], torch.Tensor],
+        arrays: tuple[Any, ...],
+        interactive: bool,
+        device: int,
+        finish: Callable[[torch.Tensor], T],
+    ) -> T:
+        """`method` on the batch in `arrays`, and `finish` on its result, on the lane's
+        stream: the copy to the host follows the lane's own work, not the other lane's."""
         batch = PackedBatch.from_arrays(*arrays)
         executor = self.executors[device]
         lane = executor.lane(interactive)
-        # The copy to the host follows the lane's own work, not the other lane's.
         with _device_failures(executor), lane.active():
-            return _numpy(method(executor, batch, lane))
+            return finish(method(executor, batch, lane))
 
 
 class Launched:
@@ -203,10 +207,6 @@ _LAUNCHABLE: dict[str, Callable[[Executor, PackedBatch, Lane], torch.Tensor]] = 
     "predict": Executor.predict,
     "embed_sparse": Executor.embed_sparse,
 }
-
-
-def _nothing() -> None:
-    return None
 
 
 @contextlib.contextmanager

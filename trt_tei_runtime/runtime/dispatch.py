@@ -98,7 +98,7 @@ def run_jobs(
                     deliver()
                     break
                 with executor.bulk.active():
-                    host, wait = _to_host(method(executor, job.batch))
+                    host, wait = to_host(method(executor, job.batch))
                 deliver()
                 pending = (job, host, wait)
         except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread
@@ -131,7 +131,7 @@ def run_jobs(
             thread.join()
 
 
-def _to_host(tensor: torch.Tensor) -> tuple[torch.Tensor, Callable[[], None]]:
+def to_host(tensor: torch.Tensor) -> tuple[torch.Tensor, Callable[[], None]]:
     """The tensor's host copy and a function that waits until it is complete; call it on
     the tensor's device's lane."""
     if tensor.device.type != "cuda":

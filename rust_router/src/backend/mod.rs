@@ -155,8 +155,7 @@ pub trait Backend {
     /// Starts a batch and returns once the device holds its work; [`Launched::finish`]
     /// reads its result. By default the whole pass runs here.
     fn launch(&mut self, kind: BatchKind, batch: &Batch) -> Result<Launched, BackendError> {
-        let matrix = self.forward(kind, batch)?;
-        Ok(Launched::new(move || Ok(matrix)))
+        self.forward(kind, batch).map(Launched::done)
     }
 }
 
@@ -166,6 +165,11 @@ pub struct Launched(Box<dyn FnOnce() -> Result<Matrix, BackendError> + Send>);
 impl Launched {
     pub fn new(finish: impl FnOnce() -> Result<Matrix, BackendError> + Send + 'static) -> Self {
         Self(Box::new(finish))
+    }
+
+    /// A batch that has run already: `finish` returns `matrix`.
+    pub fn done(matrix: Matrix) -> Self {
+        Self::new(move || Ok(matrix))
     }
 
     /// Waits for the batch and returns its result.

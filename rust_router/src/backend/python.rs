@@ -449,15 +449,14 @@ impl Backend for PyBackend {
 
     fn launch(&mut self, kind: BatchKind, batch: &Batch) -> Result<Launched, BackendError> {
         if !self.pipelines {
-            let matrix = self.forward(kind, batch)?;
-            return Ok(Launched::new(move || Ok(matrix)));
+            return self.forward(kind, batch).map(Launched::done);
         }
         let context = batch_context(kind, batch);
-        let launched = Python::attach(|py| {
+        let (launched, as_f32) = Python::attach(|py| {
             self.call_launch(py, kind, batch)
+                .map(|launched| (launched, self.as_f32.clone_ref(py)))
                 .map_err(|e| backend_error(py, &e, &context, BackendError::Inference))
         })?;
-        let as_f32 = Python::attach(|py| self.as_f32.clone_ref(py));
         Ok(Launched::new(move || {
             Python::attach(|py| {
                 let out = launched.bind(py).call_method0("result");
