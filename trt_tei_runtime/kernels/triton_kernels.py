@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from . import reference
 
@@ -25,8 +26,12 @@ def _add_rms_norm_kernel(
     eps,
     HAS_RESIDUAL: tl.constexpr,
     GEMMA: tl.constexpr,
+    PDL: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
+    if PDL:  # launched while the kernel before runs (skinny_linear.py): wait for it first
+        gdc_wait()
+        gdc_launch_dependents()
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
     mask = cols < n_cols
@@ -45,7 +50,7 @@ def _add_rms_norm_kernel(
     tl.store(out_ptr + row * stride_o + cols, y.to(x.dtype), mask=mask)
 
 
-def add_rms_norm(x, residual, weight, eps, gemma):  # type: ignore[no-untyped-def]
+def add_rms_norm(x, residual, weight, eps, gemma, pdl=False):  # type: ignore[no-untyped-def]
     if x.stride(-1) != 1 or x.dim() != 2:
         return reference.add_rms_norm(x, residual, weight, eps, gemma)
     rows, cols = x.shape
@@ -66,7 +71,9 @@ def add_rms_norm(x, residual, weight, eps, gemma):  # type: ignore[no-untyped-de
         eps,
         HAS_RESIDUAL=residual is not None,
         GEMMA=gemma,
+        PDL=pdl,
         BLOCK=triton.next_power_of_2(cols),
+        launch_pdl=pdl,
     )
     return out, summed
 
@@ -83,8 +90,12 @@ def _add_layer_norm_kernel(
     stride_o,
     n_cols,
     eps,
+    PDL: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
+    if PDL:
+        gdc_wait()
+        gdc_launch_dependents()
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
     mask = cols < n_cols
@@ -99,7 +110,7 @@ def _add_layer_norm_kernel(
     tl.store(out_ptr + row * stride_o + cols, (centered * rstd * w + b).to(x.dtype), mask=mask)
 
 
-def add_layer_norm(x, residual, weight, bias, eps):  # type: ignore[no-untyped-def]
+def add_layer_norm(x, residual, weight, bias, eps, pdl=False):  # type: ignore[no-untyped-def]
     if x.dim() != 2 or x.stride(-1) != 1 or residual.stride(-1) != 1:
         return reference.add_layer_norm(x, residual, weight, bias, eps)
     rows, cols = x.shape
@@ -115,7 +126,9 @@ def add_layer_norm(x, residual, weight, bias, eps):  # type: ignore[no-untyped-d
         out.stride(0),
         cols,
         eps,
+        PDL=pdl,
         BLOCK=triton.next_power_of_2(cols),
+        launch_pdl=pdl,
     )
     return out
 
