@@ -28,7 +28,8 @@ closed loop, where the next query follows the last at once. This splits the diff
   and of small copies, and the query on each lane, after the wait.
 - router: the router on loopback, queries every 20 ms and back to back, client latency
   against the router's own per-request figures (its debug log: total, tokenization,
-  queue, inference); with `--backfill`, also under the realistic backfill
+  queue, the part of the queue time before the batch reached its backend thread,
+  inference); with `--backfill`, also under the realistic backfill
   (benchmarks/realistic_traffic.py). One server per `--router-variants` entry (extra
   flags, `;`-separated; empty = defaults; leading NAME=VALUE words go to the server's
   environment, e.g. "TOKIO_WORKER_THREADS=4 --backend-spin-us 0": tokio reads its worker
@@ -509,7 +510,7 @@ def server_timings(log: Path, seen: int, max_tokens: int) -> tuple[list[dict[str
         out.append(
             {
                 k: duration_s(event[f"{k}_time"])
-                for k in ("total", "tokenization", "queue", "inference")
+                for k in ("total", "tokenization", "queue", "handover", "inference")
             }
         )
     return out, len(lines)
@@ -535,7 +536,8 @@ def row(
         return "{:.3f} / {:.3f}".format(*percentiles(seconds)) if seconds else "–"
 
     cols = [pair(client)]
-    cols += [pair([s[k] for s in server]) for k in ("total", "tokenization", "queue", "inference")]
+    parts = ("total", "tokenization", "queue", "handover", "inference")
+    cols += [pair([s[k] for s in server]) for k in parts]
     outside = (np.median(client) - np.median([s["total"] for s in server])) * 1e3
     return (
         f"| {shape} | {variant or 'defaults'} | {phase} ({len(client)}) | "
@@ -642,9 +644,10 @@ def print_tables(runtime_rows: list[str], router_rows: list[str]) -> None:
     if router_rows:
         print(
             "\n| shape | router flags | queries (answered) | client | server total | "
-            "tokenization | queue | inference | client − server, p50 |"
+            "tokenization | queue | of it, before the hand-over | inference | "
+            "client − server, p50 |"
         )
-        print("|---|---|---|---|---|---|---|---|---|")
+        print("|---|---|---|---|---|---|---|---|---|---|")
         print("\n".join(router_rows))
 
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import base64
+import json
+import re
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -234,3 +236,30 @@ def test_spinning_backend_thread_answers_the_same_and_stops(start_server, minilm
         assert response.status_code == 200, response.text
         assert_same(response.json(), expected)
     assert spinning.stop() == 0
+
+
+def _seconds(duration: str) -> float:
+    """A Rust `Duration`'s Debug text ("812.3µs", "1.2ms", "0ns") in seconds."""
+    m = re.fullmatch(r"([0-9.]+)(ns|µs|ms|s)", duration)
+    assert m, duration
+    return float(m.group(1)) * {"ns": 1e-9, "µs": 1e-6, "ms": 1e-3, "s": 1.0}[m.group(2)]
+
+
+def test_debug_log_gives_each_requests_times(start_server, minilm_dir):
+    """At debug level every answered request logs its times (README, Logs); the part of
+    its queue time before its batch reached a backend thread is within the queue time."""
+    logged = start_server(
+        minilm_dir, "--json-output", env={"LOG_LEVEL": "info,trt_tei_router::http=debug"}
+    )
+    for text in TEXTS:
+        assert logged.post("/embed", {"inputs": text}).status_code == 200
+    events = [json.loads(line) for line in logged.logs().splitlines() if '"success"' in line]
+    events = [e for e in events if e.get("message") == "success"]
+    assert len(events) == len(TEXTS), logged.logs()[-2000:]
+    for event in events:
+        times = {
+            k: _seconds(event[f"{k}_time"])
+            for k in ("total", "tokenization", "queue", "handover", "inference")
+        }
+        assert 0 <= times["handover"] <= times["queue"], event
+        assert times["tokenization"] + times["queue"] + times["inference"] <= times["total"], event

@@ -178,6 +178,9 @@ pub(crate) struct ResponseMeta {
     pub start: Instant,
     pub tokenization: Duration,
     pub queue: Duration,
+    /// The part of `queue` before a backend thread had the batch (the debug log's
+    /// `handover_time`).
+    pub handover: Duration,
     pub inference: Duration,
 }
 
@@ -193,6 +196,7 @@ impl ResponseMeta {
             start,
             tokenization: sum(|m| m.tokenization),
             queue: sum(|m| m.queue),
+            handover: sum(|m| m.handover),
             inference: sum(|m| m.inference),
         }
     }
@@ -217,6 +221,7 @@ impl ResponseMeta {
             total_time = ?total,
             tokenization_time = ?self.tokenization,
             queue_time = ?self.queue,
+            handover_time = ?self.handover,
             inference_time = ?self.inference,
             compute_tokens = self.compute_tokens,
             "success"

@@ -11,6 +11,7 @@ use crate::backend::{
 use crate::metrics::Metrics;
 use crate::queue::{InferResult, Metadata, NextBatch, Queue, RequestId, Take};
 use std::sync::Arc;
+use std::time::Instant;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
@@ -110,6 +111,7 @@ fn send_batch(slot: Slot, next: NextBatch, take: Take, ctx: &Arc<Context>) {
         metadata,
     } = next;
     let (reply, rx) = oneshot::channel();
+    let sent_at = Instant::now();
     // Paced bulk batches share their thread with queries: none is prefetched behind them,
     // so a query waits for the rest of one bulk batch at most, not for the next one too.
     if packed == Lane::Bulk && ctx.queue.paces_bulk() {
@@ -122,6 +124,7 @@ fn send_batch(slot: Slot, next: NextBatch, take: Take, ctx: &Arc<Context>) {
         lane: take.backend_lane(),
         paced: packed == Lane::Bulk,
         metadata,
+        sent_at,
     };
     tokio::spawn(job.finish(rx, ctx.clone()));
 }
@@ -207,6 +210,8 @@ struct Job {
     paced: bool,
     /// One per sequence, in batch order.
     metadata: Vec<Metadata>,
+    /// When the batch went into a backend thread's channel (re-runs keep the first batch's).
+    sent_at: Instant,
 }
 
 impl Job {
@@ -293,6 +298,7 @@ impl Job {
                     values: values.to_vec(),
                     cols,
                     queue: out.started.saturating_duration_since(meta.queued_at),
+                    handover: self.sent_at.saturating_duration_since(meta.queued_at),
                     inference: out.duration,
                 })
             } else {
@@ -319,6 +325,7 @@ impl Job {
         );
         let kind = self.kind;
         let lane = self.lane;
+        let sent_at = self.sent_at;
         // Each request's sequences, by index in `batch`.
         let mut slots: Vec<Option<Metadata>> = self.metadata.into_iter().map(Some).collect();
         let seqs_of = |group: &[RequestId], slots: &[Option<Metadata>]| -> Vec<usize> {
@@ -345,7 +352,7 @@ impl Job {
                     "the batch holding this request failed, and {MAX_ISOLATION_PASSES} \
                      re-runs did not single out the failing request (see the log)"
                 ));
-                Job::new(kind, lane, take(&mut slots)).fail_all(&err);
+                Job::new(kind, lane, take(&mut slots), sent_at).fail_all(&err);
                 continue;
             }
             passes += 1;
@@ -353,7 +360,7 @@ impl Job {
             let ran = match run_anywhere(&ctx.backend, lane, kind, sub).await {
                 Ok(ran) => ran,
                 Err(err) => {
-                    Job::new(kind, lane, take(&mut slots)).fail_all(&err);
+                    Job::new(kind, lane, take(&mut slots), sent_at).fail_all(&err);
                     continue;
                 }
             };
@@ -361,7 +368,7 @@ impl Job {
             ctx.inc("te_batch_isolation_pass", device);
             match ran.result {
                 Ok(out) => {
-                    let job = Job::new(kind, lane, take(&mut slots));
+                    let job = Job::new(kind, lane, take(&mut slots), sent_at);
                     match check_shape(&out, kind, &ran.batch, &ctx.info) {
                         Ok(()) => job.deliver(&ran.batch, out, device, ctx),
                         Err(e) => job.fail_all(&e),
@@ -371,18 +378,19 @@ impl Job {
                     tracing::debug!(requests = group.len(), "still failing: {message}");
                     work.extend(halves(&group));
                 }
-                Err(err) => Job::new(kind, lane, take(&mut slots)).fail_all(&err),
+                Err(err) => Job::new(kind, lane, take(&mut slots), sent_at).fail_all(&err),
             }
         }
         tracing::info!(passes, "isolated the failing requests of a batch");
     }
 
-    fn new(kind: BatchKind, lane: Lane, metadata: Vec<Metadata>) -> Self {
+    fn new(kind: BatchKind, lane: Lane, metadata: Vec<Metadata>, sent_at: Instant) -> Self {
         Self {
             kind,
             lane,
             paced: false,
             metadata,
+            sent_at,
         }
     }
 }

@@ -38,6 +38,8 @@ pub struct InferMetadata {
     pub prompt_tokens: usize,
     pub tokenization: Duration,
     pub queue: Duration,
+    /// See [`InferResult::handover`].
+    pub handover: Duration,
     pub inference: Duration,
 }
 
@@ -255,6 +257,7 @@ impl Infer {
                 prompt_tokens,
                 tokenization,
                 queue: result.queue,
+                handover: result.handover,
                 inference: result.inference,
             };
             Ok::<_, InferError>((result, meta))

@@ -480,3 +480,48 @@ async fn queries_wait_for_the_batching_task_while_a_batch_waits_for_their_thread
     assert_eq!(passes[0].1, Some(HOLD_ID));
     assert!(h.packed(Lane::Interactive, 3));
 }
+
+/// A query's queue time splits at the hand-over to its backend thread: one sent to the free
+/// slot while another batch runs waits after its hand-over; one queued while that slot is
+/// taken waits before it.
+#[tokio::test]
+async fn queue_time_splits_at_the_hand_over_to_the_backend_thread() {
+    let h = harness(true, 8);
+    let embed = |text: &'static str| {
+        let infer = h.infer.clone();
+        tokio::spawn(async move {
+            let request = InferRequest {
+                inputs: vec![EncodingInput::Single(text.into())],
+                opts: EncodeOptions::default(),
+                batched: false,
+            };
+            let mut out = infer.embed_pooled(request, true, None).await.unwrap();
+            out.pop().unwrap().1
+        })
+    };
+    let held = embed("g");
+    until("the held query runs", || h.gate.held() == 1).await;
+    let handed_over = embed("hello");
+    until("the second query takes the free slot", || {
+        h.packed(Lane::Interactive, 2)
+    })
+    .await;
+    let waiting = embed("world");
+    until("the third waits in the queue", || h.infer.queue.len() == 1).await;
+    let pause = Duration::from_millis(100);
+    tokio::time::sleep(pause).await;
+    h.gate.open();
+    held.await.unwrap();
+    let (handed_over, waiting) = (handed_over.await.unwrap(), waiting.await.unwrap());
+    for meta in [&handed_over, &waiting] {
+        assert!(meta.handover <= meta.queue, "{meta:?}");
+    }
+    assert!(
+        handed_over.queue >= pause && handed_over.queue - handed_over.handover >= pause,
+        "the second query waited after its hand-over: {handed_over:?}"
+    );
+    assert!(
+        waiting.handover >= pause,
+        "the third query waited before its hand-over: {waiting:?}"
+    );
+}

@@ -25,7 +25,11 @@ pub struct InferResult {
     /// Row-major `[rows, cols]`: one row for pooled / predict, one per token for all-tokens.
     pub values: Vec<f32>,
     pub cols: usize,
+    /// From queueing to the start of the forward pass.
     pub queue: Duration,
+    /// The part of `queue` until the batch was handed to a backend thread; the rest is that
+    /// thread's wait for its previous batch, or its wake-up.
+    pub handover: Duration,
     pub inference: Duration,
 }
 
