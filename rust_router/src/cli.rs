@@ -90,7 +90,8 @@ pub struct Args {
     /// and a query waits for the bulk batch in progress: bulk batches are then bounded to
     /// about this many milliseconds of forward pass (their token budget follows the measured
     /// speed), and none is prefetched behind the one in progress, so queries stay fast during
-    /// a backfill. 0: bounded by tokens only, and prefetched.
+    /// a backfill; a batch of queries is topped up with bulk entries to that budget. 0:
+    /// bounded by tokens only, prefetched, and queries in batches of their own.
     #[arg(long, env = "MAX_BULK_BATCH_MS", default_value_t = 40)]
     pub max_bulk_batch_ms: u64,
 

@@ -8,9 +8,9 @@ thresholds are generous for a noisy shared machine, but a query that waited for 
 bulk batch (seconds on a CPU) fails them: the test compares the queries' latency under the
 backfill with the time that batch takes at the speed measured here.
 
-The queries themselves take a share of the two cores (a query every 50 ms, ~10-15 ms of
-forward pass each), which the backfill cannot keep: what the test asks is that the two
-together keep the machine busy, nothing lost to switching between them.
+A query's batch is topped up with bulk entries (README, "Interactive lane"), so the queries
+cost the backfill their tokens rather than a forward pass each (~10-15 ms for a few tokens):
+the backfill keeps most of its solo speed, measured here at 92-94 % (a query every 50 ms).
 """
 
 from __future__ import annotations
@@ -136,5 +136,5 @@ def test_a_query_does_not_wait_behind_a_bulk_batch_on_cpu(start_server, minilm_d
     # Waiting behind one full-size bulk batch would put most queries near `full_batch_s`.
     assert p90 < 0.25 * full_batch_s, report
     assert statistics.median(under) < 0.1 * full_batch_s + 10 * idle_p50, report
-    assert backfill_share > 0.5, report
+    assert backfill_share > 0.75, report
     assert backfill_share + query_share > 0.8, report

@@ -106,15 +106,16 @@ pub fn spawn_tasks(
 fn send_batch(slot: Slot, next: NextBatch, take: Take, ctx: &Arc<Context>) {
     let NextBatch {
         kind,
-        lane: packed,
+        lane: _,
         batch,
         metadata,
+        paced,
     } = next;
     let (reply, rx) = oneshot::channel();
     let sent_at = Instant::now();
-    // Paced bulk batches share their thread with queries: none is prefetched behind them,
-    // so a query waits for the rest of one bulk batch at most, not for the next one too.
-    if packed == Lane::Bulk && ctx.queue.paces_bulk() {
+    // Paced batches share their thread with queries: none is prefetched behind them, so a
+    // query waits for the rest of one of them at most, not for the next one too.
+    if paced {
         slot.send_exclusive(kind, batch, reply);
     } else {
         slot.send(kind, batch, reply);
@@ -122,7 +123,7 @@ fn send_batch(slot: Slot, next: NextBatch, take: Take, ctx: &Arc<Context>) {
     let job = Job {
         kind,
         lane: take.backend_lane(),
-        paced: packed == Lane::Bulk,
+        paced,
         metadata,
         sent_at,
     };

@@ -205,7 +205,8 @@ async fn one_thread_serves_both_lanes_queries_first() {
 
 /// With paced bulk batches (one thread for both lanes, on a CPU) no bulk batch is packed
 /// while one runs, so a query queued meanwhile runs right after the bulk batch in progress:
-/// it waits for the rest of one bulk batch, not for a prefetched one as well.
+/// it waits for the rest of one bulk batch, not for a prefetched one as well. Its batch
+/// takes the waiting bulk entries along, behind it, within the bulk budget.
 #[tokio::test]
 async fn a_query_waits_for_no_prefetched_bulk_batch_when_bulk_batches_are_paced() {
     let h = paced_harness(false, 8, Some(Duration::from_millis(40)));
@@ -228,8 +229,38 @@ async fn a_query_waits_for_no_prefetched_bulk_batch_when_bulk_batches_are_paced(
     let one_thread = |id| ("model-backend".to_string(), Some(id));
     assert_eq!(
         h.passes(),
-        [one_thread(HOLD_ID), one_thread(4), one_thread(13)],
-        "the query runs before B, which was queued before it"
+        [one_thread(HOLD_ID), one_thread(4)],
+        "the query runs first, with B, which was queued before it, in its batch"
+    );
+    assert!(h.packed(Lane::Interactive, 1) && h.packed(Lane::Bulk, 1));
+    let sizes = h.metrics.render();
+    assert!(
+        sizes.contains("te_batch_next_size_sum{lane=\"interactive\"} 2"),
+        "{sizes}"
+    );
+}
+
+/// Without pacing (`--max-bulk-batch-ms 0`) a query's batch holds queries only, as where
+/// each lane has its own thread.
+#[tokio::test]
+async fn a_query_batch_is_not_topped_up_when_bulk_batches_are_not_paced() {
+    let h = paced_harness(false, 8, None);
+    let a = h.embed(&[HELD_BULK]);
+    until("A runs", || h.gate.held() == 1).await;
+    let b = h.embed(&["b a b c d e f"]);
+    until("B is prefetched", || h.packed(Lane::Bulk, 2)).await;
+    let c = h.embed(&["c a b c d e f"]);
+    let query = h.embed(&["hello"]);
+    until("C and the query are queued", || h.infer.queue.len() == 2).await;
+    h.gate.open();
+    for task in [a, b, c, query] {
+        assert_eq!(task.await.unwrap().unwrap(), 1);
+    }
+    assert_eq!(h.passes().len(), 4, "{:?}", h.passes());
+    let sizes = h.metrics.render();
+    assert!(
+        sizes.contains("te_batch_next_size_sum{lane=\"interactive\"} 1"),
+        "{sizes}"
     );
 }
 

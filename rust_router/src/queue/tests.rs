@@ -329,3 +329,45 @@ fn paced_bulk_batches_follow_the_measured_speed_and_queries_keep_the_full_budget
     state.record_bulk(10, Duration::ZERO);
     assert_eq!(state.batch_tokens(Lane::Bulk), 5000);
 }
+
+#[test]
+fn paced_priority_batches_top_queries_up_with_bulk_entries_of_their_kind() {
+    let mut state = State::new(5000, None);
+    state.pace_bulk(Duration::from_millis(100));
+    state.record_bulk(4000, Duration::from_secs(1)); // a bulk batch holds 400 tokens
+    let (i, b) = (Lane::Interactive, Lane::Bulk);
+    let _rx = fill_lanes(
+        &mut state,
+        &[(150, b), (150, b), (150, b), (60, i), (60, i)],
+    );
+    let (other_kind, _other) = lane_entry(10, BatchKind::AllTokens, b);
+    state.append(other_kind);
+    let ids = |next: &NextBatch| {
+        let mut ids = next.batch.input_ids.clone();
+        ids.dedup();
+        (next.lane, ids, next.paced)
+    };
+    // The queries first, then the bulk entries that fit in 400 tokens (60 + 60 + 150 + 150
+    // would be 420).
+    let first = state.take_batch(Take::Priority).unwrap();
+    assert_eq!(ids(&first), (i, vec![3, 4, 0], true));
+    assert_eq!(seq_lens(&first), [60, 60, 150]);
+    // A query that comes later takes the next bulk entries along; the entry of another kind
+    // waits for a batch of its own.
+    let (mut late, _late) = lane_entry(10, BatchKind::Pooled, i);
+    late.encoding.input_ids = vec![9; 10];
+    state.append(late);
+    let second = state.take_batch(Take::Priority).unwrap();
+    assert_eq!(ids(&second), (i, vec![9, 1, 2], true));
+    let third = state.take_batch(Take::Priority).unwrap();
+    assert_eq!(
+        (third.lane, third.kind, third.paced),
+        (b, BatchKind::AllTokens, true)
+    );
+    assert!(state.take_batch(Take::Priority).is_none());
+    // Unpaced, a priority batch holds queries only.
+    let mut unpaced = State::new(5000, None);
+    let _rx = fill_lanes(&mut unpaced, &[(150, b), (60, i)]);
+    let first = unpaced.take_batch(Take::Priority).unwrap();
+    assert_eq!(ids(&first), (i, vec![1], false));
+}
