@@ -61,15 +61,12 @@ def _touch_kernel(ptr, n, out, BLOCK: tl.constexpr, EVICT_LAST: tl.constexpr):
 
 
 @triton.jit
-def _bulk_prefetch_kernel(ptr, n_bytes, sink, CHUNK: tl.constexpr, CHUNKS: tl.constexpr):
-    """Each thread asks for one CHUNK of bytes at `ptr` to be fetched into L2 (sm_90's
-    `cp.async.bulk.prefetch.L2`); sizes and addresses are multiples of 16 bytes."""
-    index = tl.program_id(0) * CHUNKS + tl.arange(0, CHUNKS)
-    start = index.to(tl.int64) * CHUNK
-    valid = start < n_bytes
-    size = tl.where(valid, tl.minimum(n_bytes - start, CHUNK), 0).to(tl.int32)
-    address = ptr + tl.where(valid, start, 0)
-    done = tl.inline_asm_elementwise(
+def l2_prefetch(address, size):
+    """Asks the TMA unit to bring `size` bytes at each `address` into L2 (sm_90's
+    `cp.async.bulk.prefetch.L2`, one request per element; sizes and addresses multiples of
+    16 bytes, a size of 0 asks for nothing). Returns zeros: a caller keeps them alive (a
+    store that never happens) so that the requests are not optimized away."""
+    return tl.inline_asm_elementwise(
         "{ .reg .pred p; setp.ne.u32 p, $2, 0; "
         "@p cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0; }",
         "=r,l,r",
@@ -78,6 +75,17 @@ def _bulk_prefetch_kernel(ptr, n_bytes, sink, CHUNK: tl.constexpr, CHUNKS: tl.co
         is_pure=False,
         pack=1,
     )
+
+
+@triton.jit
+def _bulk_prefetch_kernel(ptr, n_bytes, sink, CHUNK: tl.constexpr, CHUNKS: tl.constexpr):
+    """Each thread asks for one CHUNK of bytes at `ptr` to be fetched into L2 (sm_90's
+    `cp.async.bulk.prefetch.L2`); sizes and addresses are multiples of 16 bytes."""
+    index = tl.program_id(0) * CHUNKS + tl.arange(0, CHUNKS)
+    start = index.to(tl.int64) * CHUNK
+    valid = start < n_bytes
+    size = tl.where(valid, tl.minimum(n_bytes - start, CHUNK), 0).to(tl.int32)
+    done = l2_prefetch(ptr + tl.where(valid, start, 0), size)
     tl.store(sink + index, done, mask=done != 0)
 
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from bench_query_prefetch import l2_prefetch
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 # Prefetch requests per program: each asks for 1/PREFETCH_CHUNKS of its rows.
@@ -43,19 +44,11 @@ def _prefetch_rows(
     w_ptr, first_row, K, ROWS: tl.constexpr, CHUNKS: tl.constexpr, ELEMENT_BYTES: tl.constexpr
 ):
     """Ask for ROWS whole rows of W (contiguous) to be brought into L2, in CHUNKS requests
-    spread over the program's threads; returns a value that is never nonzero (so that
-    the requests are not optimized away)."""
+    spread over the program's threads; returns zeros (see `l2_prefetch`)."""
     elements = ROWS * K // CHUNKS
     starts = w_ptr + first_row.to(tl.int64) * K + tl.arange(0, CHUNKS).to(tl.int64) * elements
     size = tl.full((CHUNKS,), 0, tl.int32) + elements * ELEMENT_BYTES
-    return tl.inline_asm_elementwise(
-        "{ cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0; }",
-        "=r,l,r",
-        [starts, size],
-        dtype=tl.int32,
-        is_pure=False,
-        pack=1,
-    )
+    return l2_prefetch(starts, size)
 
 
 @triton.jit
