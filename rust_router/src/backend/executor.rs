@@ -359,9 +359,7 @@ fn serve_lane(
                 if !state.is_healthy() {
                     // The device failed after this batch was handed over: hand it back, to
                     // run on another device.
-                    if let Some(flight) = in_flight.take() {
-                        lane.finish(flight);
-                    }
+                    lane.settle(&mut in_flight);
                     busy.store(false, Ordering::Relaxed);
                     let result = Err(BackendError::Refused);
                     let _ = reply.send(Ran {
@@ -375,9 +373,7 @@ fn serve_lane(
                 if pipelines && !hold_slot {
                     let launched = guarded(|| backend.launch(kind, &batch));
                     let launching = started.elapsed();
-                    if let Some(flight) = in_flight.take() {
-                        lane.finish(flight);
-                    }
+                    lane.settle(&mut in_flight);
                     match launched {
                         Ok(launched) => {
                             busy.store(true, Ordering::Relaxed);
@@ -394,18 +390,14 @@ fn serve_lane(
                     }
                     continue;
                 }
-                if let Some(flight) = in_flight.take() {
-                    lane.finish(flight);
-                }
+                lane.settle(&mut in_flight);
                 busy.store(true, Ordering::Relaxed);
                 let result = guarded(|| backend.forward(kind, &batch));
                 lane.reply(batch, reply, result, started, started.elapsed());
                 drop(held);
             }
             Command::Health(reply) => {
-                if let Some(flight) = in_flight.take() {
-                    lane.finish(flight);
-                }
+                lane.settle(&mut in_flight);
                 let result = guarded(|| backend.health());
                 if let Err(BackendError::Device(why)) = &result {
                     state.mark_failed(why);
@@ -414,9 +406,7 @@ fn serve_lane(
             }
         }
     }
-    if let Some(flight) = in_flight.take() {
-        lane.finish(flight);
-    }
+    lane.settle(&mut in_flight);
     tracing::debug!(device = state.index, "backend thread stopping");
 }
 
@@ -447,6 +437,14 @@ impl Replies<'_> {
             result,
             device: self.state.index,
         });
+    }
+
+    /// Answers the batch in flight, if there is one: before the thread does anything that
+    /// must come after it (a forward pass, a health check, a refusal, stopping).
+    fn settle(&self, in_flight: &mut Option<InFlight>) {
+        if let Some(flight) = in_flight.take() {
+            self.finish(flight);
+        }
     }
 
     /// Reads a launched batch's result back and replies with it.
