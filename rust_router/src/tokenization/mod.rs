@@ -246,8 +246,7 @@ impl PoolPriority {
             match self {
                 Self::Normal => {}
                 Self::Low => {
-                    let tid = libc::syscall(libc::SYS_gettid) as libc::id_t;
-                    libc::setpriority(libc::PRIO_PROCESS, tid, 19);
+                    libc::setpriority(libc::PRIO_PROCESS, current_tid(), 19);
                 }
                 Self::Idle => {
                     let param = libc::sched_param { sched_priority: 0 };
@@ -256,6 +255,13 @@ impl PoolPriority {
             }
         }
     }
+}
+
+/// The calling thread's kernel thread id.
+#[cfg(target_os = "linux")]
+fn current_tid() -> libc::id_t {
+    // SAFETY: gettid takes no arguments and cannot fail.
+    unsafe { libc::syscall(libc::SYS_gettid) as libc::id_t }
 }
 
 /// Handle to the worker pool. Workers exit when the last handle is dropped.
@@ -328,8 +334,7 @@ impl Tokenization {
                     priority.apply();
                     #[cfg(target_os = "linux")]
                     if let Ok(mut tids) = tids.lock() {
-                        // SAFETY: gettid takes no arguments and cannot fail.
-                        tids.push(unsafe { libc::syscall(libc::SYS_gettid) } as u32);
+                        tids.push(current_tid());
                     }
                     loop {
                         // Holding the lock while waiting is fine: the other workers would wait
