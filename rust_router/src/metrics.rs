@@ -2,17 +2,66 @@
 //!
 //! A small registry owned by the app rather than a process-global recorder: every test builds
 //! its own app, and the exposition format is simple enough not to need a dependency.
+//!
+//! Every request updates several series on its way to the GPU, and a query's must never wait
+//! for a backfill's: values are atomics, and the registry's lock is taken exclusively only to
+//! add a series (once per name and label set), so updates share it and never block each other.
 
 use std::collections::BTreeMap;
 use std::fmt::Write;
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{RwLock, RwLockReadGuard};
 
-#[derive(Debug, Clone)]
+/// An `f64` updated atomically through its bits.
+#[derive(Debug, Default)]
+struct AtomicF64(AtomicU64);
+
+impl AtomicF64 {
+    fn load(&self) -> f64 {
+        f64::from_bits(self.0.load(Ordering::Relaxed))
+    }
+
+    fn store(&self, value: f64) {
+        self.0.store(value.to_bits(), Ordering::Relaxed);
+    }
+
+    fn add(&self, value: f64) {
+        let _ = self
+            .0
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |bits| {
+                Some((f64::from_bits(bits) + value).to_bits())
+            });
+    }
+}
+
+#[derive(Debug)]
 struct Histogram {
     bounds: Vec<f64>,
-    counts: Vec<u64>,
-    sum: f64,
-    count: u64,
+    /// Observations per bucket, not cumulated: the first bound at or above the value, the
+    /// last slot for values above every bound. An observation touches one counter, and a
+    /// scrape cumulates them, so its buckets, `+Inf` and count always agree.
+    counts: Vec<AtomicU64>,
+    sum: AtomicF64,
+}
+
+impl Histogram {
+    fn new(bounds: Vec<f64>) -> Self {
+        Self {
+            counts: (0..=bounds.len()).map(|_| AtomicU64::new(0)).collect(),
+            bounds,
+            sum: AtomicF64::default(),
+        }
+    }
+
+    fn observe(&self, value: f64) {
+        let bucket = if value.is_nan() {
+            self.bounds.len()
+        } else {
+            self.bounds.partition_point(|bound| *bound < value)
+        };
+        self.counts[bucket].fetch_add(1, Ordering::Relaxed);
+        self.sum.add(value);
+    }
 }
 
 /// Metric name, then rendered label set (`""` for none). Nested so that updating an existing
@@ -21,31 +70,19 @@ type Series<V> = BTreeMap<String, BTreeMap<String, V>>;
 
 #[derive(Debug, Default)]
 struct Registry {
-    counters: Series<u64>,
-    gauges: Series<f64>,
+    counters: Series<AtomicU64>,
+    gauges: Series<AtomicF64>,
     histograms: Series<Histogram>,
 }
 
-/// The series `name{labels}` of `map`, created with `init` if new.
-fn series<'a, V>(
-    map: &'a mut Series<V>,
-    name: &str,
-    labels: &str,
-    init: impl FnOnce() -> V,
-) -> &'a mut V {
-    if !map.contains_key(name) {
-        map.insert(name.to_string(), BTreeMap::new());
-    }
-    let by_labels = map.get_mut(name).expect("inserted above");
-    if !by_labels.contains_key(labels) {
-        by_labels.insert(labels.to_string(), init());
-    }
-    by_labels.get_mut(labels).expect("inserted above")
+/// The series `name{labels}` of `map`, if it exists yet.
+fn existing<'a, V>(map: &'a Series<V>, name: &str, labels: &str) -> Option<&'a V> {
+    map.get(name)?.get(labels)
 }
 
 #[derive(Debug)]
 pub struct Metrics {
-    registry: Mutex<Registry>,
+    registry: RwLock<Registry>,
     max_input_length: usize,
 }
 
@@ -68,13 +105,36 @@ fn render_labels(labels: &[(&str, &str)]) -> String {
 impl Metrics {
     pub fn new(max_input_length: usize) -> Self {
         Self {
-            registry: Mutex::default(),
+            registry: RwLock::default(),
             max_input_length,
         }
     }
 
-    fn registry(&self) -> std::sync::MutexGuard<'_, Registry> {
-        self.registry.lock().unwrap_or_else(|p| p.into_inner())
+    fn read(&self) -> RwLockReadGuard<'_, Registry> {
+        self.registry.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Runs `update` on the series `name{labels}` of the map `pick` chooses, adding the series
+    /// (made by `init`) first if it is new.
+    fn update<V>(
+        &self,
+        pick: impl FnOnce(&Registry) -> &Series<V>,
+        pick_mut: impl FnOnce(&mut Registry) -> &mut Series<V>,
+        name: &str,
+        labels: &str,
+        init: impl FnOnce() -> V,
+        update: impl FnOnce(&V),
+    ) {
+        if let Some(value) = existing(pick(&self.read()), name, labels) {
+            return update(value);
+        }
+        let mut registry = self.registry.write().unwrap_or_else(|p| p.into_inner());
+        let value = pick_mut(&mut registry)
+            .entry(name.to_string())
+            .or_default()
+            .entry(labels.to_string())
+            .or_insert_with(init);
+        update(value);
     }
 
     /// TEI's bucket layout, chosen by metric name.
@@ -96,8 +156,16 @@ impl Metrics {
     }
 
     pub fn counter_add(&self, name: &str, labels: &[(&str, &str)], n: u64) {
-        let labels = render_labels(labels);
-        *series(&mut self.registry().counters, name, &labels, || 0) += n;
+        self.update(
+            |r| &r.counters,
+            |r| &mut r.counters,
+            name,
+            &render_labels(labels),
+            || AtomicU64::new(0),
+            |v| {
+                v.fetch_add(n, Ordering::Relaxed);
+            },
+        );
     }
 
     pub fn inc(&self, name: &str, labels: &[(&str, &str)]) {
@@ -105,44 +173,40 @@ impl Metrics {
     }
 
     pub fn gauge_set(&self, name: &str, value: f64) {
-        *series(&mut self.registry().gauges, name, "", || 0.0) = value;
+        self.update(
+            |r| &r.gauges,
+            |r| &mut r.gauges,
+            name,
+            "",
+            AtomicF64::default,
+            |v| v.store(value),
+        );
     }
 
     pub fn observe(&self, name: &str, labels: &[(&str, &str)], value: f64) {
-        let labels = render_labels(labels);
-        let mut reg = self.registry();
-        let h = series(&mut reg.histograms, name, &labels, || {
-            let bounds = self.bounds_for(name);
-            Histogram {
-                counts: vec![0; bounds.len()],
-                bounds,
-                sum: 0.0,
-                count: 0,
-            }
-        });
-        // Cumulative buckets, as the exposition format wants them.
-        for (bound, count) in h.bounds.iter().zip(h.counts.iter_mut()) {
-            if value <= *bound {
-                *count += 1;
-            }
-        }
-        h.sum += value;
-        h.count += 1;
+        self.update(
+            |r| &r.histograms,
+            |r| &mut r.histograms,
+            name,
+            &render_labels(labels),
+            || Histogram::new(self.bounds_for(name)),
+            |h| h.observe(value),
+        );
     }
 
     /// Prometheus text exposition format.
     pub fn render(&self) -> String {
-        let reg = self.registry();
+        let reg = self.read();
         let mut out = String::new();
         for (name, by_labels) in &reg.counters {
             let _ = writeln!(out, "# TYPE {name} counter");
             for (labels, v) in by_labels {
-                let _ = writeln!(out, "{name}{labels} {v}");
+                let _ = writeln!(out, "{name}{labels} {}", v.load(Ordering::Relaxed));
             }
         }
         for (name, by_labels) in &reg.gauges {
             for (labels, v) in by_labels {
-                let _ = writeln!(out, "# TYPE {name} gauge\n{name}{labels} {v}");
+                let _ = writeln!(out, "# TYPE {name} gauge\n{name}{labels} {}", v.load());
             }
         }
         for (name, by_labels) in &reg.histograms {
@@ -156,12 +220,15 @@ impl Metrics {
                         format!("{},le=\"{le}\"}}", &labels[..labels.len() - 1])
                     }
                 };
-                for (bound, count) in h.bounds.iter().zip(&h.counts) {
+                let mut count = 0;
+                for (bound, bucket) in h.bounds.iter().zip(&h.counts) {
+                    count += bucket.load(Ordering::Relaxed);
                     let _ = writeln!(out, "{name}_bucket{} {count}", with_le(&bound.to_string()));
                 }
-                let _ = writeln!(out, "{name}_bucket{} {}", with_le("+Inf"), h.count);
-                let _ = writeln!(out, "{name}_sum{labels} {}", h.sum);
-                let _ = writeln!(out, "{name}_count{labels} {}", h.count);
+                count += h.counts[h.bounds.len()].load(Ordering::Relaxed);
+                let _ = writeln!(out, "{name}_bucket{} {count}", with_le("+Inf"));
+                let _ = writeln!(out, "{name}_sum{labels} {}", h.sum.load());
+                let _ = writeln!(out, "{name}_count{labels} {count}");
             }
         }
         out
@@ -194,5 +261,57 @@ mod tests {
         assert!(text.contains("te_request_input_length_count 1"));
         assert!(text.contains("te_request_duration_bucket{method=\"x\",le=\"+Inf\"} 1"));
         assert!(text.contains("te_request_duration_sum{method=\"x\"} 0.5"));
+    }
+
+    #[test]
+    fn updates_from_many_threads_all_count() {
+        let m = Metrics::new(512);
+        std::thread::scope(|scope| {
+            for _ in 0..8 {
+                scope.spawn(|| {
+                    for i in 0..1000 {
+                        m.observe("te_batch_next_size", &[("lane", "bulk")], (i % 4) as f64);
+                        m.inc("te_request_count", &[("method", "batch")]);
+                    }
+                });
+            }
+        });
+        let text = m.render();
+        assert!(text.contains("te_request_count{method=\"batch\"} 8000"));
+        // 0, 1, 2, 3 once each per four: two in the `le="1"` bucket, all by `le="4"`.
+        assert!(text.contains("te_batch_next_size_bucket{lane=\"bulk\",le=\"1\"} 4000"));
+        assert!(text.contains("te_batch_next_size_bucket{lane=\"bulk\",le=\"4\"} 8000"));
+        assert!(text.contains("te_batch_next_size_count{lane=\"bulk\"} 8000"));
+        assert!(text.contains("te_batch_next_size_sum{lane=\"bulk\"} 12000"));
+    }
+
+    #[test]
+    fn values_above_every_bound_count_only_in_inf() {
+        let m = Metrics::new(512);
+        m.observe("te_batch_next_size", &[], 1e6);
+        let text = m.render();
+        assert!(text.contains("te_batch_next_size_bucket{le=\"4096\"} 0"));
+        assert!(text.contains("te_batch_next_size_bucket{le=\"+Inf\"} 1"));
+        assert!(text.contains("te_batch_next_size_count 1"));
+    }
+
+    #[test]
+    fn updates_do_not_wait_for_a_scrape() {
+        let m = Metrics::new(512);
+        m.observe("te_request_input_length", &[], 3.0);
+        // A scrape in progress holds the registry for reading; a request's update of a
+        // series that exists goes through beside it rather than after it.
+        let scrape = m.read();
+        let (done_tx, done_rx) = std::sync::mpsc::channel();
+        std::thread::scope(|scope| {
+            scope.spawn(|| {
+                m.observe("te_request_input_length", &[], 5.0);
+                let _ = done_tx.send(());
+            });
+            let updated = done_rx.recv_timeout(std::time::Duration::from_secs(5));
+            drop(scrape);
+            assert!(updated.is_ok(), "the update waited for the scrape");
+        });
+        assert!(m.render().contains("te_request_input_length_count 2"));
     }
 }
