@@ -9,7 +9,7 @@ use crate::backend::{
     BackendError, BackendHandle, Batch, BatchKind, Lane, ModelInfo, Output, Ran, Slot,
 };
 use crate::metrics::Metrics;
-use crate::queue::{InferResult, Metadata, NextBatch, Queue, RequestId, Take};
+use crate::queue::{Entry, InferResult, Metadata, NextBatch, Queue, RequestId, Take};
 use std::sync::Arc;
 use std::time::Instant;
 use tokio::sync::oneshot;
@@ -130,13 +130,19 @@ fn send_batch(slot: Slot, next: NextBatch, take: Take, ctx: &Arc<Context>) {
     tokio::spawn(job.finish(rx, ctx.clone()));
 }
 
-/// The interactive requests' way around their batching task. A query queued while its
-/// backend thread can take a batch is packed and sent by the handler that queued it: the
-/// batching task would pack the same batch, but only after a wake-up, and after the
-/// handler's worker has finished its turn (hyper's bookkeeping for the connection), which
-/// measured 5-35 µs a query on a CPU (`benchmarks/profile_idle_query.py --instant-backend`).
-/// When the thread's slot is taken (a batch already waits for it), or entries are left over,
-/// the batching task is woken as for any append, and packs them once the slot frees, with the
+/// The interactive requests' way around their batching task, and around the queue itself.
+///
+/// Where queries have a backend thread of their own (a GPU), a query whose thread can take a
+/// batch now goes straight to it, as a batch of its own, without entering the queue: the
+/// queue's lock is shared with the backfill's appends and its packing of 16k-token batches,
+/// and a query must not wait behind those. Otherwise (its slot is taken, or one thread serves
+/// both lanes and a query's batch is topped up from the queue) it is queued, and if the thread
+/// can take a batch, the handler that queued it packs and sends that batch itself: the
+/// batching task would pack the same batch, but only after a wake-up, and after the handler's
+/// worker has finished its turn (hyper's bookkeeping for the connection), which measured
+/// 5-35 µs a query on a CPU (`benchmarks/profile_idle_query.py --instant-backend`). When the
+/// thread's slot is taken (a batch already waits for it), or entries are left over, the
+/// batching task is woken as for any append, and packs them once the slot frees, with the
 /// queries that arrive meanwhile.
 #[derive(Clone)]
 pub struct Direct {
@@ -147,9 +153,42 @@ pub struct Direct {
 }
 
 impl Direct {
+    /// Sends one interactive request's sequences to their backend thread, or queues them.
+    pub fn submit(&self, entries: Vec<Entry>) {
+        if let Err(entries) = self.send_unqueued(entries) {
+            self.queue.append_quiet(entries);
+            self.send_or_wake();
+        }
+    }
+
+    /// Sends `entries` as a batch of their own to a free slot of the interactive lane's
+    /// threads, touching no lock the bulk lane takes; gives them back when queries share
+    /// their thread with the bulk lane, when they do not fit one batch, or when no slot is
+    /// free. A query that arrives as its slot frees may thereby pass one that waits in the
+    /// queue for the batching task; that task is next in line for the slot (a waiter gets a
+    /// freed permit before any new taker), so it waits for one query batch at most.
+    fn send_unqueued(&self, entries: Vec<Entry>) -> Result<(), Vec<Entry>> {
+        let tokens = entries.iter().map(|e| e.encoding.input_ids.len()).sum();
+        if self.take != Take::Lane(Lane::Interactive)
+            || !self.queue.fits_one_query_batch(entries.len(), tokens)
+        {
+            return Err(entries);
+        }
+        let Some(slot) = self.ctx.backend.try_reserve(Lane::Interactive) else {
+            return Err(entries);
+        };
+        let device = slot.device();
+        let next = NextBatch::of_request(entries).expect("fits_one_query_batch: not empty");
+        let size = next.size();
+        send_batch(slot, next, self.take, &self.ctx);
+        self.queue
+            .record_next_batch(size, self.ctx.device_label(device));
+        Ok(())
+    }
+
     /// Packs the interactive lane into a batch for a free slot of its backend thread and sends
     /// it; wakes the batching task for whatever is left.
-    pub fn send_or_wake(&self) {
+    fn send_or_wake(&self) {
         let interactive = Take::Lane(Lane::Interactive);
         if let Some(slot) = self.ctx.backend.try_reserve(self.take.backend_lane()) {
             let label = self.ctx.device_label(slot.device());

@@ -280,11 +280,8 @@ impl Infer {
         let entries: Vec<Entry> = encodings
             .into_iter()
             .map(|encoding| {
-                let prompt_tokens = encoding.input_ids.len();
-                self.metrics
-                    .observe("te_request_input_length", &[], prompt_tokens as f64);
                 let (response_tx, rx) = oneshot::channel();
-                waiting.push((prompt_tokens, rx));
+                waiting.push((encoding.input_ids.len(), rx));
                 Entry {
                     encoding,
                     kind,
@@ -298,10 +295,14 @@ impl Infer {
             })
             .collect();
         if lane == Lane::Interactive {
-            self.queue.append_quiet(entries);
-            self.direct.send_or_wake();
+            self.direct.submit(entries);
         } else {
             self.queue.append(entries);
+        }
+        // Recorded once the sequences are on their way: a query waits for nothing else.
+        for (prompt_tokens, _) in &waiting {
+            self.metrics
+                .observe("te_request_input_length", &[], *prompt_tokens as f64);
         }
         waiting
     }

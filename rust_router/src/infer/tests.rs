@@ -486,6 +486,24 @@ async fn a_query_is_sent_by_its_caller_when_its_thread_is_free() {
     }
 }
 
+/// A query whose thread is free reaches it while the queue's lock is held (by a backfill's
+/// append, or the packing of a 16k-token batch): it never enters the queue.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+// The lock is held across the wait on purpose: it stands for a packer's, on another thread.
+#[allow(clippy::await_holding_lock)]
+async fn a_query_reaches_a_free_thread_while_the_queue_is_locked() {
+    let h = harness(true, 8);
+    let queue = h.infer.queue.clone();
+    let locked = queue.lock();
+    let query = h.embed(&["hello"]);
+    let answered = tokio::time::timeout(Duration::from_secs(5), query).await;
+    drop(locked);
+    let answered = answered.expect("the query waited for the queue's lock");
+    assert_eq!(answered.unwrap().unwrap(), 1);
+    assert!(h.packed(Lane::Interactive, 1));
+    assert_eq!(h.passes(), [("model-interactive".into(), Some(4))]);
+}
+
 /// Once a batch waits for the interactive thread (its slot is taken), the next queries are
 /// left to the batching task, which packs them together when the slot frees.
 #[tokio::test]

@@ -67,6 +67,55 @@ pub struct NextBatch {
     pub paced: bool,
 }
 
+/// What the `te_batch_next_*` metrics record of a batch.
+#[derive(Debug, Clone, Copy)]
+pub struct BatchSize {
+    pub lane: Lane,
+    pub sequences: usize,
+    pub tokens: usize,
+}
+
+impl NextBatch {
+    pub fn size(&self) -> BatchSize {
+        BatchSize {
+            lane: self.lane,
+            sequences: self.metadata.len(),
+            tokens: self.batch.num_tokens(),
+        }
+    }
+
+    /// A batch of exactly `entries`, in order: one request's sequences, so all of one kind
+    /// and lane. `None` when there are none.
+    pub fn of_request(entries: Vec<Entry>) -> Option<Self> {
+        let first = entries.first()?;
+        let (kind, lane) = (first.kind, first.lane);
+        let mut batch = Batch {
+            cu_seqlens: vec![0],
+            ..Default::default()
+        };
+        let mut metadata = Vec::with_capacity(entries.len());
+        for entry in entries {
+            push_entry(entry, &mut batch, &mut metadata);
+        }
+        Some(NextBatch {
+            kind,
+            lane,
+            batch,
+            metadata,
+            paced: false,
+        })
+    }
+}
+
+/// Appends `entry`'s sequence to `batch` and its metadata to `metadata`.
+fn push_entry(entry: Entry, batch: &mut Batch, metadata: &mut Vec<Metadata>) {
+    batch.input_ids.extend(entry.encoding.input_ids);
+    batch.token_type_ids.extend(entry.encoding.token_type_ids);
+    batch.position_ids.extend(entry.encoding.position_ids);
+    batch.cu_seqlens.push(batch.input_ids.len() as u32);
+    metadata.push(entry.metadata);
+}
+
 /// Which entries a batching task packs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Take {
@@ -308,11 +357,7 @@ impl State {
             }
             let entry = entries.pop_front().expect("front exists");
             *kind = Some(entry.kind);
-            batch.input_ids.extend(entry.encoding.input_ids);
-            batch.token_type_ids.extend(entry.encoding.token_type_ids);
-            batch.position_ids.extend(entry.encoding.position_ids);
-            batch.cu_seqlens.push(batch.input_ids.len() as u32);
-            metadata.push(entry.metadata);
+            push_entry(entry, batch, metadata);
             if Some(metadata.len()) == self.max_batch_requests {
                 break;
             }
@@ -322,6 +367,10 @@ impl State {
 
 struct Inner {
     state: Mutex<State>,
+    /// The interactive lane's budgets, which never change (only bulk batches are paced):
+    /// read without the lock.
+    max_batch_tokens: usize,
+    max_batch_requests: Option<usize>,
     /// One per lane (by [`Lane::index`]), so each lane's batching task wakes only for its own
     /// work.
     notify: [Notify; 2],
@@ -344,6 +393,8 @@ impl Queue {
         Self {
             inner: Arc::new(Inner {
                 state: Mutex::new(State::new(max_batch_tokens, max_batch_requests)),
+                max_batch_tokens,
+                max_batch_requests,
                 notify: Default::default(),
                 closed: AtomicBool::new(false),
                 metrics,
@@ -358,6 +409,12 @@ impl Queue {
             .state
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Holds the queue's lock, as a batching task packing a large batch does.
+    #[cfg(test)]
+    pub fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state()
     }
 
     fn notify(&self, lane: Lane) -> &Notify {
@@ -380,6 +437,15 @@ impl Queue {
     /// is left (see `infer::batching::Direct`).
     pub fn append_quiet(&self, entries: impl IntoIterator<Item = Entry>) {
         self.push(entries);
+    }
+
+    /// Whether one interactive batch holds `sequences` sequences of `tokens` tokens in all.
+    /// Takes no lock.
+    pub fn fits_one_query_batch(&self, sequences: usize, tokens: usize) -> bool {
+        let inner = &self.inner;
+        sequences > 0
+            && tokens <= inner.max_batch_tokens
+            && inner.max_batch_requests.is_none_or(|max| sequences <= max)
     }
 
     /// Wakes the batching task of `take` if anything is queued for it.
@@ -470,23 +536,26 @@ impl Queue {
             m.gauge_set("te_queue_size", len as f64);
         }
         if let Some(next) = &next {
-            let lane = ("lane", next.lane.as_str());
-            let with_device;
-            let labels: &[(&str, &str)] = match device {
-                Some(device) => {
-                    with_device = [lane, ("device", device)];
-                    &with_device
-                }
-                None => std::slice::from_ref(&lane),
-            };
-            m.observe("te_batch_next_size", labels, next.metadata.len() as f64);
-            m.observe(
-                "te_batch_next_tokens",
-                labels,
-                next.batch.num_tokens() as f64,
-            );
+            self.record_next_batch(next.size(), device);
         }
         next
+    }
+
+    /// Records a packed batch's size in the `te_batch_next_*` metrics (see
+    /// [`Queue::try_next_batch`] for `device`).
+    pub fn record_next_batch(&self, size: BatchSize, device: Option<&str>) {
+        let m = &self.inner.metrics;
+        let lane = ("lane", size.lane.as_str());
+        let with_device;
+        let labels: &[(&str, &str)] = match device {
+            Some(device) => {
+                with_device = [lane, ("device", device)];
+                &with_device
+            }
+            None => std::slice::from_ref(&lane),
+        };
+        m.observe("te_batch_next_size", labels, size.sequences as f64);
+        m.observe("te_batch_next_tokens", labels, size.tokens as f64);
     }
 
     /// Waits until something is queued for `take` (`true`), or the queue is closed and that
