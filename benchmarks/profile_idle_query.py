@@ -29,7 +29,9 @@ closed loop, where the next query follows the last at once. This splits the diff
 - router: the router on loopback, queries every 20 ms and back to back, client latency
   against the router's own per-request figures (its debug log: total, tokenization,
   queue, the part of the queue time before the batch reached its backend thread,
-  inference); with `--backfill`, also under the realistic backfill
+  inference; and its `slow hand-over` events: a query whose handler took ≥ 0.2 ms to hand
+  it over, and whether the kernel preempted that thread, put it to sleep or page-faulted
+  it meanwhile); with `--backfill`, also under the realistic backfill
   (benchmarks/realistic_traffic.py). One server per `--router-variants` entry (extra
   flags, `;`-separated; empty = defaults; leading NAME=VALUE words go to the server's
   environment, e.g. "TOKIO_WORKER_THREADS=4 --backend-spin-us 0": tokio reads its worker
@@ -516,10 +518,35 @@ def server_timings(log: Path, seen: int, max_tokens: int) -> tuple[list[dict[str
     return out, len(lines)
 
 
+def slow_handovers(log: Path, start: int, end: int) -> str:
+    """The router's `slow hand-over` events of queries (interactive lane) in log lines
+    `start:end`: how many, how many of those the kernel preempted the thread in, put it to
+    sleep in, or page-faulted it in (a hand-over can have several), and the longest."""
+    lines = log.read_text(errors="replace").splitlines()[start:end]
+    events = []
+    for line in lines:
+        if '"slow hand-over"' in line:
+            event = json.loads(line)
+            if event.get("lane") == "interactive":
+                events.append(event)
+    if not events:
+        return "0"
+
+    def count(field: str) -> int:
+        return sum(int(e[field]) > 0 for e in events)
+
+    longest = max(int(e["took_us"]) for e in events) / 1e3
+    return (
+        f"{len(events)}: {count('involuntary_switches')} / {count('voluntary_switches')} / "
+        f"{count('minor_faults') + count('major_faults')}, {longest:.2f} ms"
+    )
+
+
 # A backend that answers at once, claiming an interactive lane (`--instant-backend`).
 INSTANT_BACKEND = "bench_router_overhead:InstantLaneBackend"
 # The router logs each request's figures at debug level, in its `http` module.
-ROUTER_TIMINGS_LOG_LEVEL = "warn,trt_tei_router::http=debug"
+# Its `infer` module logs slow hand-overs at debug level.
+ROUTER_TIMINGS_LOG_LEVEL = "warn,trt_tei_router::http=debug,trt_tei_router::infer=debug"
 # (label, seconds between queries, raw socket client) of the router's query phases.
 PHASES = [
     ("every 20 ms", INTERVAL_S, False),
@@ -530,7 +557,12 @@ PHASES = [
 
 
 def row(
-    shape: str, variant: str, phase: str, client: list[float], server: list[dict[str, float]]
+    shape: str,
+    variant: str,
+    phase: str,
+    client: list[float],
+    server: list[dict[str, float]],
+    stalls: str,
 ) -> str:
     def pair(seconds: list[float]) -> str:
         return "{:.3f} / {:.3f}".format(*percentiles(seconds)) if seconds else "–"
@@ -542,7 +574,7 @@ def row(
     return (
         f"| {shape} | {variant or 'defaults'} | {phase} ({len(client)}) | "
         + " | ".join(cols)
-        + f" | {outside:.3f} |"
+        + f" | {outside:.3f} | {stalls} |"
     )
 
 
@@ -571,8 +603,10 @@ def router_part(
                 for phase, interval_s, raw in PHASES:
                     queries = rt.Queries(port, bodies, interval_s, raw)
                     queries.run(seconds=args.seconds)
-                    server, seen = server_timings(log, seen, 64)
-                    rows.append(row(shape, variant, phase, queries.latencies, server))
+                    server, end = server_timings(log, seen, 64)
+                    stalls = slow_handovers(log, seen, end)
+                    rows.append(row(shape, variant, phase, queries.latencies, server, stalls))
+                    seen = end
                 if args.backfill:
                     rows.append(
                         backfill_row(shape, variant, port, tokenizer, bodies, log, seen, args)
@@ -603,8 +637,9 @@ def backfill_row(
     _, seen = server_timings(log, seen, 64)
     loaded = rt.Queries(port, bodies, INTERVAL_S)
     rt.mixed(backfill, loaded, passes, settle_s=0.5)
-    server, _ = server_timings(log, seen, 64)
-    return row(shape, variant, "under the backfill", loaded.latencies, server)
+    server, end = server_timings(log, seen, 64)
+    stalls = slow_handovers(log, seen, end)
+    return row(shape, variant, "under the backfill", loaded.latencies, server, stalls)
 
 
 def measure(args: argparse.Namespace, runtime_rows: list[str], router_rows: list[str]) -> None:
@@ -645,9 +680,10 @@ def print_tables(runtime_rows: list[str], router_rows: list[str]) -> None:
         print(
             "\n| shape | router flags | queries (answered) | client | server total | "
             "tokenization | queue | of it, before the hand-over | inference | "
-            "client − server, p50 |"
+            "client − server, p50 | slow hand-overs (≥ 0.2 ms): preempted / slept / "
+            "faulted, longest |"
         )
-        print("|---|---|---|---|---|---|---|---|---|---|")
+        print("|---|---|---|---|---|---|---|---|---|---|---|")
         print("\n".join(router_rows))
 
 

@@ -3,6 +3,7 @@
 //! The batching tasks that feed the backend threads live in [`batching`].
 
 mod batching;
+mod stalls;
 
 use crate::backend::{
     BackendError, BackendHandle, BatchKind, DeviceStatus, Health, Lane, ModelInfo, ScoreActivation,
@@ -21,6 +22,7 @@ use tokio::task::JoinHandle;
 
 pub use batching::batching_takes;
 use batching::Direct;
+use stalls::HandoverWatch;
 
 #[derive(Debug, thiserror::Error)]
 pub enum InferError {
@@ -275,6 +277,7 @@ impl Infer {
         lane: Lane,
         request_id: RequestId,
     ) -> Vec<(usize, oneshot::Receiver<Result<InferResult, BackendError>>)> {
+        let watch = HandoverWatch::start();
         let queued_at = Instant::now();
         let mut waiting = Vec::with_capacity(encodings.len());
         let entries: Vec<Entry> = encodings
@@ -298,6 +301,9 @@ impl Infer {
             self.direct.submit(entries);
         } else {
             self.queue.append(entries);
+        }
+        if let Some(watch) = watch {
+            watch.finish(request_id, lane.as_str());
         }
         // Recorded once the sequences are on their way: a query waits for nothing else.
         for (prompt_tokens, _) in &waiting {
