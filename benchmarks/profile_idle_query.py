@@ -29,7 +29,8 @@ closed loop, where the next query follows the last at once. This splits the diff
 - router: the router on loopback, queries every 20 ms and back to back, client latency
   against the router's own per-request figures (its debug log: total, tokenization,
   queue, the part of the queue time before the batch reached its backend thread,
-  inference; and its `slow hand-over` events: a query whose handler took ≥ 0.2 ms to hand
+  inference, the rest of its total (admission, and the results' way back to the handler);
+  and its `slow hand-over` events: a query whose handler took ≥ 0.2 ms to hand
   it over, and whether the kernel preempted that thread, put it to sleep or page-faulted
   it meanwhile); with `--backfill`, also under the realistic backfill
   (benchmarks/realistic_traffic.py). One server per `--router-variants` entry (extra
@@ -570,6 +571,10 @@ def row(
     cols = [pair(client)]
     parts = ("total", "tokenization", "queue", "handover", "inference")
     cols += [pair([s[k] for s in server]) for k in parts]
+    # What the parts leave out: admission before the tokenization, and after the forward
+    # pass, the results' way back to the handler (two task wake-ups) until it has them.
+    rest = [s["total"] - s["tokenization"] - s["queue"] - s["inference"] for s in server]
+    cols.append(pair(rest))
     outside = (np.median(client) - np.median([s["total"] for s in server])) * 1e3
     return (
         f"| {shape} | {variant or 'defaults'} | {phase} ({len(client)}) | "
@@ -680,10 +685,10 @@ def print_tables(runtime_rows: list[str], router_rows: list[str]) -> None:
         print(
             "\n| shape | router flags | queries (answered) | client | server total | "
             "tokenization | queue | of it, before the hand-over | inference | "
-            "client − server, p50 | slow hand-overs (≥ 0.2 ms): preempted / slept / "
-            "faulted, longest |"
+            "the rest of the server total | client − server, p50 | "
+            "slow hand-overs (≥ 0.2 ms): preempted / slept / faulted, longest |"
         )
-        print("|---|---|---|---|---|---|---|---|---|---|---|")
+        print("|---|---|---|---|---|---|---|---|---|---|---|---|")
         print("\n".join(router_rows))
 
 

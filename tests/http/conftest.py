@@ -28,12 +28,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.fixture(scope="module")
 def start_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator:
-    """Factory: `start_server(model, *flags, env=...)`; every server is stopped at the end."""
+    """Factory: `start_server(model, *flags, env=..., default_pool=...)` (`default_pool`: the
+    router's own tokenizer pool size, not the tests' two threads); every server is stopped at
+    the end."""
     servers: list[Server] = []
     log_dir = tmp_path_factory.mktemp("router-logs")
 
-    def start(model: Path | str, *args: str, env: dict | None = None) -> Server:
-        server = Server(model, log_dir, *args, env=env)
+    def start(
+        model: Path | str, *args: str, env: dict | None = None, default_pool: bool = False
+    ) -> Server:
+        server = Server(model, log_dir, *args, env=env, default_pool=default_pool)
         servers.append(server)
         return server
 

@@ -41,7 +41,14 @@ def free_port() -> int:
 class Server:
     """One router process on a free loopback port; its output goes to a log file."""
 
-    def __init__(self, model: Path | str, log_dir: Path, *args: str, env: dict | None = None):
+    def __init__(
+        self,
+        model: Path | str,
+        log_dir: Path,
+        *args: str,
+        env: dict | None = None,
+        default_pool: bool = False,
+    ):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_dir / f"router-{self.port}.log"
@@ -55,7 +62,8 @@ class Server:
             str(self.port),
             *args,
         ]
-        if "--tokenization-workers" not in args:
+        # Two tokenizer threads unless asked otherwise: tests run side by side on few cores.
+        if "--tokenization-workers" not in args and not default_pool:
             cmd += ["--tokenization-workers", "2"]
         full_env = dict(os.environ)
         full_env.update(

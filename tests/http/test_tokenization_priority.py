@@ -1,7 +1,8 @@
-"""`--tokenization-priority`: the scheduling class of the router's tokenizer threads, read
-from /proc (Linux). By default they yield their cores to every other thread where the
-runtime has an interactive lane (a GPU) and share them normally on a CPU, where the forward
-pass's own threads would otherwise starve them."""
+"""`--tokenization-priority` and `--tokenization-workers`: the scheduling class and number of
+the router's tokenizer threads, read from /proc (Linux). By default, where the runtime has an
+interactive lane (a GPU), they yield their cores to every other thread and leave 3/8 of the
+cores free for queries; on a CPU, where the forward pass's own threads would otherwise
+starve them, they share every core normally."""
 
 from __future__ import annotations
 
@@ -14,6 +15,13 @@ pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="scheduling clas
 
 SCHED_OTHER, SCHED_IDLE = 0, 5
 LANE_BACKEND = ["--python-backend-class", "backends:LaneClaimingBackend"]
+
+
+def tokenizer_thread_count(pid: int) -> int:
+    return sum(
+        (task / "comm").read_text().startswith("tokenizer-")
+        for task in Path(f"/proc/{pid}/task").iterdir()
+    )
 
 
 def tokenizer_thread_classes(pid: int) -> list[int]:
@@ -55,3 +63,15 @@ def test_an_unknown_priority_is_refused_at_start(minilm_dir, tmp_path):
     with pytest.raises(RuntimeError) as err:
         Server(minilm_dir, tmp_path, "--tokenization-priority", "high")
     assert "invalid value 'high'" in str(err.value) and "normal" in str(err.value)
+
+
+def test_the_pool_leaves_cores_for_queries_beside_an_interactive_lane(start_server, minilm_dir):
+    def pool(*flags: str) -> int:
+        server = start_server(minilm_dir, *flags, default_pool=True)
+        workers = server.get("/info").json()["tokenization_workers"]
+        assert tokenizer_thread_count(server.proc.pid) == workers
+        return workers
+
+    cores = pool()  # a CPU runtime: one thread per core the router may use
+    assert pool(*LANE_BACKEND) == max(1, cores * 5 // 8)
+    assert pool("--tokenization-workers", "3", *LANE_BACKEND) == 3

@@ -257,6 +257,25 @@ impl PoolPriority {
     }
 }
 
+/// The pool's size when `--tokenization-workers` is not given, on a host with `cores` cores.
+///
+/// Without an interactive lane (a CPU runtime) every core: the forward passes take the cores
+/// anyway, and the batching shares them out. With one (a GPU), 5/8 of them, at least one:
+/// when tokenization bounds a backfill (a small model such as all-MiniLM-L6-v2), a thread on
+/// every core keeps every core busy, even at idle priority, and Linux then stops looking for
+/// an idle core for a thread that wakes up: a query's threads waited for a core, one query in
+/// fifty by 1-3 ms. Measured on a 16-core H200 guest under the realistic backfill
+/// (benchmarks/RESULTS.md): MiniLM's query p99 was 2.6-3.7x its idle p50 with 16 threads,
+/// 3.7x with 12, 1.3x with 10 and 2.2x with 8; the backfill fell from 4.6-4.8 M tokens/s to
+/// 3.8 M with 10. Backfills that the GPU bounds (bert-large, qwen3-0.6b) lost nothing at 8.
+pub fn default_workers(cores: usize, interactive_lane: bool) -> usize {
+    if interactive_lane {
+        (cores * 5 / 8).max(1)
+    } else {
+        cores.max(1)
+    }
+}
+
 /// The calling thread's kernel thread id.
 #[cfg(target_os = "linux")]
 fn current_tid() -> libc::id_t {
