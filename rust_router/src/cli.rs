@@ -37,9 +37,9 @@ pub struct Args {
     #[arg(long, env = "REVISION")]
     pub revision: Option<String>,
 
-    /// Threads that tokenize requests [default: the number of CPU cores; 5/8 of them where the
-    /// runtime has an interactive lane (a GPU), so that a backfill's tokenization leaves cores
-    /// free for queries].
+    /// Threads that tokenize requests [default: number of CPU cores]. Where the runtime has an
+    /// interactive lane (a GPU), 3/8 of them stand aside while the bulk queue holds a full
+    /// batch, leaving their cores to queries.
     #[arg(long, env = "TOKENIZATION_WORKERS")]
     pub tokenization_workers: Option<usize>,
 

@@ -10,9 +10,7 @@ use crate::http::{app, AppContext, AppState, ServeConfig};
 use crate::infer::Infer;
 use crate::metrics::Metrics;
 use crate::shutdown::{Phase, Shutdown};
-use crate::tokenization::{
-    default_workers, load_tokenizer, PoolPriority, Tokenization, TokenizerConfig,
-};
+use crate::tokenization::{load_tokenizer, PoolPriority, Tokenization, TokenizerConfig};
 use clap::Parser;
 use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
 use std::path::Path;
@@ -251,8 +249,9 @@ fn run(mut args: Args, make_backend: MakeBackend) -> Result<(), String> {
     let prompt = default_prompt(&args, &info)?;
     let tokenizer = load_tokenizer(Path::new(&info.tokenizer_path)).map_err(|e| e.to_string())?;
     let workers = args.tokenization_workers.unwrap_or_else(|| {
-        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-        default_workers(cores, backend.has_interactive_lane())
+        std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1)
     });
     let tokenization_priority = args
         .tokenization_priority

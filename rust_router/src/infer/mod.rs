@@ -157,6 +157,11 @@ impl Infer {
         if let (Some(target), [Take::Priority]) = (config.max_bulk_batch_time, takes.as_slice()) {
             queue.pace_bulk(target);
         }
+        // Queries have threads of their own (a GPU): the tokenizer pool need not outrun the
+        // backend, and the cores it leaves are the queries'.
+        if takes.len() > 1 {
+            queue.throttle_tokenization(tokenization.throttle());
+        }
         let (tasks, direct) = batching::spawn_tasks(
             &queue,
             &backend,

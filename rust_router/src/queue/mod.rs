@@ -11,11 +11,11 @@
 
 use crate::backend::{BackendError, Batch, BatchKind, Lane};
 use crate::metrics::Metrics;
-use crate::tokenization::ValidEncoding;
+use crate::tokenization::{PoolThrottle, ValidEncoding};
 use futures_util::future::select_all;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 use tokio::sync::{oneshot, Notify};
 
@@ -211,6 +211,8 @@ pub struct State {
     /// `Some` when bulk batches are bounded by time too.
     pacing: Option<BulkPacing>,
     dropped: u64,
+    /// Tokens waiting in the bulk lane.
+    bulk_tokens: usize,
 }
 
 impl State {
@@ -221,6 +223,7 @@ impl State {
             max_batch_requests,
             pacing: None,
             dropped: 0,
+            bulk_tokens: 0,
         }
     }
 
@@ -245,7 +248,16 @@ impl State {
     }
 
     pub fn append(&mut self, entry: Entry) {
+        if entry.lane == Lane::Bulk {
+            self.bulk_tokens += entry.encoding.input_ids.len();
+        }
         self.lanes[entry.lane.index()].push_back(entry);
+    }
+
+    /// Whether the bulk lane holds at least one full batch: the backend has its next bulk
+    /// batch ready beyond the ones its threads hold, so tokenizing faster buys it nothing.
+    pub fn bulk_backlog_is_full(&self) -> bool {
+        self.bulk_tokens >= self.max_batch_tokens
     }
 
     /// Entries in both lanes.
@@ -272,6 +284,10 @@ impl State {
         for lane in &mut self.lanes {
             lane.retain(|e| e.metadata.request_id != request);
         }
+        self.bulk_tokens = self.lanes[Lane::Bulk.index()]
+            .iter()
+            .map(|e| e.encoding.input_ids.len())
+            .sum();
         before - self.len()
     }
 
@@ -342,13 +358,16 @@ impl State {
         metadata: &mut Vec<Metadata>,
     ) {
         let entries = &mut self.lanes[lane.index()];
+        // Tokens leaving the lane, dropped or taken.
+        let mut left = 0;
         while let Some(entry) = entries.front() {
+            let len = entry.encoding.input_ids.len();
             if entry.metadata.response_tx.is_closed() {
                 entries.pop_front();
                 self.dropped += 1;
+                left += len;
                 continue;
             }
-            let len = entry.encoding.input_ids.len();
             let fits = batch.input_ids.len() + len <= max_tokens
                 // A sequence longer than the whole budget still has to run somewhere: alone.
                 || metadata.is_empty();
@@ -356,11 +375,15 @@ impl State {
                 break;
             }
             let entry = entries.pop_front().expect("front exists");
+            left += len;
             *kind = Some(entry.kind);
             push_entry(entry, batch, metadata);
             if Some(metadata.len()) == self.max_batch_requests {
                 break;
             }
+        }
+        if lane == Lane::Bulk {
+            self.bulk_tokens -= left;
         }
     }
 }
@@ -376,6 +399,9 @@ struct Inner {
     notify: [Notify; 2],
     closed: AtomicBool,
     metrics: Arc<Metrics>,
+    /// Told whether the bulk lane holds a full batch, after every change (see
+    /// [`Queue::throttle_tokenization`]).
+    tokenization: OnceLock<Arc<PoolThrottle>>,
 }
 
 /// Shared handle: handlers append, the batching tasks take batches.
@@ -398,6 +424,7 @@ impl Queue {
                 notify: Default::default(),
                 closed: AtomicBool::new(false),
                 metrics,
+                tokenization: OnceLock::new(),
             }),
         }
     }
@@ -409,6 +436,23 @@ impl Queue {
             .state
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Lets `throttle` hold part of the tokenizer pool back while the bulk lane holds a full
+    /// batch (see [`PoolThrottle`]): for runtimes whose queries have threads of their own,
+    /// where the backend, not tokenization, bounds a backfill.
+    pub fn throttle_tokenization(&self, throttle: Arc<PoolThrottle>) {
+        let state = self.state();
+        throttle.set_limited(state.bulk_backlog_is_full());
+        let _ = self.inner.tokenization.set(throttle);
+    }
+
+    /// Tells the tokenizer pool, if it listens, whether the bulk lane is full; called with the
+    /// lock held after every change, so the last word is always the latest state's.
+    fn tell_tokenization(&self, state: &State) {
+        if let Some(throttle) = self.inner.tokenization.get() {
+            throttle.set_limited(state.bulk_backlog_is_full());
+        }
     }
 
     /// Holds the queue's lock, as a batching task packing a large batch does.
@@ -470,6 +514,7 @@ impl Queue {
                 woken[entry.lane.index()] = true;
                 state.append(entry);
             }
+            self.tell_tokenization(&state);
             state.len()
         };
         self.inner.metrics.gauge_set("te_queue_size", len as f64);
@@ -486,7 +531,9 @@ impl Queue {
     pub fn remove_request(&self, request: RequestId) {
         let (removed, len) = {
             let mut state = self.state();
-            (state.remove_request(request), state.len())
+            let removed = state.remove_request(request);
+            self.tell_tokenization(&state);
+            (removed, state.len())
         };
         if removed > 0 {
             let m = &self.inner.metrics;
@@ -527,6 +574,7 @@ impl Queue {
         let next = state.take_batch(take);
         let dropped = state.take_dropped();
         let len = state.len();
+        self.tell_tokenization(&state);
         drop(state);
         let m = &self.inner.metrics;
         if dropped > 0 {

@@ -371,3 +371,34 @@ fn paced_priority_batches_top_queries_up_with_bulk_entries_of_their_kind() {
     let first = unpaced.take_batch(Take::Priority).unwrap();
     assert_eq!(ids(&first), (i, vec![1], false));
 }
+
+/// The tokenizer pool is held back exactly while the bulk lane holds a full batch: appends
+/// fill it, packing, dropped clients and removed requests drain it, and queries never count.
+#[test]
+fn the_tokenizer_pool_is_throttled_while_the_bulk_lane_holds_a_full_batch() {
+    let queue = Queue::new(10, None, Arc::new(Metrics::new(16)));
+    let throttle = Arc::new(PoolThrottle::for_pool(8));
+    queue.throttle_tokenization(throttle.clone());
+    let append = |len: usize, lane: Lane, request: RequestId| {
+        let (mut e, rx) = lane_entry(len, BatchKind::Pooled, lane);
+        e.metadata.request_id = request;
+        queue.append([e]);
+        rx
+    };
+    let _query = append(20, Lane::Interactive, 1);
+    assert!(!throttle.is_limited(), "queries count too");
+    let _a = append(6, Lane::Bulk, 2);
+    assert!(!throttle.is_limited());
+    let _b = append(4, Lane::Bulk, 3);
+    assert!(throttle.is_limited(), "10 tokens fill a 10-token batch");
+    queue.remove_request(3);
+    assert!(!throttle.is_limited());
+    let gone = append(4, Lane::Bulk, 4);
+    assert!(throttle.is_limited());
+    drop(gone);
+    let _c = append(3, Lane::Bulk, 5);
+    assert!(throttle.is_limited(), "the gone client's tokens still wait");
+    let next = queue.try_next_batch(Take::Lane(Lane::Bulk), None).unwrap();
+    assert_eq!(next.metadata.len(), 2, "6 + 3 tokens, the gone one skipped");
+    assert!(!throttle.is_limited(), "packing drained the lane");
+}

@@ -6,6 +6,10 @@
 //! exception: they are tokenized inline on the tokio worker, so they never wait in the pool's
 //! queue behind a backfill's documents, and skip the two thread hand-offs a pool job costs.
 
+mod throttle;
+
+pub use throttle::PoolThrottle;
+
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::path::Path;
@@ -257,25 +261,6 @@ impl PoolPriority {
     }
 }
 
-/// The pool's size when `--tokenization-workers` is not given, on a host with `cores` cores.
-///
-/// Without an interactive lane (a CPU runtime) every core: the forward passes take the cores
-/// anyway, and the batching shares them out. With one (a GPU), 5/8 of them, at least one:
-/// when tokenization bounds a backfill (a small model such as all-MiniLM-L6-v2), a thread on
-/// every core keeps every core busy, even at idle priority, and Linux then stops looking for
-/// an idle core for a thread that wakes up: a query's threads waited for a core, one query in
-/// fifty by 1-3 ms. Measured on a 16-core H200 guest under the realistic backfill
-/// (benchmarks/RESULTS.md): MiniLM's query p99 was 2.6-3.7x its idle p50 with 16 threads,
-/// 3.7x with 12, 1.3x with 10 and 2.2x with 8; the backfill fell from 4.6-4.8 M tokens/s to
-/// 3.8 M with 10. Backfills that the GPU bounds (bert-large, qwen3-0.6b) lost nothing at 8.
-pub fn default_workers(cores: usize, interactive_lane: bool) -> usize {
-    if interactive_lane {
-        (cores * 5 / 8).max(1)
-    } else {
-        cores.max(1)
-    }
-}
-
 /// The calling thread's kernel thread id.
 #[cfg(target_os = "linux")]
 fn current_tid() -> libc::id_t {
@@ -288,6 +273,8 @@ fn current_tid() -> libc::id_t {
 pub struct Tokenization {
     tx: mpsc::Sender<Job>,
     inline: Arc<InlinePool>,
+    /// Off unless the queue turns it on (see [`PoolThrottle`]).
+    throttle: Arc<PoolThrottle>,
     /// The pool threads' kernel thread ids (Linux), each added once the thread has taken its
     /// scheduling class.
     worker_tids: Arc<Mutex<Vec<u32>>>,
@@ -339,9 +326,11 @@ impl Tokenization {
         let (tx, rx) = mpsc::channel::<Job>();
         let rx = Arc::new(Mutex::new(rx));
         let worker_tids: Arc<Mutex<Vec<u32>>> = Arc::default();
+        let throttle = Arc::new(PoolThrottle::for_pool(workers.max(1)));
         for i in 0..workers.max(1) {
             let rx = rx.clone();
             let tids = worker_tids.clone();
+            let throttle = throttle.clone();
             let mut worker = Worker {
                 tokenizer: tokenizer.clone(),
                 truncation: None,
@@ -356,6 +345,7 @@ impl Tokenization {
                         tids.push(current_tid());
                     }
                     loop {
+                        throttle.wait_turn(i);
                         // Holding the lock while waiting is fine: the other workers would wait
                         // anyway.
                         let job = match rx.lock() {
@@ -384,8 +374,14 @@ impl Tokenization {
         Self {
             tx,
             inline,
+            throttle,
             worker_tids,
         }
+    }
+
+    /// The switch that lets part of the pool stand aside (see [`PoolThrottle`]).
+    pub fn throttle(&self) -> Arc<PoolThrottle> {
+        self.throttle.clone()
     }
 
     /// The kernel thread ids (Linux) of the pool threads that have started and taken their

@@ -341,12 +341,3 @@ async fn pool_threads_yield_their_cores_by_default_and_inline_callers_keep_their
     }
     assert_eq!(scheduling(&own_tid()).0, libc::SCHED_OTHER as u32);
 }
-
-#[test]
-fn the_pool_leaves_cores_for_queries_only_beside_an_interactive_lane() {
-    assert_eq!(default_workers(16, false), 16);
-    assert_eq!(default_workers(16, true), 10);
-    assert_eq!(default_workers(2, true), 1);
-    assert_eq!(default_workers(1, true), 1);
-    assert_eq!(default_workers(0, false), 1);
-}
