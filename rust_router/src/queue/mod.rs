@@ -211,8 +211,9 @@ pub struct State {
     /// `Some` when bulk batches are bounded by time too.
     pacing: Option<BulkPacing>,
     dropped: u64,
-    /// Tokens waiting in the bulk lane.
-    bulk_tokens: usize,
+    /// Whether the last bulk batch left entries behind: it was cut by its budget, so the
+    /// backend, not the supply of tokenized entries, bounds the bulk lane.
+    bulk_backlog: bool,
 }
 
 impl State {
@@ -223,7 +224,7 @@ impl State {
             max_batch_requests,
             pacing: None,
             dropped: 0,
-            bulk_tokens: 0,
+            bulk_backlog: false,
         }
     }
 
@@ -248,16 +249,14 @@ impl State {
     }
 
     pub fn append(&mut self, entry: Entry) {
-        if entry.lane == Lane::Bulk {
-            self.bulk_tokens += entry.encoding.input_ids.len();
-        }
         self.lanes[entry.lane.index()].push_back(entry);
     }
 
-    /// Whether the bulk lane holds at least one full batch: the backend has its next bulk
-    /// batch ready beyond the ones its threads hold, so tokenizing faster buys it nothing.
-    pub fn bulk_backlog_is_full(&self) -> bool {
-        self.bulk_tokens >= self.max_batch_tokens
+    /// Whether the backend bounds the bulk lane: its last batch was full and left entries
+    /// waiting, and they still wait. Entries tokenized faster would only wait longer. Where
+    /// tokenization bounds it instead, each bulk batch takes everything queued.
+    pub fn backend_bounds_bulk(&self) -> bool {
+        self.bulk_backlog && self.lane_len(Lane::Bulk) > 0
     }
 
     /// Entries in both lanes.
@@ -284,10 +283,6 @@ impl State {
         for lane in &mut self.lanes {
             lane.retain(|e| e.metadata.request_id != request);
         }
-        self.bulk_tokens = self.lanes[Lane::Bulk.index()]
-            .iter()
-            .map(|e| e.encoding.input_ids.len())
-            .sum();
         before - self.len()
     }
 
@@ -358,16 +353,13 @@ impl State {
         metadata: &mut Vec<Metadata>,
     ) {
         let entries = &mut self.lanes[lane.index()];
-        // Tokens leaving the lane, dropped or taken.
-        let mut left = 0;
         while let Some(entry) = entries.front() {
-            let len = entry.encoding.input_ids.len();
             if entry.metadata.response_tx.is_closed() {
                 entries.pop_front();
                 self.dropped += 1;
-                left += len;
                 continue;
             }
+            let len = entry.encoding.input_ids.len();
             let fits = batch.input_ids.len() + len <= max_tokens
                 // A sequence longer than the whole budget still has to run somewhere: alone.
                 || metadata.is_empty();
@@ -375,15 +367,14 @@ impl State {
                 break;
             }
             let entry = entries.pop_front().expect("front exists");
-            left += len;
             *kind = Some(entry.kind);
             push_entry(entry, batch, metadata);
             if Some(metadata.len()) == self.max_batch_requests {
                 break;
             }
         }
-        if lane == Lane::Bulk {
-            self.bulk_tokens -= left;
+        if lane == Lane::Bulk && !metadata.is_empty() {
+            self.bulk_backlog = !self.lanes[lane.index()].is_empty();
         }
     }
 }
@@ -438,20 +429,20 @@ impl Queue {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// Lets `throttle` hold part of the tokenizer pool back while the bulk lane holds a full
-    /// batch (see [`PoolThrottle`]): for runtimes whose queries have threads of their own,
-    /// where the backend, not tokenization, bounds a backfill.
+    /// Lets `throttle` hold part of the tokenizer pool back while the backend bounds the bulk
+    /// lane ([`State::backend_bounds_bulk`], see [`PoolThrottle`]): for runtimes whose queries
+    /// have threads of their own.
     pub fn throttle_tokenization(&self, throttle: Arc<PoolThrottle>) {
         let state = self.state();
-        throttle.set_limited(state.bulk_backlog_is_full());
+        throttle.set_limited(state.backend_bounds_bulk());
         let _ = self.inner.tokenization.set(throttle);
     }
 
-    /// Tells the tokenizer pool, if it listens, whether the bulk lane is full; called with the
-    /// lock held after every change, so the last word is always the latest state's.
+    /// Tells the tokenizer pool, if it listens, whether the backend bounds the bulk lane;
+    /// called with the lock held after every change, so the last word is the latest state's.
     fn tell_tokenization(&self, state: &State) {
         if let Some(throttle) = self.inner.tokenization.get() {
-            throttle.set_limited(state.bulk_backlog_is_full());
+            throttle.set_limited(state.backend_bounds_bulk());
         }
     }
 

@@ -372,10 +372,11 @@ fn paced_priority_batches_top_queries_up_with_bulk_entries_of_their_kind() {
     assert_eq!(ids(&first), (i, vec![1], false));
 }
 
-/// The tokenizer pool is held back exactly while the bulk lane holds a full batch: appends
-/// fill it, packing, dropped clients and removed requests drain it, and queries never count.
+/// The tokenizer pool is held back exactly while the backend bounds the bulk lane: a bulk
+/// batch cut by its budget turns it on, one that takes everything queued (or the lane's
+/// last entries leaving) turns it off; queries never count.
 #[test]
-fn the_tokenizer_pool_is_throttled_while_the_bulk_lane_holds_a_full_batch() {
+fn the_tokenizer_pool_is_throttled_while_bulk_batches_leave_entries_waiting() {
     let queue = Queue::new(10, None, Arc::new(Metrics::new(16)));
     let throttle = Arc::new(PoolThrottle::for_pool(8));
     queue.throttle_tokenization(throttle.clone());
@@ -385,20 +386,29 @@ fn the_tokenizer_pool_is_throttled_while_the_bulk_lane_holds_a_full_batch() {
         queue.append([e]);
         rx
     };
-    let _query = append(20, Lane::Interactive, 1);
-    assert!(!throttle.is_limited(), "queries count too");
-    let _a = append(6, Lane::Bulk, 2);
-    assert!(!throttle.is_limited());
-    let _b = append(4, Lane::Bulk, 3);
-    assert!(throttle.is_limited(), "10 tokens fill a 10-token batch");
-    queue.remove_request(3);
-    assert!(!throttle.is_limited());
-    let gone = append(4, Lane::Bulk, 4);
+    let bulk = Take::Lane(Lane::Bulk);
+    let _rxs = [append(6, Lane::Bulk, 1), append(6, Lane::Bulk, 2)];
+    assert!(!throttle.is_limited(), "no batch packed yet");
+    assert_eq!(queue.try_next_batch(bulk, None).unwrap().metadata.len(), 1);
+    assert!(
+        throttle.is_limited(),
+        "the 10-token batch left 6 tokens waiting"
+    );
+    let _more = append(3, Lane::Bulk, 3);
+    assert!(throttle.is_limited(), "appends do not change it");
+    assert_eq!(queue.try_next_batch(bulk, None).unwrap().metadata.len(), 2);
+    assert!(!throttle.is_limited(), "that batch took everything queued");
+    let _rxs = [append(6, Lane::Bulk, 4), append(6, Lane::Bulk, 5)];
+    queue.try_next_batch(bulk, None).unwrap();
     assert!(throttle.is_limited());
-    drop(gone);
-    let _c = append(3, Lane::Bulk, 5);
-    assert!(throttle.is_limited(), "the gone client's tokens still wait");
-    let next = queue.try_next_batch(Take::Lane(Lane::Bulk), None).unwrap();
-    assert_eq!(next.metadata.len(), 2, "6 + 3 tokens, the gone one skipped");
-    assert!(!throttle.is_limited(), "packing drained the lane");
+    queue.remove_request(5);
+    assert!(!throttle.is_limited(), "nothing waits any more");
+    let _queries = [
+        append(6, Lane::Interactive, 6),
+        append(6, Lane::Interactive, 7),
+    ];
+    queue
+        .try_next_batch(Take::Lane(Lane::Interactive), None)
+        .unwrap();
+    assert!(!throttle.is_limited(), "queries left waiting do not count");
 }

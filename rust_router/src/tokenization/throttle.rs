@@ -1,14 +1,14 @@
-//! Lets part of the tokenizer pool stand aside while the backend has enough work queued.
+//! Lets part of the tokenizer pool stand aside while the backend bounds a backfill.
 //!
 //! A backfill's documents are tokenized in bursts on every pool thread. Where the GPU bounds
 //! the backfill, that speed buys nothing (the tokens wait in the bulk queue), and it costs the
 //! queries: with a thread busy on every core, even at idle priority, Linux stops looking for
 //! an idle core for a thread that wakes up, and a query's threads (the result's way back from
 //! its backend thread) waited for a core, one query in fifty by 1-3 ms (benchmarks/
-//! RESULTS.md). So while the bulk queue holds at least a full batch beyond what the backend
-//! threads hold, only the first `keep` threads take jobs; the others wait until the queue runs
-//! low. Where tokenization bounds the backfill (a small model), the queue never fills, and
-//! every thread keeps working.
+//! RESULTS.md). So while bulk batches are full and leave entries waiting, only the first
+//! `keep` threads take jobs; the others wait until a bulk batch takes everything queued.
+//! Where tokenization bounds the backfill (a small model), every batch takes everything
+//! queued, and every thread keeps working.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Condvar, Mutex};
@@ -80,7 +80,6 @@ impl PoolThrottle {
 mod tests {
     use super::*;
     use std::sync::Arc;
-    use std::time::Instant;
 
     #[test]
     fn keeps_five_eighths_of_the_pool_and_at_least_one() {
@@ -102,11 +101,7 @@ mod tests {
         }
         let waiter = {
             let throttle = throttle.clone();
-            std::thread::spawn(move || {
-                let start = Instant::now();
-                throttle.wait_turn(7);
-                start.elapsed()
-            })
+            std::thread::spawn(move || throttle.wait_turn(7))
         };
         std::thread::sleep(Duration::from_millis(150));
         assert!(
@@ -114,7 +109,6 @@ mod tests {
             "thread 7 took a job while the throttle was on"
         );
         throttle.set_limited(false);
-        let waited = waiter.join().unwrap();
-        assert!(waited >= Duration::from_millis(150), "{waited:?}");
+        waiter.join().unwrap();
     }
 }
