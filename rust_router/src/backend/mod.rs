@@ -38,6 +38,27 @@ pub struct Batch {
 }
 
 impl Batch {
+    /// A batch of no sequences, ready for [`Batch::push_sequence`].
+    pub fn empty() -> Self {
+        Self {
+            cu_seqlens: vec![0],
+            ..Default::default()
+        }
+    }
+
+    /// Appends one sequence: its token ids, type ids and positions, of equal length.
+    pub fn push_sequence(
+        &mut self,
+        input_ids: &[u32],
+        token_type_ids: &[u32],
+        position_ids: &[u32],
+    ) {
+        self.input_ids.extend_from_slice(input_ids);
+        self.token_type_ids.extend_from_slice(token_type_ids);
+        self.position_ids.extend_from_slice(position_ids);
+        self.cu_seqlens.push(self.input_ids.len() as u32);
+    }
+
     pub fn num_seqs(&self) -> usize {
         self.cu_seqlens.len().saturating_sub(1)
     }
@@ -48,17 +69,14 @@ impl Batch {
 
     /// A batch of only the sequences at `seqs` (ascending indices), packed again.
     pub fn select(&self, seqs: &[usize]) -> Batch {
-        let mut out = Batch {
-            cu_seqlens: vec![0],
-            ..Default::default()
-        };
+        let mut out = Batch::empty();
         for &i in seqs {
             let (a, b) = (self.cu_seqlens[i] as usize, self.cu_seqlens[i + 1] as usize);
-            out.input_ids.extend_from_slice(&self.input_ids[a..b]);
-            out.token_type_ids
-                .extend_from_slice(&self.token_type_ids[a..b]);
-            out.position_ids.extend_from_slice(&self.position_ids[a..b]);
-            out.cu_seqlens.push(out.input_ids.len() as u32);
+            out.push_sequence(
+                &self.input_ids[a..b],
+                &self.token_type_ids[a..b],
+                &self.position_ids[a..b],
+            );
         }
         out
     }

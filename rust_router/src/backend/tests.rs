@@ -7,15 +7,10 @@ use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
 
 pub(super) fn batch(ids: &[&[u32]]) -> Batch {
-    let mut b = Batch {
-        cu_seqlens: vec![0],
-        ..Default::default()
-    };
+    let mut b = Batch::empty();
     for seq in ids {
-        b.input_ids.extend_from_slice(seq);
-        b.token_type_ids.extend(std::iter::repeat_n(0, seq.len()));
-        b.position_ids.extend(0..seq.len() as u32);
-        b.cu_seqlens.push(b.input_ids.len() as u32);
+        let positions: Vec<u32> = (0..seq.len() as u32).collect();
+        b.push_sequence(seq, &vec![0; seq.len()], &positions);
     }
     b
 }

@@ -89,10 +89,7 @@ impl NextBatch {
     pub fn of_request(entries: Vec<Entry>) -> Option<Self> {
         let first = entries.first()?;
         let (kind, lane) = (first.kind, first.lane);
-        let mut batch = Batch {
-            cu_seqlens: vec![0],
-            ..Default::default()
-        };
+        let mut batch = Batch::empty();
         let mut metadata = Vec::with_capacity(entries.len());
         for entry in entries {
             push_entry(entry, &mut batch, &mut metadata);
@@ -109,10 +106,8 @@ impl NextBatch {
 
 /// Appends `entry`'s sequence to `batch` and its metadata to `metadata`.
 fn push_entry(entry: Entry, batch: &mut Batch, metadata: &mut Vec<Metadata>) {
-    batch.input_ids.extend(entry.encoding.input_ids);
-    batch.token_type_ids.extend(entry.encoding.token_type_ids);
-    batch.position_ids.extend(entry.encoding.position_ids);
-    batch.cu_seqlens.push(batch.input_ids.len() as u32);
+    let e = &entry.encoding;
+    batch.push_sequence(&e.input_ids, &e.token_type_ids, &e.position_ids);
     metadata.push(entry.metadata);
 }
 
@@ -327,10 +322,7 @@ impl State {
     pub fn next_batch(&mut self, lane: Lane) -> Option<NextBatch> {
         let max_tokens = self.batch_tokens(lane);
         let mut kind = None;
-        let mut batch = Batch {
-            cu_seqlens: vec![0],
-            ..Default::default()
-        };
+        let mut batch = Batch::empty();
         let mut metadata = Vec::new();
         self.fill(lane, max_tokens, &mut kind, &mut batch, &mut metadata);
         kind.map(|kind| NextBatch {
@@ -390,7 +382,7 @@ struct Inner {
     notify: [Notify; 2],
     closed: AtomicBool,
     metrics: Arc<Metrics>,
-    /// Told whether the bulk lane holds a full batch, after every change (see
+    /// Told whether the backend bounds the bulk lane, after every change (see
     /// [`Queue::throttle_tokenization`]).
     tokenization: OnceLock<Arc<PoolThrottle>>,
 }
