@@ -534,7 +534,9 @@ impl Queue {
         self.state().pace_bulk(target);
     }
 
-    /// Whether bulk batches are bounded by time ([`Queue::pace_bulk`]).
+    /// Whether bulk batches are bounded by time ([`Queue::pace_bulk`]); the batches themselves
+    /// say so (`NextBatch::paced`).
+    #[cfg(test)]
     pub fn paces_bulk(&self) -> bool {
         self.state().pacing.is_some()
     }
