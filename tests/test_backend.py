@@ -137,3 +137,23 @@ def test_inconsistent_batches_are_rejected(embedder):  # type: ignore[no-untyped
         backend.embed(
             ids, types, positions, np.array([0, 3, 3, len(ids) // 4], "<u4").tobytes(), max_len
         )
+
+
+def test_the_lane_switch_interval_comes_from_the_environment(monkeypatch):  # type: ignore[no-untyped-def]
+    from trt_tei_runtime.backend import LANE_SWITCH_INTERVAL_S, lane_switch_interval_s
+
+    monkeypatch.delenv("TRT_TEI_SWITCH_INTERVAL_US", raising=False)
+    assert lane_switch_interval_s() == LANE_SWITCH_INTERVAL_S
+    monkeypatch.setenv("TRT_TEI_SWITCH_INTERVAL_US", "20")
+    assert lane_switch_interval_s() == pytest.approx(20e-6)
+    for bad in ("0", "-5", "fast", "nan", "inf"):
+        monkeypatch.setenv("TRT_TEI_SWITCH_INTERVAL_US", bad)
+        with pytest.raises(ValueError, match="TRT_TEI_SWITCH_INTERVAL_US"):
+            lane_switch_interval_s()
+
+
+def test_a_failing_cuda_driver_call_is_a_device_failure():  # type: ignore[no-untyped-def]
+    from trt_tei_runtime.backend import _is_device_failure
+    from trt_tei_runtime.runtime.cuda_driver import CudaDriverError
+
+    assert _is_device_failure(CudaDriverError("CUDA error: CUDA_ERROR_ILLEGAL_ADDRESS in x"))

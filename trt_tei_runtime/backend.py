@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import sys
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
@@ -30,7 +31,7 @@ from typing import Any, TypeVar
 import numpy as np
 import torch
 
-from .batch import PackedBatch
+from .batch import HostArrays, PackedBatch
 from .errors import DeviceError, RuntimeErrorBase
 from .runtime import Executor, Lane, load_executors
 from .runtime.dispatch import to_host
@@ -42,7 +43,25 @@ T = TypeVar("T")
 # How long a Python thread may hold the interpreter before a waiting one gets it. The
 # default (5 ms) would let the bulk thread, while it launches a large eager batch, hold an
 # interactive query for whole milliseconds; the router's process runs no other Python.
+# TRT_TEI_SWITCH_INTERVAL_US overrides it.
 LANE_SWITCH_INTERVAL_S = 0.0002
+
+
+def lane_switch_interval_s() -> float:
+    """`LANE_SWITCH_INTERVAL_S`, or TRT_TEI_SWITCH_INTERVAL_US where set (a positive
+    number of microseconds)."""
+    value = os.environ.get("TRT_TEI_SWITCH_INTERVAL_US")
+    if value is None:
+        return LANE_SWITCH_INTERVAL_S
+    try:
+        micros = float(value)
+    except ValueError:
+        micros = 0.0
+    if not 0 < micros < 1e9:
+        raise ValueError(
+            f"TRT_TEI_SWITCH_INTERVAL_US={value!r}: expected a positive number of microseconds"
+        )
+    return micros / 1e6
 
 
 class Backend:
@@ -84,7 +103,7 @@ class Backend:
         # Every executor holds the same model; the first answers for all in `info()`.
         self.model = self.executors[0]
         if self.model.interactive is not None:
-            sys.setswitchinterval(LANE_SWITCH_INTERVAL_S)
+            sys.setswitchinterval(lane_switch_interval_s())
 
     def info(self) -> dict[str, Any]:
         """The router's `ModelInfo` (rust_router/src/backend/mod.rs defines the keys; a test
@@ -124,7 +143,15 @@ class Backend:
     # max_length: the batch computes its longest sequence from cu_seqlens).
 
     def embed(self, *arrays: Any, interactive: bool = False, device: int = 0) -> np.ndarray:
-        return self._run(Executor.embed, arrays, interactive, device)
+        batch = HostArrays.check(*arrays)
+        if interactive:
+            # A query that fits the interactive lane's graphs goes without torch on its way.
+            executor = self.executors[device]
+            with _device_failures(executor):
+                rows = executor.query_rows(batch)
+            if rows is not None:
+                return rows
+        return self._call(Executor.embed, batch, interactive, device, _numpy)
 
     def embed_all(self, *arrays: Any, interactive: bool = False, device: int = 0) -> np.ndarray:
         return self._run(Executor.embed_tokens, arrays, interactive, device)
@@ -156,7 +183,9 @@ class Backend:
             # rows are ready when this returns.
             host, wait = to_host(torch.from_numpy(getattr(self, method)(*arrays, device=device)))
         else:
-            host, wait = self._call(_LAUNCHABLE[method], arrays, False, device, to_host)
+            host, wait = self._call(
+                _LAUNCHABLE[method], HostArrays.check(*arrays), False, device, to_host
+            )
         return Launched(self.executors[device], host, wait)
 
     def _run(
@@ -166,19 +195,19 @@ class Backend:
         interactive: bool,
         device: int,
     ) -> np.ndarray:
-        return self._call(method, arrays, interactive, device, _numpy)
+        return self._call(method, HostArrays.check(*arrays), interactive, device, _numpy)
 
     def _call(
         self,
         method: Callable[[Executor, PackedBatch, Lane], torch.Tensor],
-        arrays: tuple[Any, ...],
+        arrays: HostArrays,
         interactive: bool,
         device: int,
         finish: Callable[[torch.Tensor], T],
     ) -> T:
-        """`method` on the batch in `arrays`, and `finish` on its result, on the lane's
-        stream: the copy to the host follows the lane's own work, not the other lane's."""
-        batch = PackedBatch.from_arrays(*arrays)
+        """`method` on the batch, and `finish` on its result, on the lane's stream: the copy
+        to the host follows the lane's own work, not the other lane's."""
+        batch = arrays.packed()
         executor = self.executors[device]
         lane = executor.lane(interactive)
         with _device_failures(executor), lane.active():

@@ -89,30 +89,9 @@ class PackedBatch:
         max_length: int | None = None,
     ) -> PackedBatch:
         """Builds a batch from uint32 buffers (`bytes`) or array-likes, checking consistency."""
-        ids = _as_u32(input_ids, "input_ids")
-        types = _as_u32(token_type_ids, "token_type_ids")
-        positions = _as_u32(position_ids, "position_ids")
-        cu = _as_u32(cu_seqlens, "cu_seqlens")
-        if cu.size < 2 or cu[0] != 0:
-            raise InputError("cu_seqlens must start at 0 and hold at least one sequence")
-        lengths = np.diff(cu.astype(np.int64))
-        if (lengths <= 0).any():
-            raise InputError("cu_seqlens must be strictly increasing (no empty sequences)")
-        if not (ids.size == types.size == positions.size == int(cu[-1])):
-            raise InputError(
-                f"input_ids ({ids.size}), token_type_ids ({types.size}) and position_ids "
-                f"({positions.size}) must all hold cu_seqlens[-1] = {int(cu[-1])} tokens"
-            )
-        longest = int(lengths.max())
-        if max_length is not None and int(max_length) < longest:
-            raise InputError(f"max_length {max_length} is below the longest sequence {longest}")
-        return cls(
-            input_ids=torch.from_numpy(ids.astype(np.int64)),
-            token_type_ids=torch.from_numpy(types.astype(np.int64)),
-            position_ids=torch.from_numpy(positions.astype(np.int64)),
-            cu_seqlens=torch.from_numpy(cu.astype(np.int32)),
-            max_seqlen=longest,
-        )
+        return HostArrays.check(
+            input_ids, token_type_ids, position_ids, cu_seqlens, max_length
+        ).packed()
 
     @classmethod
     def from_sequences(
@@ -182,6 +161,66 @@ def token_budget_batches(lengths: Sequence[int], max_tokens: int) -> list[list[i
     if batch:
         batches.append(batch)
     return batches
+
+
+@dataclass(frozen=True)
+class HostArrays:
+    """A batch as the router sends it, checked for consistency: uint32 numpy arrays, views
+    of the router's buffers where it sent `bytes`."""
+
+    input_ids: np.ndarray
+    token_type_ids: np.ndarray
+    position_ids: np.ndarray
+    cu_seqlens: np.ndarray
+    max_seqlen: int
+
+    @property
+    def num_seqs(self) -> int:
+        return self.cu_seqlens.size - 1
+
+    @property
+    def num_tokens(self) -> int:
+        return self.input_ids.size
+
+    @classmethod
+    def check(
+        cls,
+        input_ids: Any,
+        token_type_ids: Any,
+        position_ids: Any,
+        cu_seqlens: Any,
+        max_length: int | None = None,
+    ) -> HostArrays:
+        """The arrays of uint32 buffers (`bytes`) or array-likes; `InputError` where they
+        do not describe one packed batch."""
+        ids = _as_u32(input_ids, "input_ids")
+        types = _as_u32(token_type_ids, "token_type_ids")
+        positions = _as_u32(position_ids, "position_ids")
+        cu = _as_u32(cu_seqlens, "cu_seqlens")
+        if cu.size < 2 or cu[0] != 0:
+            raise InputError("cu_seqlens must start at 0 and hold at least one sequence")
+        lengths = np.diff(cu.astype(np.int64))
+        if (lengths <= 0).any():
+            raise InputError("cu_seqlens must be strictly increasing (no empty sequences)")
+        if not (ids.size == types.size == positions.size == int(cu[-1])):
+            raise InputError(
+                f"input_ids ({ids.size}), token_type_ids ({types.size}) and position_ids "
+                f"({positions.size}) must all hold cu_seqlens[-1] = {int(cu[-1])} tokens"
+            )
+        longest = int(lengths.max())
+        if max_length is not None and int(max_length) < longest:
+            raise InputError(f"max_length {max_length} is below the longest sequence {longest}")
+        return cls(ids, types, positions, cu, longest)
+
+    def packed(self) -> PackedBatch:
+        """The batch as host tensors."""
+        return PackedBatch(
+            input_ids=torch.from_numpy(self.input_ids.astype(np.int64)),
+            token_type_ids=torch.from_numpy(self.token_type_ids.astype(np.int64)),
+            position_ids=torch.from_numpy(self.position_ids.astype(np.int64)),
+            cu_seqlens=torch.from_numpy(self.cu_seqlens.astype(np.int32)),
+            max_seqlen=self.max_seqlen,
+        )
 
 
 def _as_u32(value: Any, name: str) -> np.ndarray:

@@ -12,9 +12,10 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
-from ..batch import PackedBatch
+from ..batch import HostArrays, PackedBatch
 from ..errors import InputError
 from ..layers.attention import packed_attention_available
 from ..models import Task
@@ -133,6 +134,7 @@ class Executor:
             gate=gate,
             inputs=self._input_staging(max_num_tokens),
         )
+        self.interactive.add_query_path()
         return gate
 
     def _capture_large(
@@ -300,6 +302,16 @@ class Executor:
         out = self._forward(batch, lane)
         return self.model.network.logits(out.hidden, out.batch).float()
 
+    def query_rows(self, batch: HostArrays) -> np.ndarray | None:
+        """An embedding query's pooled rows `[n, D]` float32 by the interactive lane's
+        direct path (`query_path`); None where that path does not take the batch (no such
+        lane, a model without pooled graphs, a batch above the lane's graphs)."""
+        path = None if self.interactive is None else self.interactive.query_path
+        if path is None or not path.fits(batch):
+            return None
+        self._check_limits(batch.max_seqlen, batch.input_ids, batch.token_type_ids)
+        return path.embed(batch)
+
     def health(self) -> None:
         """Runs one tiny forward pass to the end; raises if the model cannot run."""
         batch = PackedBatch.from_sequences([[0, 0]], position_offset=self.info.position_offset)
@@ -313,21 +325,25 @@ class Executor:
         return (lane or self.bulk).forward(batch)
 
     def _check_tokens(self, batch: PackedBatch) -> None:
-        # An out-of-range index on the GPU poisons the whole CUDA context: check on the host
-        # (numpy's max: a torch operation costs several times as long).
-        if batch.max_seqlen > self.info.max_input_length:
+        self._check_limits(batch.max_seqlen, _host(batch.input_ids), _host(batch.token_type_ids))
+
+    def _check_limits(self, max_seqlen: int, input_ids: Any, token_type_ids: Any) -> None:
+        """`InputError` where a batch's ids are outside the model's limits. An out-of-range
+        index on the GPU poisons the whole CUDA context: check on the host (numpy's max: a
+        torch operation costs several times as long)."""
+        if max_seqlen > self.info.max_input_length:
             raise InputError(
-                f"a sequence of {batch.max_seqlen} tokens exceeds the model's maximum input "
+                f"a sequence of {max_seqlen} tokens exceeds the model's maximum input "
                 f"length {self.info.max_input_length}"
             )
         net = self.model.network
-        if not batch.num_tokens:
+        if not input_ids.size:
             return
-        largest_id = int(_host(batch.input_ids).max())
+        largest_id = int(input_ids.max())
         if largest_id >= net.vocab_size:
             raise InputError(f"token id {largest_id} is outside the vocabulary ({net.vocab_size})")
         if net.uses_token_types:
-            largest_type = int(_host(batch.token_type_ids).max())
+            largest_type = int(token_type_ids.max())
             if largest_type >= net.type_vocab_size:
                 raise InputError(
                     f"token type id {largest_type} is outside the model's "

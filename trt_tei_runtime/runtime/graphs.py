@@ -246,14 +246,20 @@ class CudaGraphRunner:
             self.pooled[bucket] = pooled
         self.graphs[bucket] = segments
 
+    def bucket_for(self, tokens: int, sequences: int) -> int:
+        """The smallest captured bucket that holds a batch of this size (`can_run`)."""
+        return next(
+            b
+            for b in self._ladder
+            if b >= tokens and bucket_slots(b, self.max_batch_size) >= sequences + 2
+        )
+
     def run(self, batch: PackedBatch, between: Callable[[], None] | None = None) -> ForwardPass:
         """Replays the graphs of the smallest bucket that holds a host-side batch, calling
         `between` before each segment after the first; what it leaves is valid until the
         next `run`."""
         tokens, n = batch.num_tokens, batch.num_seqs
-        bucket = next(
-            b for b in self._ladder if b >= tokens and bucket_slots(b, self.max_batch_size) >= n + 2
-        )
+        bucket = self.bucket_for(tokens, n)
         on_device = self.inputs.send(batch, tail=bucket)
         first, *rest = self.graphs[bucket]
         first.replay()

@@ -23,8 +23,10 @@ import torch
 from ..batch import PackedBatch
 from ..layers import AttentionMetadata
 from ..models import TransformerModel
+from .cuda_driver import CudaDriver
 from .graphs import CudaGraphRunner, ForwardPass
 from .preemption import LayerGate
+from .query_path import QueryPath
 from .staging import InputStaging
 
 
@@ -113,6 +115,7 @@ class InteractiveLane(Lane):
 
     name = "interactive"
     gate: LayerGate  # always set: the gate this lane holds bulk batches with
+    graphs: CudaGraphRunner  # always set
 
     def __init__(
         self,
@@ -128,6 +131,15 @@ class InteractiveLane(Lane):
         )
         _, highest_priority = torch.cuda.Stream.priority_range()  # type: ignore[call-arg]
         self.stream = torch.cuda.Stream(device, priority=highest_priority)
+        # Embedding queries that fit the graphs, without torch on their way (`query_path`).
+        self.query_path: QueryPath | None = None
+
+    def add_query_path(self) -> None:
+        """The direct path for queries, where the graphs support it."""
+        if QueryPath.supports(self.graphs):
+            self.query_path = QueryPath(
+                self.graphs, self.stream, self.gate, self.device, CudaDriver()
+            )
 
     @contextlib.contextmanager
     def active(self) -> Iterator[None]:

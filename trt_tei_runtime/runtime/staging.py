@@ -15,6 +15,7 @@ the copy out of it has run (an event).
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from ..batch import PackedBatch
@@ -56,15 +57,13 @@ class InputStaging:
         they were."""
         tokens, n = batch.num_tokens, batch.num_seqs
         self._host_free.synchronize()
-        host = self._host_tokens
-        host[0, :tokens] = batch.input_ids.numpy()
-        host[1, :tokens] = batch.token_type_ids.numpy()
-        host[2, :tokens] = batch.position_ids.numpy()
-        self._host_cu[: n + 1] = batch.cu_seqlens.numpy()
-        if tail is not None:
-            self._host_cu[n + 1 :] = tail
-        if self.block_table is not None:
-            fill_block_table(self._host_cu[: n + 1], self._host_table)
+        self.fill(
+            batch.input_ids.numpy(),
+            batch.token_type_ids.numpy(),
+            batch.position_ids.numpy(),
+            batch.cu_seqlens.numpy(),
+            tail,
+        )
         self._device_buffer.copy_(self._host_buffer, non_blocking=True)
         self._host_free.record()
         return PackedBatch(
@@ -73,4 +72,34 @@ class InputStaging:
             position_ids=self.position_ids[:tokens],
             cu_seqlens=self.cu_seqlens[: n + 1],
             max_seqlen=batch.max_seqlen,
+        )
+
+    def fill(
+        self,
+        input_ids: np.ndarray,
+        token_type_ids: np.ndarray,
+        position_ids: np.ndarray,
+        cu_seqlens: np.ndarray,
+        tail: int | None = None,
+    ) -> None:
+        """Writes a batch's arrays (any integer type) into the host buffer, as `send` lays
+        them out; the caller copies it (`buffers`) once no copy out of it is pending."""
+        tokens, n = input_ids.size, cu_seqlens.size - 1
+        host = self._host_tokens
+        host[0, :tokens] = input_ids
+        host[1, :tokens] = token_type_ids
+        host[2, :tokens] = position_ids
+        self._host_cu[: n + 1] = cu_seqlens
+        if tail is not None:
+            self._host_cu[n + 1 :] = tail
+        if self.block_table is not None:
+            fill_block_table(self._host_cu[: n + 1], self._host_table)
+
+    @property
+    def buffers(self) -> tuple[int, int, int]:
+        """(host address, device address, bytes) of the one copy `send` makes."""
+        return (
+            self._host_buffer.data_ptr(),
+            self._device_buffer.data_ptr(),
+            self._device_buffer.numel(),
         )
