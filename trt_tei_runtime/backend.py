@@ -9,7 +9,8 @@ One executor per device (`devices`, e.g. "all" or "cuda:0,cuda:1"; `info()["devi
 lists them). With several, the router passes `device=i` to every call. Per device, bulk
 batches come from one router thread; when `info()["interactive_lane"]` is true, a second
 router thread sends small batches with `interactive=True` at the same time, and they run on
-that executor's interactive lane (`runtime.lanes`).
+that executor's interactive lane (`runtime.lanes`); an embedding query that fits the lane's
+CUDA graphs takes its direct path there (`runtime.query_path`).
 
 A failure of the device itself (a CUDA error) raises `DeviceError`: the router then takes
 that device out of service and the others keep serving.
