@@ -14,6 +14,10 @@ Part 2, torch's path taken apart, on the host's clock per step:
 - launch: the graph's launch, by torch's `replay` or by the driver's `cuGraphLaunch`;
 - read: the pooled row to the host (`.to("cpu")`, which waits for the GPU);
 - total: from before `enter` to the row in numpy.
+Part 3, the direct path taken apart: check (the arrays, the model's limits, the bucket),
+fill (the pinned staging buffer), enter (the gate, the CUDA context), run (the copies, the
+launch and the wait: the GPU's time), leave, copy (the rows out of the pinned buffer).
+
 Each rep runs after a 20 ms sleep (the query stream of BENCHMARKS.md) or back to back;
 the two launches alternate rep by rep. Prints p50 / p99 ms last. CUDA only; reports only.
 """
@@ -34,11 +38,12 @@ from bench_engine import percentiles, random_ids
 from shapes import write_random_checkpoint
 
 from trt_tei_runtime.backend import Backend
-from trt_tei_runtime.batch import PackedBatch
+from trt_tei_runtime.batch import HostArrays, PackedBatch
 
 QUERY_TOKENS = 24
 PAUSE_S = 0.020
 STEPS = ("enter", "send", "launch", "read", "total")
+DIRECT_STEPS = ("check", "fill", "enter", "run", "leave", "copy", "total")
 PAUSES = (("after 20 ms sleep", PAUSE_S), ("back to back", 0.0))
 
 
@@ -56,7 +61,7 @@ def driver_launch() -> Callable[[torch.cuda.CUDAGraph, torch.cuda.Stream], None]
     return launch
 
 
-def bench(shape: str, reps: int) -> tuple[list[str], list[str]]:
+def bench(shape: str, reps: int) -> tuple[list[str], list[str], list[str]]:
     with tempfile.TemporaryDirectory() as tmp:
         folder = write_random_checkpoint(shape, Path(tmp) / shape)
         backend = Backend(str(folder), device="cuda", dtype="bfloat16", pooling="mean")
@@ -146,7 +151,57 @@ def bench(shape: str, reps: int) -> tuple[list[str], list[str]]:
                 p50, p99 = percentiles([ms / 1e3 for ms in per_step[step]])
                 cells.append(f"{p50:.3f} / {p99:.3f}")
             step_rows.append(f"| {shape} | {pause_label} | {how} | " + " | ".join(cells) + " |")
-    return call_rows, step_rows
+
+    def direct_steps() -> tuple[dict[str, float], np.ndarray]:
+        """`QueryPath.embed` and its caller's checks, with a mark after each step."""
+        driver, stream = direct._driver, direct._stream
+        marks = [time.perf_counter()]
+        batch = HostArrays.check(*arrays)
+        executor._check_limits(batch.max_seqlen, batch.input_ids, batch.token_type_ids)
+        bucket = runner.bucket_for(batch.num_tokens, batch.num_seqs)
+        marks.append(time.perf_counter())
+        runner.inputs.fill(
+            batch.input_ids, batch.token_type_ids, batch.position_ids, batch.cu_seqlens, bucket
+        )
+        marks.append(time.perf_counter())
+        gate = direct._gate.interactive()
+        gate.__enter__()
+        previous = driver.make_current(direct._context)
+        marks.append(time.perf_counter())
+        host, device, nbytes = direct._inputs
+        driver.copy_to_device(device, host, nbytes, stream)
+        driver.launch(direct._launches[bucket], stream)
+        driver.copy_to_host(direct._rows_ptr, direct._pooled[bucket], n * direct._row_bytes, stream)
+        driver.synchronize(stream)
+        marks.append(time.perf_counter())
+        if previous is not None:
+            driver.set_current(previous)
+        gate.__exit__(None, None, None)
+        marks.append(time.perf_counter())
+        out = direct._host_rows[:n].copy()
+        marks.append(time.perf_counter())
+        steps = dict(zip(DIRECT_STEPS[:-1], np.diff(marks) * 1e3, strict=True))
+        steps["total"] = (marks[-1] - marks[0]) * 1e3
+        return steps, out
+
+    assert np.array_equal(direct_steps()[1], reference)
+    direct_rows = []
+    for pause_label, pause in PAUSES:
+        per_step: dict[str, list[float]] = {s: [] for s in DIRECT_STEPS}
+        for i in range(reps + 10):
+            if pause:
+                time.sleep(pause)
+            steps, out = direct_steps()
+            if i >= 10:
+                for step, ms in steps.items():
+                    per_step[step].append(ms / 1e3)
+            assert np.array_equal(out, reference)
+        cells = []
+        for step in DIRECT_STEPS:
+            p50, p99 = percentiles(per_step[step])
+            cells.append(f"{p50:.3f} / {p99:.3f}")
+        direct_rows.append(f"| {shape} | {pause_label} | " + " | ".join(cells) + " |")
+    return call_rows, step_rows, direct_rows
 
 
 def main() -> None:
@@ -156,11 +211,12 @@ def main() -> None:
     parser.add_argument("--shapes", default="minilm,bert-large,qwen3-0.6b")
     parser.add_argument("--reps", type=int, default=200)
     args = parser.parse_args()
-    call_rows, step_rows = [], []
+    call_rows, step_rows, direct_rows = [], [], []
     for shape in args.shapes.split(","):
-        calls, steps = bench(shape, args.reps)
+        calls, steps, direct_steps = bench(shape, args.reps)
         call_rows += calls
         step_rows += steps
+        direct_rows += direct_steps
         gc.collect()  # the shape's executor, before the next one loads
         torch.cuda.empty_cache()
     print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}; p50 / p99 ms")
@@ -170,6 +226,9 @@ def main() -> None:
     print("\n| shape | before the query | launch | " + " | ".join(STEPS) + " |")
     print("|---|---|---|" + "---|" * len(STEPS))
     print("\n".join(step_rows))
+    print("\n| shape | before the query | " + " | ".join(DIRECT_STEPS) + " |")
+    print("|---|---|" + "---|" * len(DIRECT_STEPS))
+    print("\n".join(direct_rows))
 
 
 if __name__ == "__main__":

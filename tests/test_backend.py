@@ -157,3 +157,29 @@ def test_a_failing_cuda_driver_call_is_a_device_failure():  # type: ignore[no-un
     from trt_tei_runtime.runtime.cuda_driver import CudaDriverError
 
     assert _is_device_failure(CudaDriverError("CUDA error: CUDA_ERROR_ILLEGAL_ADDRESS in x"))
+
+
+@pytest.mark.parametrize("sequences", [1, 3])
+def test_host_arrays_check_one_sequence_as_they_check_several(sequences):  # type: ignore[no-untyped-def]
+    from trt_tei_runtime.batch import HostArrays
+
+    lengths = [4, 7, 2][:sequences]
+    tokens = sum(lengths)
+    ids = np.arange(tokens, dtype="<u4").tobytes()
+    cu = np.concatenate([[0], np.cumsum(lengths)]).astype("<u4")
+    batch = HostArrays.check(ids, ids, ids, cu.tobytes())
+    assert (batch.num_seqs, batch.num_tokens, batch.max_seqlen) == (
+        sequences,
+        tokens,
+        max(lengths),
+    )
+    assert batch.packed().cu_seqlens.tolist() == cu.tolist()
+    with pytest.raises(InputError, match="below the longest sequence"):
+        HostArrays.check(ids, ids, ids, cu.tobytes(), max_length=max(lengths) - 1)
+    empty_last = np.concatenate([cu, [cu[-1]]]).astype("<u4")
+    with pytest.raises(InputError, match="strictly increasing"):
+        HostArrays.check(ids, ids, ids, empty_last.tobytes())
+    with pytest.raises(InputError, match="strictly increasing"):
+        HostArrays.check(b"", b"", b"", np.array([0, 0], "<u4").tobytes())
+    with pytest.raises(InputError, match="start at 0"):
+        HostArrays.check(ids, ids, ids, (cu + 1).tobytes())

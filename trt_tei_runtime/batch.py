@@ -199,15 +199,22 @@ class HostArrays:
         cu = _as_u32(cu_seqlens, "cu_seqlens")
         if cu.size < 2 or cu[0] != 0:
             raise InputError("cu_seqlens must start at 0 and hold at least one sequence")
-        lengths = np.diff(cu.astype(np.int64))
-        if (lengths <= 0).any():
+        # A query is often one sequence: its length needs no array operation (after an
+        # idle spell each numpy call costs tens of microseconds; benchmarks/RESULTS.md).
+        if cu.size == 2:
+            longest = int(cu[1])
+            empty = longest == 0
+        else:
+            lengths = np.diff(cu.astype(np.int64))
+            empty = bool((lengths <= 0).any())
+            longest = int(lengths.max())
+        if empty:
             raise InputError("cu_seqlens must be strictly increasing (no empty sequences)")
         if not (ids.size == types.size == positions.size == int(cu[-1])):
             raise InputError(
                 f"input_ids ({ids.size}), token_type_ids ({types.size}) and position_ids "
                 f"({positions.size}) must all hold cu_seqlens[-1] = {int(cu[-1])} tokens"
             )
-        longest = int(lengths.max())
         if max_length is not None and int(max_length) < longest:
             raise InputError(f"max_length {max_length} is below the longest sequence {longest}")
         return cls(ids, types, positions, cu, longest)
