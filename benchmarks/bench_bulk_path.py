@@ -39,7 +39,7 @@ from bench_engine import backfill_lengths
 from shapes import BF16_LIMIT_TOKENS_PER_S, write_random_checkpoint
 
 from trt_tei_runtime.backend import Backend
-from trt_tei_runtime.batch import PackedBatch
+from trt_tei_runtime.batch import HostArrays, PackedBatch
 from trt_tei_runtime.runtime.dispatch import Job, run_jobs
 from trt_tei_runtime.runtime.executor import DEFAULT_MAX_NUM_TOKENS, Executor
 
@@ -86,7 +86,7 @@ def router_run(backend: Backend, batches: list[Buffers]) -> Callable[[], None]:
 def pipelined_run(executor: Executor, batches: list[Buffers]) -> Callable[[], None]:
     def jobs() -> Iterator[Job]:
         for i, buffers in enumerate(batches):
-            yield Job(i, PackedBatch.from_arrays(*buffers))
+            yield Job(i, HostArrays.check(*buffers).packed())
 
     def run() -> None:
         for _ in run_jobs([executor], jobs(), Executor.embed):
@@ -110,7 +110,7 @@ def bench_shape(
     vocab = int(executor.model.network.vocab_size)
     lengths = backfill_lengths(shape)
     buffers = router_batches(lengths, MAX_BATCH_TOKENS, vocab)
-    unpacked = [PackedBatch.from_arrays(*b) for b in buffers]
+    unpacked = [HostArrays.check(*b).packed() for b in buffers]
     tokens = sum(lengths)
     runs = {
         "engine": engine_run(executor, unpacked),

@@ -73,7 +73,7 @@ from tokenizers import Tokenizer
 from triton.language.extra.cuda import globaltimer
 
 from trt_tei_runtime.backend import Backend
-from trt_tei_runtime.batch import PackedBatch
+from trt_tei_runtime.batch import HostArrays
 
 INTERVAL_S = 0.020
 
@@ -415,7 +415,7 @@ def gpu_replay_part(shape: str, folder: Path, dtype: str, reps: int) -> list[str
     may take longer than 0.3 ms to launch: its GPU time then still holds some of that).
     The same GPU time after idling means the slowdown is on the host."""
     backend, arrays = query_backend(folder, dtype)
-    batch = PackedBatch.from_arrays(*arrays)
+    batch = HostArrays.check(*arrays).packed()
     graphs = backend.model.bulk.graphs
     assert graphs is not None
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)

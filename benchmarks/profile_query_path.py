@@ -26,7 +26,7 @@ import torch
 from shapes import write_random_checkpoint
 
 from trt_tei_runtime.backend import Backend
-from trt_tei_runtime.batch import PackedBatch
+from trt_tei_runtime.batch import HostArrays
 
 
 def interleaved_medians_us(fns: dict[str, Callable[[], object]], reps: int) -> dict[str, float]:
@@ -58,7 +58,7 @@ def profile(name: str, folder: Path, reps: int) -> dict[str, float]:
         np.array([0, 24], np.uint32).tobytes(),
         24,
     )
-    batch = PackedBatch.from_arrays(*arrays)
+    batch = HostArrays.check(*arrays).packed()
     graphs = model.bulk.graphs
     assert graphs is not None
 
@@ -85,7 +85,7 @@ def profile(name: str, folder: Path, reps: int) -> dict[str, float]:
             "Backend.embed, bulk lane": lambda: backend.embed(*arrays),
             "model.embed + .cpu(), interactive lane": lambda: model_embed(True),
             "model.embed + .cpu(), bulk lane": lambda: model_embed(False),
-            "PackedBatch.from_arrays": lambda: PackedBatch.from_arrays(*arrays),
+            "HostArrays.check(...).packed()": lambda: HostArrays.check(*arrays).packed(),
             "bulk graph replay + synchronize": replay_and_wait,
             "interactive graph replay + synchronize": lane_replay_and_wait,
         },

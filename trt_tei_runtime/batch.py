@@ -80,20 +80,6 @@ class PackedBatch:
         )
 
     @classmethod
-    def from_arrays(
-        cls,
-        input_ids: Any,
-        token_type_ids: Any,
-        position_ids: Any,
-        cu_seqlens: Any,
-        max_length: int | None = None,
-    ) -> PackedBatch:
-        """Builds a batch from uint32 buffers (`bytes`) or array-likes, checking consistency."""
-        return HostArrays.check(
-            input_ids, token_type_ids, position_ids, cu_seqlens, max_length
-        ).packed()
-
-    @classmethod
     def from_sequences(
         cls,
         ids: Sequence[Sequence[int]],
