@@ -276,3 +276,54 @@ def test_segment_mean_of_empty_sequences_is_zero():  # type: ignore[no-untyped-d
     ours = triton_kernels.segment_mean(hidden, cu)
     assert ours[2:].abs().max() == 0
     torch.testing.assert_close(ours, reference.segment_mean(hidden, cu), rtol=1e-5, atol=1e-5)
+
+
+def _gated_reference(x: torch.Tensor, w: torch.Tensor, activation: str) -> torch.Tensor:
+    return reference.gated_activation(torch.nn.functional.linear(x, w), activation)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("activation", ["silu", "gelu_tanh"])
+@pytest.mark.parametrize(
+    ("rows", "hidden", "ffn"), [(300, 64, 200), (4096, 1024, 3072), (129, 72, 64)]
+)
+def test_gated_matmul(dtype, activation, rows, hidden, ffn):  # type: ignore[no-untyped-def]
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("TMA needs Hopper or later")
+    gen = torch.Generator(device="cuda").manual_seed(rows)
+    x = torch.randn(rows, hidden, device="cuda", generator=gen).to(dtype)
+    w = (torch.randn(2 * ffn, hidden, device="cuda", generator=gen) * hidden**-0.5).to(dtype)
+    assert triton_kernels.gated_matmul_supported(x, w, activation)
+    out = triton_kernels.gated_matmul(x, w, activation)
+    assert out.shape == (rows, ffn) and out.dtype == dtype
+    # Same rounding points; the GEMMs sum in another order: a few ulps of the dtype.
+    torch.testing.assert_close(
+        out.float(), _gated_reference(x, w, activation).float(), rtol=2e-2, atol=2e-2
+    )
+
+
+def test_gated_matmul_runs_where_it_measured_faster(monkeypatch):  # type: ignore[no-untyped-def]
+    from trt_tei_runtime.kernels import fused
+
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("TMA needs Hopper or later")
+    monkeypatch.setattr(fused, "_gated_matmul_pays", {})
+    w = (torch.randn(2 * 256, 128, device="cuda") * 0.1).bfloat16()
+    small = torch.randn(fused.GATED_MATMUL_MIN_TOKENS - 1, 128, device="cuda").bfloat16()
+    assert fused.gated_matmul(small, w, "silu") is None  # queries keep the two steps
+    assert fused._gated_matmul_pays == {}
+    x = torch.randn(fused.GATED_MATMUL_MIN_TOKENS, 128, device="cuda").bfloat16()
+    out = fused.gated_matmul(x, w, "silu")
+    (pays,) = fused._gated_matmul_pays.values()  # measured once, then remembered
+    assert (out is not None) == pays
+    for forced in (True, False):
+        fused._gated_matmul_pays[next(iter(fused._gated_matmul_pays))] = forced
+        out = fused.gated_matmul(x, w, "silu")
+        if forced:
+            assert out is not None
+            torch.testing.assert_close(
+                out.float(), _gated_reference(x, w, "silu").float(), rtol=2e-2, atol=2e-2
+            )
+        else:
+            assert out is None
+    assert fused.gated_matmul(x, w, "gelu") is None  # an activation the kernel lacks

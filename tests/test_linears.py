@@ -131,3 +131,15 @@ def test_rms_norm_adds_whatever_is_pending(pending):  # type: ignore[no-untyped-
 
     torch.testing.assert_close(summed, total)
     torch.testing.assert_close(normed, norm(total))
+
+
+def test_the_gated_gemm_is_a_cuda_path_only():  # type: ignore[no-untyped-def]
+    import torch
+
+    from trt_tei_runtime.kernels import fused, gated_activation
+    from trt_tei_runtime.layers import Linear, gated_hidden
+
+    x = torch.randn(fused.GATED_MATMUL_MIN_TOKENS, 16)
+    linear = Linear(torch.randn(2 * 24, 16), None)
+    assert fused.gated_matmul(x, linear.weight, "silu") is None
+    assert torch.equal(gated_hidden(x, linear, "silu"), gated_activation(linear(x), "silu"))

@@ -56,6 +56,65 @@ def gated_activation(gate_up: torch.Tensor, activation: str) -> torch.Tensor:
     return reference.gated_activation(gate_up, activation)
 
 
+# Bulk batches only: the gated GEMM's tiles are 128 rows tall, and it was measured on
+# backfill batches (benchmarks/RESULTS.md, twelfth session).
+GATED_MATMUL_MIN_TOKENS = 4096
+# (device, dtype, weight shape, activation) -> whether one gated GEMM beat cuBLAS's GEMM and
+# the activation pass on that device, measured the first time such a batch ran.
+_gated_matmul_pays: dict[tuple[object, ...], bool] = {}
+
+
+def gated_matmul(x: torch.Tensor, weight: torch.Tensor, activation: str) -> torch.Tensor | None:
+    """act(x W_gate^T) * (x W_up^T) for `weight = [W_gate; W_up]` (no bias) by one Triton
+    GEMM whose `[T, 2F]` product never reaches memory; None where the caller should run
+    the GEMM and `gated_activation` instead: not a large CUDA batch on Hopper, or the
+    kernel was slower there when measured (the first such batch, outside a CUDA graph
+    capture, times both; a capture before any measurement takes the two-step path).
+    On an H200 it won on qwen3-0.6b's MLP and lost on qwen3-8b's."""
+    if not (
+        _use_triton(x)
+        and x.shape[0] >= GATED_MATMUL_MIN_TOKENS
+        and triton_kernels.gated_matmul_supported(x, weight, activation)
+    ):
+        return None
+    key = (x.device, x.dtype, tuple(weight.shape), activation)
+    pays = _gated_matmul_pays.get(key)
+    if pays is None:
+        if torch.cuda.is_current_stream_capturing():
+            return None
+        pays = _gated_matmul_pays[key] = _gated_matmul_is_faster(x, weight, activation)
+    return triton_kernels.gated_matmul(x, weight, activation) if pays else None
+
+
+def _gated_matmul_is_faster(x: torch.Tensor, weight: torch.Tensor, activation: str) -> bool:
+    """Best of three CUDA-event timings of five calls of each way back to back, after one
+    call of each (compiles). Back to back, the GPU's queue stays full, so the Triton
+    launch's host work (its tensor descriptors) is timed only where it holds the GPU up,
+    as in a batch (measured alone, a call's host work lands between the two events)."""
+
+    def two_steps() -> torch.Tensor:
+        return gated_activation(torch.nn.functional.linear(x, weight), activation)
+
+    def one_step() -> torch.Tensor:
+        return triton_kernels.gated_matmul(x, weight, activation)
+
+    def best_ms(fn: object) -> float:
+        fn()  # type: ignore[operator]
+        times = []
+        for _ in range(3):
+            start = torch.cuda.Event(enable_timing=True)
+            end = torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(5):
+                fn()  # type: ignore[operator]
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+        return min(times)
+
+    return best_ms(one_step) < best_ms(two_steps)
+
+
 def rotary_qk(
     q: torch.Tensor,
     k: torch.Tensor,

@@ -31,8 +31,8 @@ from ..layers import (
     RotaryEmbedding,
     add_to_stream,
     apply_rotary_qk,
-    gated_activation,
     gated_activation_name,
+    gated_hidden,
     varlen_attention,
 )
 from ..weights import WeightReader
@@ -240,7 +240,7 @@ class GatedMLP(nn.Module):
 
     def hidden(self, x: torch.Tensor) -> torch.Tensor:
         """`act(gate(x)) * up(x)`, the down projection's input."""
-        return gated_activation(self.gate_up(x), self.activation)
+        return gated_hidden(x, self.gate_up, self.activation)
 
 
 class DecoderLayer(nn.Module):
