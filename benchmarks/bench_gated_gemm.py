@@ -26,6 +26,7 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from trt_tei_runtime.kernels import fused
+from trt_tei_runtime.kernels.triton_kernels import grouped_tile
 
 # (hidden, intermediate) of the gated MLPs of BENCHMARKS.md's decoder shapes.
 SHAPES = {"qwen3-0.6b": (1024, 3072), "qwen3-8b": (4096, 12288)}
@@ -58,15 +59,7 @@ def _gated_matmul_kernel(
     GROUP_M: tl.constexpr,
 ):
     """out[m, f] = silu(x[m] . w[f]) * (x[m] . w[F + f]) for one [BM, BN] tile."""
-    pid = tl.program_id(0)
-    tiles_m = tl.cdiv(M, BM)
-    tiles_n = tl.cdiv(F, BN)
-    # Grouped order: programs that run together share W tiles in L2.
-    group = GROUP_M * tiles_n
-    first_m = (pid // group) * GROUP_M
-    group_rows = min(tiles_m - first_m, GROUP_M)
-    tile_m = first_m + (pid % group) % group_rows
-    tile_n = (pid % group) // group_rows
+    tile_m, tile_n = grouped_tile(tl.program_id(0), M, F, BM, BN, GROUP_M)
     rows = tile_m * BM + tl.arange(0, BM)
     cols = tile_n * BN + tl.arange(0, BN)
     ks = tl.arange(0, BK)
@@ -111,14 +104,7 @@ def _gated_matmul_tma_kernel(
 ):
     """The same tile by tensor-memory-accelerator loads (host-built descriptors), the K
     loop optionally warp-specialized (producer warps load, consumer warps multiply)."""
-    pid = tl.program_id(0)
-    tiles_m = tl.cdiv(M, BM)
-    tiles_n = tl.cdiv(F, BN)
-    group = GROUP_M * tiles_n
-    first_m = (pid // group) * GROUP_M
-    group_rows = min(tiles_m - first_m, GROUP_M)
-    tile_m = first_m + (pid % group) % group_rows
-    tile_n = (pid % group) // group_rows
+    tile_m, tile_n = grouped_tile(tl.program_id(0), M, F, BM, BN, GROUP_M)
     off_m = tile_m * BM
     off_n = tile_n * BN
     gate = tl.zeros((BM, BN), dtype=tl.float32)

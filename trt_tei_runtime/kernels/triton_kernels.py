@@ -172,6 +172,17 @@ def gated_activation(gate_up, activation):  # type: ignore[no-untyped-def]
 
 
 @triton.jit
+def grouped_tile(pid, M, N, BM: tl.constexpr, BN: tl.constexpr, GROUP_M: tl.constexpr):
+    """(row tile, column tile) of program `pid` over an `[M, N]` output, in groups of
+    `GROUP_M` row tiles: programs that run together share the weight's tiles in L2."""
+    tiles_m = tl.cdiv(M, BM)
+    group = GROUP_M * tl.cdiv(N, BN)
+    first_m = (pid // group) * GROUP_M
+    group_rows = min(tiles_m - first_m, GROUP_M)
+    return first_m + (pid % group) % group_rows, (pid % group) // group_rows
+
+
+@triton.jit
 def _gated_matmul_kernel(
     x_desc,
     w_desc,
@@ -189,15 +200,9 @@ def _gated_matmul_kernel(
     with two accumulators: the `[M, 2F]` GEMM output never reaches memory. Tiles travel by
     TMA (host-built descriptors; out-of-range rows read as zeros, stores are clipped). The
     gate tile of the last column block may read rows of W_up: those columns are clipped."""
-    pid = tl.program_id(0)
-    tiles_m = tl.cdiv(M, BM)
-    tiles_n = tl.cdiv(F, BN)
-    # Grouped order: programs that run together share W's tiles in L2.
-    group = GROUP_M * tiles_n
-    first_m = (pid // group) * GROUP_M
-    group_rows = min(tiles_m - first_m, GROUP_M)
-    off_m = (first_m + (pid % group) % group_rows) * BM
-    off_n = ((pid % group) // group_rows) * BN
+    tile_m, tile_n = grouped_tile(tl.program_id(0), M, F, BM, BN, GROUP_M)
+    off_m = tile_m * BM
+    off_n = tile_n * BN
     gate = tl.zeros((BM, BN), dtype=tl.float32)
     up = tl.zeros((BM, BN), dtype=tl.float32)
     for k in range(0, K, BK):
