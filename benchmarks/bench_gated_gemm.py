@@ -28,8 +28,12 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 from trt_tei_runtime.kernels import fused
 from trt_tei_runtime.kernels.triton_kernels import grouped_tile
 
-# (hidden, intermediate) of the gated MLPs of BENCHMARKS.md's decoder shapes.
-SHAPES = {"qwen3-0.6b": (1024, 3072), "qwen3-8b": (4096, 12288)}
+# (hidden, intermediate) of gated MLPs: BENCHMARKS.md's decoder shapes, nomic-embed-text-v1.5.
+SHAPES = {
+    "qwen3-0.6b": (1024, 3072),
+    "qwen3-8b": (4096, 12288),
+    "nomic-embed-text": (768, 3072),
+}
 VARIANTS = [
     "128/64/64/8/3",
     "128/128/64/8/3",

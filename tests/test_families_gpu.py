@@ -66,3 +66,28 @@ def test_jina_mixed_adapters_bf16(tmp_path, graphs):  # type: ignore[no-untyped-
         got = ours[start : start + len(seq)]
         assert cosine(got, expected).min() >= 0.999, a
         start += len(seq)
+
+
+def test_nomic_bulk_batches_through_the_gated_gemm(tmp_path, monkeypatch):  # type: ignore[no-untyped-def]
+    """NomicBERT's SwiGLU through the gated GEMM (`kernels.gated_matmul`, forced on here
+    whatever it measures) on a bulk batch, against transformers."""
+    from trt_tei_runtime.kernels import fused
+
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("TMA needs Hopper or later")
+    calls = []
+    kernel = fused.triton_kernels.gated_matmul
+    monkeypatch.setattr(fused, "_gated_matmul_pays", {})
+    monkeypatch.setattr(fused, "_gated_matmul_is_faster", lambda *args: True)
+    monkeypatch.setattr(
+        fused.triton_kernels, "gated_matmul", lambda *args: calls.append(1) or kernel(*args)
+    )
+    folder = make_family_checkpoint(tmp_path, "NomicBertModel")
+    executor = load_executor(folder, device="cuda", dtype="bfloat16", cuda_graphs=False)
+    lengths = [100] * 41  # 4,100 tokens
+    assert sum(lengths) >= fused.GATED_MATMUL_MIN_TOKENS
+    ids = _ids(lengths, executor.model.network.vocab_size, seed=2)
+    calls.clear()
+    ours = executor.hidden_states(PackedBatch.from_sequences(ids)).float().cpu()
+    assert calls, "the gated GEMM did not run"
+    assert cosine(ours, _hf_hidden(folder, ids)).min() >= 0.999

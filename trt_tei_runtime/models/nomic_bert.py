@@ -28,8 +28,8 @@ from ..layers import (
     RotaryEmbedding,
     add_to_stream,
     apply_rotary_qk,
-    gated_activation,
     gated_activation_name,
+    gated_hidden,
     get_activation,
     linear_activation,
     varlen_attention,
@@ -170,7 +170,7 @@ class RotaryEncoderLayer(nn.Module):
         pending, x = add_to_stream(self.o_proj, attn.reshape(tokens, -1), x)
         x = self.attn_norm(x, residual=pending)
         if self.gated:
-            hidden = gated_activation(self.up(x), self.gated_name)
+            hidden = gated_hidden(x, self.up, self.gated_name)
         else:
             hidden = linear_activation(self.up, x, self.act_name, self.act)
         pending, x = add_to_stream(self.down, hidden, x)
