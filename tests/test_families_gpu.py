@@ -68,20 +68,12 @@ def test_jina_mixed_adapters_bf16(tmp_path, graphs):  # type: ignore[no-untyped-
         start += len(seq)
 
 
-def test_nomic_bulk_batches_through_the_gated_gemm(tmp_path, monkeypatch):  # type: ignore[no-untyped-def]
+def test_nomic_bulk_batches_through_the_gated_gemm(tmp_path, forced_gated_gemm):  # type: ignore[no-untyped-def]
     """NomicBERT's SwiGLU through the gated GEMM (`kernels.gated_matmul`, forced on here
     whatever it measures) on a bulk batch, against transformers."""
     from trt_tei_runtime.kernels import fused
 
-    if torch.cuda.get_device_capability()[0] < 9:
-        pytest.skip("TMA needs Hopper or later")
-    calls = []
-    kernel = fused.triton_kernels.gated_matmul
-    monkeypatch.setattr(fused, "_gated_matmul_pays", {})
-    monkeypatch.setattr(fused, "_gated_matmul_is_faster", lambda *args: True)
-    monkeypatch.setattr(
-        fused.triton_kernels, "gated_matmul", lambda *args: calls.append(1) or kernel(*args)
-    )
+    calls = forced_gated_gemm
     folder = make_family_checkpoint(tmp_path, "NomicBertModel")
     executor = load_executor(folder, device="cuda", dtype="bfloat16", cuda_graphs=False)
     lengths = [100] * 41  # 4,100 tokens
