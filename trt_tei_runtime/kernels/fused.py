@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from . import reference
@@ -98,15 +100,15 @@ def _gated_matmul_is_faster(x: torch.Tensor, weight: torch.Tensor, activation: s
     def one_step() -> torch.Tensor:
         return triton_kernels.gated_matmul(x, weight, activation)
 
-    def best_ms(fn: object) -> float:
-        fn()  # type: ignore[operator]
+    def best_ms(fn: Callable[[], torch.Tensor]) -> float:
+        fn()
         times = []
         for _ in range(3):
             start = torch.cuda.Event(enable_timing=True)
             end = torch.cuda.Event(enable_timing=True)
             start.record()
             for _ in range(5):
-                fn()  # type: ignore[operator]
+                fn()
             end.record()
             end.synchronize()
             times.append(start.elapsed_time(end))

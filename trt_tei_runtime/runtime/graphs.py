@@ -43,7 +43,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..batch import PackedBatch
+from ..batch import HostArrays, PackedBatch
 from ..layers import AttentionMetadata
 from .staging import InputStaging
 
@@ -160,7 +160,7 @@ class CudaGraphRunner:
         self.pooled: dict[int, torch.Tensor] = {}
         self._ladder: list[int] = []  # the captured buckets, smallest first
 
-    def can_run(self, batch: PackedBatch) -> bool:
+    def can_run(self, batch: PackedBatch | HostArrays) -> bool:
         return batch.num_tokens <= self.max_num_tokens and batch.num_seqs <= self.max_batch_size
 
     def _static_batch(self, bucket: int) -> tuple[PackedBatch, AttentionMetadata]:

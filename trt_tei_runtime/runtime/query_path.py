@@ -74,10 +74,7 @@ class QueryPath:
         )
 
     def fits(self, batch: HostArrays) -> bool:
-        return (
-            batch.num_tokens <= self._graphs.max_num_tokens
-            and batch.num_seqs <= self._graphs.max_batch_size
-        )
+        return self._graphs.can_run(batch)
 
     def embed(self, batch: HostArrays) -> np.ndarray:
         """Pooled rows `[n, D]` float32 of a batch that `fits`, checked by the caller
