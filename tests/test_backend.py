@@ -61,6 +61,16 @@ def test_embed_from_bytes_matches_model(embedder):  # type: ignore[no-untyped-de
         Backend(str(make_reranker_dir(model))).embed(*_pack(model, TEXTS, 2))
 
 
+def test_warming_does_nothing_without_a_direct_query_path(embedder):  # type: ignore[no-untyped-def]
+    backend, model = embedder
+    backend.warm_query()
+    rows = backend.embed(*_pack(model, TEXTS, 2), interactive=True)
+    # The CPU has no interactive lane, so no query took the direct path to repeat.
+    assert backend._last_queries == {}
+    backend.warm_query()
+    np.testing.assert_array_equal(backend.embed(*_pack(model, TEXTS, 2), interactive=True), rows)
+
+
 def test_launch_returns_what_the_method_returns(embedder):  # type: ignore[no-untyped-def]
     """`launch` then `result` gives the method's rows, for two batches in flight at once (as
     the router's bulk thread holds them on a GPU); on a CPU the runtime does not pipeline."""

@@ -3,7 +3,8 @@
 Its rows against torch's path through the same graphs (bit for bit) and against the bulk
 lane, on an encoder and a decoder; bad ids refused before the GPU sees them; batches above
 the lane's graphs on torch's path; a thread that never touched CUDA; the gate held while a
-query runs; a failing driver call reported as the device's failure.
+query runs; a failing driver call reported as the device's failure; warming between
+queries runs their host steps and not the model.
 """
 
 from __future__ import annotations
@@ -132,6 +133,35 @@ def test_a_failing_driver_call_is_the_devices_failure(backend, monkeypatch):  # 
     monkeypatch.undo()
     # The gate was released: a bulk batch is not held by the failed query.
     assert backend.model.interactive.gate._no_queries.is_set()
+
+
+def test_warming_runs_a_querys_host_steps_but_not_the_model(backend, monkeypatch):  # type: ignore[no-untyped-def]
+    path = backend.model.interactive.query_path
+    gate = backend.model.interactive.gate
+    driver = path._driver
+    calls: list[str] = []
+    for name in ("copy_to_device", "launch", "copy_to_host", "synchronize"):
+        step = getattr(driver, name)
+        monkeypatch.setattr(
+            driver, name, lambda *a, _name=name, _step=step: (calls.append(_name), _step(*a))[1]
+        )
+    monkeypatch.setattr(backend, "_last_queries", {})
+    backend.warm_query()  # no query yet: nothing to repeat
+    assert calls == []
+
+    arrays = _arrays(backend, [24], seed=3)
+    rows = backend.embed(*arrays, interactive=True)
+    calls.clear()
+    pooled = next(iter(path._graphs.pooled.values()))
+    before = pooled.clone()
+    backend.warm_query()
+    assert calls == ["copy_to_device", "copy_to_host", "synchronize"]
+    assert gate._no_queries.is_set()  # the bulk lane was not held
+    assert np.array_equal(pooled.cpu(), before.cpu())  # the graph did not run
+    monkeypatch.undo()
+    other = _arrays(backend, [9], seed=4)
+    assert np.array_equal(backend.embed(*other, interactive=True), _torch_path(backend, other))
+    assert np.array_equal(backend.embed(*arrays, interactive=True), rows)
 
 
 def test_the_environment_turns_the_path_off(tmp_path, monkeypatch):  # type: ignore[no-untyped-def]

@@ -103,6 +103,8 @@ class Backend:
         )
         # Every executor holds the same model; the first answers for all in `info()`.
         self.model = self.executors[0]
+        # Per device, the arrays of the last query that took the direct path (`warm_query`).
+        self._last_queries: dict[int, tuple[Any, ...]] = {}
         if self.model.interactive is not None:
             sys.setswitchinterval(lane_switch_interval_s())
 
@@ -151,8 +153,20 @@ class Backend:
             with _device_failures(executor):
                 rows = executor.query_rows(batch)
             if rows is not None:
+                self._last_queries[device] = arrays
                 return rows
         return self._call(Executor.embed, batch, interactive, device, _numpy)
+
+    def warm_query(self, device: int = 0) -> None:
+        """Runs the host side of the last query that `embed` answered by the direct path on
+        `device` again (its checks, the staging buffer, the CUDA context, the copies),
+        without the model: the router's interactive thread calls it while it waits for the
+        next query, so that one finds this code and data in the CPU's caches. After 20 ms
+        of idling a query's host steps took twice as long as back to back
+        (benchmarks/RESULTS.md). Nothing before the first such query."""
+        arrays = self._last_queries.get(device)
+        if arrays is not None:
+            self.executors[device].warm_query(HostArrays.check(*arrays))
 
     def embed_all(self, *arrays: Any, interactive: bool = False, device: int = 0) -> np.ndarray:
         return self._run(Executor.embed_tokens, arrays, interactive, device)

@@ -231,9 +231,10 @@ fn run(mut args: Args, make_backend: MakeBackend) -> Result<(), String> {
     let listeners = bind(&listen_addrs(&args.hostname, args.port)?)?;
     tracing::info!(model_id = %args.model_id, backend = ?args.backend, "loading model");
     let factory = make_backend(&args)?;
+    let waits = LaneWaits::from_flags(args.backend_spin_us, Some(args.query_warm_us));
+    let warm_hook = waits.warm_hook.clone();
     let (backend, info, backend_threads) =
-        BackendHandle::spawn_with(factory, LaneWaits::from_flag(args.backend_spin_us))
-            .map_err(|e| e.to_string())?;
+        BackendHandle::spawn_with(factory, waits).map_err(|e| e.to_string())?;
     tracing::info!(
         model_type = ?info.model_type,
         architecture = %info.architecture,
@@ -243,6 +244,7 @@ fn run(mut args: Args, make_backend: MakeBackend) -> Result<(), String> {
         devices = %info.device_names().join(","),
         interactive_lane = describe_interactive_lane(&args, &backend),
         backend_spin_us = ?args.backend_spin_us,
+        query_warm_us = args.query_warm_us,
         "model loaded"
     );
     check_batch_tokens(args.max_batch_tokens, info.max_input_length)?;
@@ -271,6 +273,7 @@ fn run(mut args: Args, make_backend: MakeBackend) -> Result<(), String> {
         },
         tokenization_priority,
     );
+    warm_hook.set(tokenization.warmer());
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_name("router-worker")

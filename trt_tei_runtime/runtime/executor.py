@@ -312,6 +312,14 @@ class Executor:
         self._check_limits(batch.max_seqlen, batch.input_ids, batch.token_type_ids)
         return path.embed(batch)
 
+    def warm_query(self, batch: HostArrays) -> None:
+        """`query_rows`' host steps on `batch` without running the model (`QueryPath.warm`);
+        nothing where that path would not take the batch."""
+        path = None if self.interactive is None else self.interactive.query_path
+        if path is not None and path.fits(batch):
+            self._check_limits(batch.max_seqlen, batch.input_ids, batch.token_type_ids)
+            path.warm(batch)
+
     def health(self) -> None:
         """Runs one tiny forward pass to the end; raises if the model cannot run."""
         batch = PackedBatch.from_sequences([[0, 0]], position_offset=self.info.position_offset)

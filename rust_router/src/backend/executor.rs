@@ -7,7 +7,7 @@
 //! every device. With one device that is exactly its own slot: no choice, no extra work.
 
 use super::device::{DeviceFailure, DeviceState, DeviceStatus, Health};
-use super::wait::{next_message, LaneWaits, WaitPolicy};
+use super::wait::{next_message, LaneWaits, WaitPolicy, WarmHook};
 use super::{Backend, BackendError, Batch, BatchKind, Lane, Launched, Matrix, ModelInfo};
 use futures_util::future::{join_all, select_all};
 use std::panic::AssertUnwindSafe;
@@ -307,10 +307,14 @@ struct InFlight {
 /// On a backend that pipelines, a batch is launched, and read back only once the next one is
 /// launched too, or once nothing else waits in the channel: the device never idles while the
 /// host reads a result and prepares the next batch.
+///
+/// While it spins for its next batch, the thread re-runs its backend's and `warm_hook`'s
+/// host steps as `wait` says ([`Backend::warm`]).
 fn serve_lane(
     mut backend: Box<dyn Backend>,
     mut rx: mpsc::UnboundedReceiver<Command>,
     wait: WaitPolicy,
+    warm_hook: WarmHook,
     worker: Worker,
 ) {
     let Worker { state, busy } = worker;
@@ -324,7 +328,10 @@ fn serve_lane(
     // `forward` / `launch` / `health`.
     loop {
         let cmd = match in_flight.take() {
-            None => match next_message(&mut rx, wait) {
+            None => match next_message(&mut rx, wait, &mut || {
+                backend.warm();
+                warm_hook.run();
+            }) {
                 Some(cmd) => cmd,
                 None => break,
             },
@@ -472,6 +479,7 @@ fn spawn_interactive(
     backend: Option<Box<dyn Backend + Send>>,
     state: &Arc<DeviceState>,
     wait: WaitPolicy,
+    warm_hook: &WarmHook,
     threads: &mut Vec<JoinHandle<()>>,
 ) -> Result<Option<LaneChannel>, BackendError> {
     let Some(backend) = backend else {
@@ -480,9 +488,10 @@ fn spawn_interactive(
     let (tx, rx) = mpsc::unbounded_channel::<Command>();
     let worker = Worker::new(state);
     let busy = worker.busy.clone();
+    let warm_hook = warm_hook.clone();
     threads.push(spawn_named(
         &thread_name("interactive", state.index),
-        move || serve_lane(backend, rx, wait, worker),
+        move || serve_lane(backend, rx, wait, warm_hook, worker),
     )?);
     Ok(Some(LaneChannel::new(tx, busy)))
 }
@@ -505,6 +514,7 @@ impl BackendHandle {
         let LaneWaits {
             bulk: wait,
             interactive: interactive_wait,
+            warm_hook,
         } = waits;
         let (tx, rx) = mpsc::unbounded_channel::<Command>();
         let (ready_tx, ready_rx) = std::sync::mpsc::channel::<Result<Ready, BackendError>>();
@@ -527,7 +537,7 @@ impl BackendHandle {
                         first_interactive: first.interactive,
                         others: devices.collect(),
                     }));
-                    serve_lane(first.bulk, rx, wait, worker);
+                    serve_lane(first.bulk, rx, wait, WarmHook::default(), worker);
                 }
                 Err(err) => {
                     let _ = ready_tx.send(Err(err));
@@ -563,6 +573,7 @@ impl BackendHandle {
                 first_interactive,
                 &states[0],
                 interactive_wait,
+                &warm_hook,
                 &mut threads,
             )?,
             state: states[0].clone(),
@@ -574,7 +585,7 @@ impl BackendHandle {
             let bulk = device.bulk;
             threads.push(spawn_named(
                 &thread_name("backend", state.index),
-                move || serve_lane(bulk, rx, wait, worker),
+                move || serve_lane(bulk, rx, wait, WarmHook::default(), worker),
             )?);
             executors.push(Executor {
                 bulk: LaneChannel::new(tx, busy),
@@ -582,6 +593,7 @@ impl BackendHandle {
                     device.interactive,
                     state,
                     interactive_wait,
+                    &warm_hook,
                     &mut threads,
                 )?,
                 state: state.clone(),

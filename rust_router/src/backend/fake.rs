@@ -93,6 +93,8 @@ pub struct FakeBackend {
     /// Per pipelined batch whose result was read: its first id (as [`SeenBatch::first_id`])
     /// and how many batches had been launched by then.
     pub finished: Arc<Mutex<Vec<FinishedBatch>>>,
+    /// The name of the thread of each [`Backend::warm`] call.
+    pub warmed: Arc<Mutex<Vec<String>>>,
 }
 
 /// A pipelined batch read back: its first id and how many batches had been launched by then.
@@ -194,6 +196,7 @@ impl FakeBackend {
             broken: Arc::default(),
             pipelined: false,
             finished: Arc::default(),
+            warmed: Arc::default(),
         }
     }
 
@@ -257,6 +260,11 @@ impl FakeBackend {
 impl Backend for FakeBackend {
     fn pipelines(&self) -> bool {
         self.pipelined
+    }
+
+    fn warm(&mut self) {
+        let thread = std::thread::current().name().unwrap_or_default().into();
+        self.warmed.lock().unwrap().push(thread);
     }
 
     fn launch(&mut self, kind: BatchKind, batch: &Batch) -> Result<Launched, BackendError> {

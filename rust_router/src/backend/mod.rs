@@ -175,6 +175,12 @@ pub trait Backend {
     fn launch(&mut self, kind: BatchKind, batch: &Batch) -> Result<Launched, BackendError> {
         self.forward(kind, batch).map(Launched::done)
     }
+
+    /// Runs the host side of the lane's last query again without the device, so that the
+    /// next query finds its code and data in the CPU's caches; the interactive thread calls
+    /// it while it spins between queries (`--query-warm-us`). Errors are the next query's to
+    /// report. By default nothing.
+    fn warm(&mut self) {}
 }
 
 /// A batch started by [`Backend::launch`], its result not read yet.

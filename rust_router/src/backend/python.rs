@@ -300,6 +300,7 @@ fn device_lanes(
             as_f32: as_f32.clone_ref(py),
             kwargs: call_kwargs(py, interactive, device)?,
             pipelines: !interactive && runtime_pipelines(obj.bind(py), health_kwargs.as_ref())?,
+            warms: interactive && obj.bind(py).hasattr("warm_query")?,
             health_kwargs,
         }))
     };
@@ -322,6 +323,8 @@ struct PyBackend {
     /// The bulk lane of a runtime whose `pipelines(device)` says so: batches go through
     /// `launch` (see [`Backend::pipelines`]).
     pipelines: bool,
+    /// The interactive lane of a runtime with `warm_query(device)` (see [`Backend::warm`]).
+    warms: bool,
 }
 
 /// A Python exception as the router's error: `DeviceError` means the device broke, anything
@@ -445,6 +448,19 @@ impl Backend for PyBackend {
 
     fn pipelines(&self) -> bool {
         self.pipelines
+    }
+
+    fn warm(&mut self) {
+        if !self.warms {
+            return;
+        }
+        Python::attach(|py| {
+            let kwargs = self.health_kwargs.as_ref().map(|k| k.bind(py));
+            // A failure here is the next query's to report, with its own context.
+            if let Err(e) = self.obj.bind(py).call_method("warm_query", (), kwargs) {
+                tracing::debug!(error = %summary(py, &e), "Backend.warm_query() failed");
+            }
+        })
     }
 
     fn launch(&mut self, kind: BatchKind, batch: &Batch) -> Result<Launched, BackendError> {

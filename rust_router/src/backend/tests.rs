@@ -1,7 +1,9 @@
 //! Tests of the backend threads, with the fake backend.
 
 use super::fake::{FakeBackend, Gate, SeenBatch, HOLD_ID, POISON_ID};
+use super::wait::LaneWaits;
 use super::*;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
@@ -110,6 +112,44 @@ async fn interactive_lane_runs_while_a_bulk_batch_holds_its_thread() {
     );
     drop(handle);
     threads.join().unwrap();
+}
+
+#[tokio::test]
+async fn only_a_spinning_interactive_thread_warms_and_runs_the_hook() {
+    for warm_us in [1_000, 0] {
+        let fake = two_lane_fake(&Arc::new(Gate::default()));
+        let warmed = fake.warmed.clone();
+        let waits = LaneWaits::from_flags(None, Some(warm_us));
+        let hook_runs = Arc::new(AtomicUsize::new(0));
+        let runs = hook_runs.clone();
+        waits.warm_hook.set(move || {
+            runs.fetch_add(1, Ordering::Relaxed);
+        });
+        let (handle, _, threads) = BackendHandle::spawn_with(fake.into_factory(), waits).unwrap();
+        for lane in Lane::PRIORITY {
+            let rx = send(&handle, lane, batch(&[&[2, 4, 3]])).await;
+            assert!(rx.await.unwrap().result.is_ok());
+        }
+        if warm_us > 0 {
+            until("the interactive thread warms", || {
+                warmed.lock().unwrap().len() >= 3
+            })
+            .await;
+            assert!(hook_runs.load(Ordering::Relaxed) >= 3);
+        } else {
+            // Past the spin window: nothing warmed in it.
+            tokio::time::sleep(Duration::from_millis(40)).await;
+            assert_eq!(hook_runs.load(Ordering::Relaxed), 0);
+            assert!(warmed.lock().unwrap().is_empty());
+        }
+        let threads_seen = warmed.lock().unwrap().clone();
+        assert!(
+            threads_seen.iter().all(|t| t == "model-interactive"),
+            "{threads_seen:?}"
+        );
+        drop(handle);
+        threads.join().unwrap();
+    }
 }
 
 #[tokio::test]

@@ -6,29 +6,78 @@
 //! 1.26 ms after a 0.7 ms sleep and 0.98 ms after a 0.7 ms busy-wait. Spinning keeps the
 //! core awake for the next query, at the price of a busy core while traffic keeps arriving
 //! within the window.
+//!
+//! An awake core still loses a query's code and data from its caches in the 20 ms between
+//! queries: measured on an H200 (`benchmarks/bench_cold_query.py`), tokenizing a query and
+//! its direct path through the runtime took 0.48 ms after a 20 ms busy-wait, 0.32 ms when
+//! the busy-wait repeated their host steps every millisecond, and 0.29 ms back to back. So
+//! a spinning interactive thread also re-runs them every `warm_every` ([`Warm`]).
 
+use std::fmt;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc::{error::TryRecvError, UnboundedReceiver};
 
-/// How long a backend thread busy-waits for the next batch before it sleeps.
+/// How long a backend thread busy-waits for the next batch before it sleeps, and how often
+/// it re-runs a query's host steps meanwhile.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct WaitPolicy {
     pub spin: Duration,
+    /// Zero: never.
+    pub warm_every: Duration,
 }
 
 impl WaitPolicy {
     pub fn spin_micros(micros: u64) -> Self {
         Self {
             spin: Duration::from_micros(micros),
+            warm_every: Duration::ZERO,
+        }
+    }
+
+    /// While spinning, runs [`Warm`] every `micros` µs (0: never).
+    pub fn warming_every(self, micros: u64) -> Self {
+        Self {
+            warm_every: Duration::from_micros(micros),
+            ..self
         }
     }
 }
 
-/// How each kind of backend thread waits: the bulk threads and the interactive ones.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+/// A step a spinning interactive thread re-runs besides its backend's
+/// ([`super::Backend::warm`]): the router's own part of a query, set once it exists (the
+/// tokenizer loads after the backend threads start).
+#[derive(Clone, Default)]
+pub struct WarmHook(Arc<OnceLock<Box<dyn Fn() + Send + Sync>>>);
+
+impl WarmHook {
+    /// Sets the step; a second call is ignored.
+    pub fn set(&self, step: impl Fn() + Send + Sync + 'static) {
+        let _ = self.0.set(Box::new(step));
+    }
+
+    pub fn run(&self) {
+        if let Some(step) = self.0.get() {
+            step();
+        }
+    }
+}
+
+impl fmt::Debug for WarmHook {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("WarmHook")
+            .field(&self.0.get().is_some())
+            .finish()
+    }
+}
+
+/// How each kind of backend thread waits: the bulk threads and the interactive ones, and
+/// the router's step the interactive ones re-run while they spin.
+#[derive(Debug, Clone, Default)]
 pub struct LaneWaits {
     pub bulk: WaitPolicy,
     pub interactive: WaitPolicy,
+    pub warm_hook: WarmHook,
 }
 
 impl LaneWaits {
@@ -39,34 +88,61 @@ impl LaneWaits {
     /// to 0.17 ms p99.
     pub const DEFAULT_INTERACTIVE_SPIN_US: u64 = 25_000;
 
+    /// How often a spinning interactive thread re-runs a query's host steps by default.
+    pub const DEFAULT_WARM_EVERY_US: u64 = 1_000;
+
     /// `--backend-spin-us`: every thread spins that long when given; by default only the
     /// interactive threads spin (they exist only where the runtime has an interactive
     /// lane, on a GPU), and bulk threads, whose batches are large, sleep at once.
-    pub fn from_flag(spin_us: Option<u64>) -> Self {
-        match spin_us {
-            Some(us) => Self {
-                bulk: WaitPolicy::spin_micros(us),
-                interactive: WaitPolicy::spin_micros(us),
-            },
-            None => Self {
-                bulk: WaitPolicy::default(),
-                interactive: WaitPolicy::spin_micros(Self::DEFAULT_INTERACTIVE_SPIN_US),
-            },
+    /// `--query-warm-us`: how often a spinning interactive thread re-runs a query's host
+    /// steps (0: never); by default every [`Self::DEFAULT_WARM_EVERY_US`].
+    pub fn from_flags(spin_us: Option<u64>, warm_us: Option<u64>) -> Self {
+        let warm_us = warm_us.unwrap_or(Self::DEFAULT_WARM_EVERY_US);
+        let (bulk, interactive) = match spin_us {
+            Some(us) => (WaitPolicy::spin_micros(us), WaitPolicy::spin_micros(us)),
+            None => (
+                WaitPolicy::default(),
+                WaitPolicy::spin_micros(Self::DEFAULT_INTERACTIVE_SPIN_US),
+            ),
+        };
+        Self {
+            bulk,
+            interactive: interactive.warming_every(warm_us),
+            warm_hook: WarmHook::default(),
         }
     }
 }
 
-/// The next message, polling for `policy.spin` before blocking; `None` once every sender is
-/// gone and the channel is empty.
-pub fn next_message<T>(rx: &mut UnboundedReceiver<T>, policy: WaitPolicy) -> Option<T> {
+/// The next message, polling for `policy.spin` before blocking (and calling `warm` every
+/// `policy.warm_every` while it polls); `None` once every sender is gone and the channel is
+/// empty.
+pub fn next_message<T>(
+    rx: &mut UnboundedReceiver<T>,
+    policy: WaitPolicy,
+    warm: &mut dyn FnMut(),
+) -> Option<T> {
     if !policy.spin.is_zero() {
-        let until = Instant::now() + policy.spin;
+        let started = Instant::now();
+        let until = started + policy.spin;
+        // Not at once: right after a batch its code is in the caches anyway.
+        let mut warm_at = (!policy.warm_every.is_zero()).then(|| started + policy.warm_every);
         loop {
             match rx.try_recv() {
                 Ok(message) => return Some(message),
                 Err(TryRecvError::Disconnected) => return None,
-                Err(TryRecvError::Empty) if Instant::now() < until => std::hint::spin_loop(),
-                Err(TryRecvError::Empty) => break,
+                Err(TryRecvError::Empty) => {
+                    let now = Instant::now();
+                    if now >= until {
+                        break;
+                    }
+                    match warm_at {
+                        Some(at) if now >= at => {
+                            warm();
+                            warm_at = Some(Instant::now() + policy.warm_every);
+                        }
+                        _ => std::hint::spin_loop(),
+                    }
+                }
             }
         }
     }
@@ -88,7 +164,7 @@ mod tests {
         });
         let started = Instant::now();
         assert_eq!(
-            next_message(&mut rx, WaitPolicy::spin_micros(2_000_000)),
+            next_message(&mut rx, WaitPolicy::spin_micros(2_000_000), &mut || {}),
             Some(7)
         );
         // Taken as soon as it was sent, long before the spin window ran out.
@@ -98,7 +174,10 @@ mod tests {
             started.elapsed()
         );
         drop(sender.join().unwrap());
-        assert_eq!(next_message(&mut rx, WaitPolicy::spin_micros(1_000)), None);
+        assert_eq!(
+            next_message(&mut rx, WaitPolicy::spin_micros(1_000), &mut || {}),
+            None
+        );
     }
 
     #[test]
@@ -110,11 +189,14 @@ mod tests {
         });
         // A 1 ms window ends before the message is sent: the blocking receive gets it.
         assert_eq!(
-            next_message(&mut rx, WaitPolicy::spin_micros(1_000)),
+            next_message(&mut rx, WaitPolicy::spin_micros(1_000), &mut || {}),
             Some("late")
         );
         sender.join().unwrap();
-        assert_eq!(next_message(&mut rx, WaitPolicy::default()), None);
+        assert_eq!(
+            next_message(&mut rx, WaitPolicy::default(), &mut || {}),
+            None
+        );
     }
 
     #[test]
@@ -125,26 +207,90 @@ mod tests {
         }
         drop(tx);
         let policy = WaitPolicy::default();
-        let got: Vec<_> = std::iter::from_fn(|| next_message(&mut rx, policy)).collect();
+        let got: Vec<_> =
+            std::iter::from_fn(|| next_message(&mut rx, policy, &mut || {})).collect();
         assert_eq!(got, vec![0, 1, 2]);
     }
 
     #[test]
-    fn by_default_only_interactive_threads_spin() {
-        let waits = LaneWaits::from_flag(None);
+    fn by_default_only_interactive_threads_spin_and_warm() {
+        let waits = LaneWaits::from_flags(None, None);
         assert_eq!(waits.bulk, WaitPolicy::default());
         assert_eq!(
             waits.interactive,
             WaitPolicy::spin_micros(LaneWaits::DEFAULT_INTERACTIVE_SPIN_US)
+                .warming_every(LaneWaits::DEFAULT_WARM_EVERY_US)
         );
-        let off = LaneWaits::from_flag(Some(0));
+        let off = LaneWaits::from_flags(Some(0), Some(0));
         assert_eq!(
             (off.bulk, off.interactive),
             (WaitPolicy::default(), WaitPolicy::default())
         );
-        let both = LaneWaits::from_flag(Some(700));
+        let both = LaneWaits::from_flags(Some(700), Some(300));
         assert_eq!(both.bulk, WaitPolicy::spin_micros(700));
-        assert_eq!(both.interactive, WaitPolicy::spin_micros(700));
+        assert_eq!(
+            both.interactive,
+            WaitPolicy::spin_micros(700).warming_every(300)
+        );
+    }
+
+    #[test]
+    fn a_spinning_thread_warms_every_interval_until_a_message_comes() {
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let sender = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(40));
+            tx.send(1).unwrap();
+            tx
+        });
+        let mut warms = 0;
+        let policy = WaitPolicy::spin_micros(5_000_000).warming_every(1_000);
+        let started = Instant::now();
+        assert_eq!(next_message(&mut rx, policy, &mut || warms += 1), Some(1));
+        // One a millisecond at most, none in the first; fewer where the machine keeps the
+        // thread off its core for a while.
+        let most = started.elapsed().as_millis();
+        assert!(warms >= 3 && warms <= most, "{warms} warms in {most} ms");
+        let _tx = sender.join().unwrap();
+        // A message already there is taken before any warming.
+        warms = 0;
+        _tx.send(2).unwrap();
+        assert_eq!(next_message(&mut rx, policy, &mut || warms += 1), Some(2));
+        assert_eq!(warms, 0);
+    }
+
+    #[test]
+    fn no_warming_without_an_interval_or_once_the_thread_sleeps() {
+        for (policy, most) in [
+            (WaitPolicy::spin_micros(5_000), 0),
+            // Only within the 2 ms window: at most one warm each 500 µs of it.
+            (WaitPolicy::spin_micros(2_000).warming_every(500), 4),
+            (WaitPolicy::default().warming_every(100), 0),
+        ] {
+            let (tx, mut rx) = mpsc::unbounded_channel();
+            let sender = std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(30));
+                tx.send(()).unwrap();
+            });
+            let mut warms = 0;
+            assert_eq!(next_message(&mut rx, policy, &mut || warms += 1), Some(()));
+            assert!(warms <= most, "{policy:?}: {warms} warms");
+            sender.join().unwrap();
+        }
+    }
+
+    #[test]
+    fn the_hook_runs_its_step_once_set() {
+        let hook = WarmHook::default();
+        hook.run();
+        let count = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let seen = count.clone();
+        hook.clone().set(move || {
+            seen.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        });
+        hook.set(|| panic!("a second step is ignored"));
+        hook.run();
+        hook.run();
+        assert_eq!(count.load(std::sync::atomic::Ordering::Relaxed), 2);
     }
 
     #[test]
@@ -153,7 +299,7 @@ mod tests {
         drop(tx);
         let started = Instant::now();
         assert_eq!(
-            next_message(&mut rx, WaitPolicy::spin_micros(5_000_000)),
+            next_message(&mut rx, WaitPolicy::spin_micros(5_000_000), &mut || {}),
             None
         );
         assert!(started.elapsed() < Duration::from_secs(1));

@@ -91,6 +91,10 @@ pub struct EncodeOptions {
 /// 400 tokens of English, above the interactive lane's default 256 tokens.
 pub const INLINE_MAX_BYTES: usize = 2048;
 
+/// What [`Tokenization::warmer`] tokenizes: a query-sized sentence of common words.
+const WARM_TEXT: &str =
+    "how do I change the email address of my account after the old one was closed";
+
 /// One token as `/tokenize` reports it; offsets are in characters of the (prompted) input.
 #[derive(Debug, Clone, PartialEq)]
 pub struct TokenInfo {
@@ -376,6 +380,25 @@ impl Tokenization {
             inline,
             throttle,
             worker_tids,
+        }
+    }
+
+    /// A step that tokenizes a short English text inline, as a query is, and drops the
+    /// result: a spinning interactive thread runs it between queries to keep the tokenizer's
+    /// code and tables in the CPU's caches (`backend::wait`). Its worker goes back to the
+    /// inline pool last, so the next query takes that one.
+    pub fn warmer(&self) -> impl Fn() + Send + Sync + 'static {
+        let inline = self.inline.clone();
+        let opts = EncodeOptions {
+            truncate: true,
+            apply_prompts: true,
+            inline: true,
+            ..EncodeOptions::default()
+        };
+        move || {
+            let mut worker = inline.take();
+            let _ = worker.encode(EncodingInput::Single(WARM_TEXT.to_owned()), &opts);
+            inline.put(worker);
         }
     }
 

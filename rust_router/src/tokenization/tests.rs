@@ -341,3 +341,22 @@ async fn pool_threads_yield_their_cores_by_default_and_inline_callers_keep_their
     }
     assert_eq!(scheduling(&own_tid()).0, libc::SCHED_OTHER as u32);
 }
+
+#[tokio::test]
+async fn the_warmer_encodes_on_the_inline_worker_the_next_query_takes() {
+    let t = test_tokenization(16, 0);
+    let idle = |t: &Tokenization| t.inline.idle.lock().unwrap().len();
+    assert_eq!(idle(&t), 1);
+    let warm = t.warmer();
+    warm();
+    warm();
+    // One worker, taken and put back each time: the warmer adds none and loses none.
+    assert_eq!(idle(&t), 1);
+    let inline = EncodeOptions {
+        inline: true,
+        ..Default::default()
+    };
+    let encoded = t.encode(single("hello world"), inline).await.unwrap();
+    assert_eq!(encoded.input_ids.len(), 4);
+    assert_eq!(idle(&t), 1);
+}
