@@ -119,8 +119,9 @@ pub struct Args {
     /// While an interactive thread spins for the next query (`--backend-spin-us`), it re-runs
     /// the host side of a query every this many microseconds: tokenizing a short text and the
     /// runtime's `warm_query` (the last query's checks, staging buffer and copies, without the
-    /// model). The next query then finds that code and data in the CPU's caches (a query
-    /// after 20 ms took 0.16 ms less on a GPU machine). 0: never.
+    /// model), unless the device's bulk thread is running batches. The next query then finds
+    /// that code and data in the CPU's caches (0.12-0.2 ms less per query every 20 ms on a GPU
+    /// machine). 0: never.
     #[arg(long, env = "QUERY_WARM_US", default_value_t = LaneWaits::DEFAULT_WARM_EVERY_US)]
     pub query_warm_us: u64,
 

@@ -276,6 +276,32 @@ fn thread_name(role: &str, device: usize) -> String {
     }
 }
 
+/// What a spinning interactive thread re-runs between queries besides its backend's steps,
+/// and when it holds off.
+#[derive(Default)]
+struct Warming {
+    hook: WarmHook,
+    /// The device's bulk thread's busy flag. While that thread runs batches it needs the
+    /// interpreter and the CPU, and queries arrive to a host that is awake anyway: measured
+    /// on an H200, warming under a backfill cost all-MiniLM-L6-v2's backfill 5-10 % of its
+    /// speed and no query any time (benchmarks/RESULTS.md).
+    bulk_busy: Option<Arc<AtomicBool>>,
+}
+
+impl Warming {
+    fn run(&self, backend: &mut dyn Backend) {
+        if self
+            .bulk_busy
+            .as_ref()
+            .is_some_and(|b| b.load(Ordering::Relaxed))
+        {
+            return;
+        }
+        backend.warm();
+        self.hook.run();
+    }
+}
+
 /// What a backend thread shares with the handle besides its channel.
 struct Worker {
     state: Arc<DeviceState>,
@@ -308,13 +334,13 @@ struct InFlight {
 /// launched too, or once nothing else waits in the channel: the device never idles while the
 /// host reads a result and prepares the next batch.
 ///
-/// While it spins for its next batch, the thread re-runs its backend's and `warm_hook`'s
-/// host steps as `wait` says ([`Backend::warm`]).
+/// While it spins for its next batch, the thread re-runs its backend's and the hook's host
+/// steps as `wait` says ([`Backend::warm`]).
 fn serve_lane(
     mut backend: Box<dyn Backend>,
     mut rx: mpsc::UnboundedReceiver<Command>,
     wait: WaitPolicy,
-    warm_hook: WarmHook,
+    warming: Warming,
     worker: Worker,
 ) {
     let Worker { state, busy } = worker;
@@ -328,10 +354,7 @@ fn serve_lane(
     // `forward` / `launch` / `health`.
     loop {
         let cmd = match in_flight.take() {
-            None => match next_message(&mut rx, wait, &mut || {
-                backend.warm();
-                warm_hook.run();
-            }) {
+            None => match next_message(&mut rx, wait, &mut || warming.run(backend.as_mut())) {
                 Some(cmd) => cmd,
                 None => break,
             },
@@ -480,6 +503,7 @@ fn spawn_interactive(
     state: &Arc<DeviceState>,
     wait: WaitPolicy,
     warm_hook: &WarmHook,
+    bulk_busy: &Arc<AtomicBool>,
     threads: &mut Vec<JoinHandle<()>>,
 ) -> Result<Option<LaneChannel>, BackendError> {
     let Some(backend) = backend else {
@@ -488,10 +512,13 @@ fn spawn_interactive(
     let (tx, rx) = mpsc::unbounded_channel::<Command>();
     let worker = Worker::new(state);
     let busy = worker.busy.clone();
-    let warm_hook = warm_hook.clone();
+    let warming = Warming {
+        hook: warm_hook.clone(),
+        bulk_busy: Some(bulk_busy.clone()),
+    };
     threads.push(spawn_named(
         &thread_name("interactive", state.index),
-        move || serve_lane(backend, rx, wait, warm_hook, worker),
+        move || serve_lane(backend, rx, wait, warming, worker),
     )?);
     Ok(Some(LaneChannel::new(tx, busy)))
 }
@@ -537,7 +564,7 @@ impl BackendHandle {
                         first_interactive: first.interactive,
                         others: devices.collect(),
                     }));
-                    serve_lane(first.bulk, rx, wait, WarmHook::default(), worker);
+                    serve_lane(first.bulk, rx, wait, Warming::default(), worker);
                 }
                 Err(err) => {
                     let _ = ready_tx.send(Err(err));
@@ -568,14 +595,15 @@ impl BackendHandle {
         let mut threads = vec![loader];
         let mut executors = Vec::with_capacity(states.len());
         executors.push(Executor {
-            bulk: LaneChannel::new(tx, first_busy),
             interactive: spawn_interactive(
                 first_interactive,
                 &states[0],
                 interactive_wait,
                 &warm_hook,
+                &first_busy,
                 &mut threads,
             )?,
+            bulk: LaneChannel::new(tx, first_busy),
             state: states[0].clone(),
         });
         for (device, state) in others.into_iter().zip(&states[1..]) {
@@ -585,17 +613,18 @@ impl BackendHandle {
             let bulk = device.bulk;
             threads.push(spawn_named(
                 &thread_name("backend", state.index),
-                move || serve_lane(bulk, rx, wait, WarmHook::default(), worker),
+                move || serve_lane(bulk, rx, wait, Warming::default(), worker),
             )?);
             executors.push(Executor {
-                bulk: LaneChannel::new(tx, busy),
                 interactive: spawn_interactive(
                     device.interactive,
                     state,
                     interactive_wait,
                     &warm_hook,
+                    &busy,
                     &mut threads,
                 )?,
+                bulk: LaneChannel::new(tx, busy),
                 state: state.clone(),
             });
         }

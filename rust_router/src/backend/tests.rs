@@ -153,6 +153,31 @@ async fn only_a_spinning_interactive_thread_warms_and_runs_the_hook() {
 }
 
 #[tokio::test]
+async fn no_warming_while_the_bulk_thread_runs_a_batch() {
+    let gate = Arc::new(Gate::default());
+    let fake = two_lane_fake(&gate);
+    let warmed = fake.warmed.clone();
+    let waits = LaneWaits::from_flags(Some(200_000), Some(500));
+    let (handle, _, threads) = BackendHandle::spawn_with(fake.into_factory(), waits).unwrap();
+    let bulk = send(&handle, Lane::Bulk, batch(&[&[2, HOLD_ID, 3]])).await;
+    until("the bulk batch runs", || gate.held() == 1).await;
+    let query = send(&handle, Lane::Interactive, batch(&[&[2, 4, 3]])).await;
+    assert!(query.await.unwrap().result.is_ok());
+    // The interactive thread spins (200 ms) while the bulk one is busy: it does not warm.
+    warmed.lock().unwrap().clear();
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    assert!(warmed.lock().unwrap().is_empty());
+    gate.open();
+    assert!(bulk.await.unwrap().result.is_ok());
+    until("the interactive thread warms", || {
+        !warmed.lock().unwrap().is_empty()
+    })
+    .await;
+    drop(handle);
+    threads.join().unwrap();
+}
+
+#[tokio::test]
 async fn without_an_interactive_lane_both_lanes_share_one_thread() {
     let fake = FakeBackend::new(FakeBackend::info());
     let seen = fake.seen.clone();

@@ -11,7 +11,8 @@
 //! queries: measured on an H200 (`benchmarks/bench_cold_query.py`), tokenizing a query and
 //! its direct path through the runtime took 0.48 ms after a 20 ms busy-wait, 0.32 ms when
 //! the busy-wait repeated their host steps every millisecond, and 0.29 ms back to back. So
-//! a spinning interactive thread also re-runs them every `warm_every` ([`Warm`]).
+//! a spinning interactive thread also re-runs them every `warm_every` (the caller's `warm`:
+//! the backend's `warm` and the [`WarmHook`]).
 
 use std::fmt;
 use std::sync::{Arc, OnceLock};
@@ -35,7 +36,7 @@ impl WaitPolicy {
         }
     }
 
-    /// While spinning, runs [`Warm`] every `micros` µs (0: never).
+    /// While spinning, runs the caller's `warm` every `micros` µs (0: never).
     pub fn warming_every(self, micros: u64) -> Self {
         Self {
             warm_every: Duration::from_micros(micros),
