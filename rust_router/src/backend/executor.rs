@@ -7,7 +7,7 @@
 //! every device. With one device that is exactly its own slot: no choice, no extra work.
 
 use super::device::{DeviceFailure, DeviceState, DeviceStatus, Health};
-use super::wait::{next_message, LaneWaits, WaitPolicy, WarmHook};
+use super::wait::{next_message, IdleSince, LaneWaits, WaitPolicy, WarmHook};
 use super::{Backend, BackendError, Batch, BatchKind, Lane, Launched, Matrix, ModelInfo};
 use futures_util::future::{join_all, select_all};
 use std::panic::AssertUnwindSafe;
@@ -281,20 +281,22 @@ fn thread_name(role: &str, device: usize) -> String {
 #[derive(Default)]
 struct Warming {
     hook: WarmHook,
-    /// The device's bulk thread's busy flag. While that thread runs batches it needs the
-    /// interpreter and the CPU, and queries arrive to a host that is awake anyway: measured
-    /// on an H200, warming under a backfill cost all-MiniLM-L6-v2's backfill 5-10 % of its
-    /// speed and no query any time (benchmarks/RESULTS.md).
-    bulk_busy: Option<Arc<AtomicBool>>,
+    /// How long the device's bulk thread has waited for work. Warming needs the interpreter
+    /// and a core, which a bulk thread running batches needs too; and under a backfill
+    /// queries reach a host that is awake anyway. Measured on an H200 (benchmarks/RESULTS.md),
+    /// warming while a backfill ran cost all-MiniLM-L6-v2's backfill 5-10 % of its speed and
+    /// bert-large's query p99 ~0.5-1 ms.
+    bulk_idle: Option<Arc<IdleSince>>,
 }
 
 impl Warming {
+    /// The bulk thread must have waited this long: between a backfill's batches it waits
+    /// for a moment at most.
+    const QUIET: Duration = Duration::from_millis(5);
+
     fn run(&self, backend: &mut dyn Backend) {
-        if self
-            .bulk_busy
-            .as_ref()
-            .is_some_and(|b| b.load(Ordering::Relaxed))
-        {
+        let quiet = |idle: &Arc<IdleSince>| idle.idle_for().is_some_and(|d| d >= Self::QUIET);
+        if self.bulk_idle.as_ref().is_some_and(|idle| !quiet(idle)) {
             return;
         }
         backend.warm();
@@ -306,6 +308,7 @@ impl Warming {
 struct Worker {
     state: Arc<DeviceState>,
     busy: Arc<AtomicBool>,
+    idle: Arc<IdleSince>,
 }
 
 impl Worker {
@@ -313,6 +316,7 @@ impl Worker {
         Self {
             state: state.clone(),
             busy: Arc::default(),
+            idle: Arc::default(),
         }
     }
 }
@@ -343,7 +347,7 @@ fn serve_lane(
     warming: Warming,
     worker: Worker,
 ) {
-    let Worker { state, busy } = worker;
+    let Worker { state, busy, idle } = worker;
     let lane = Replies {
         state: &state,
         busy: &busy,
@@ -354,10 +358,15 @@ fn serve_lane(
     // `forward` / `launch` / `health`.
     loop {
         let cmd = match in_flight.take() {
-            None => match next_message(&mut rx, wait, &mut || warming.run(backend.as_mut())) {
-                Some(cmd) => cmd,
-                None => break,
-            },
+            None => {
+                idle.waiting();
+                let next = next_message(&mut rx, wait, &mut || warming.run(backend.as_mut()));
+                idle.working();
+                match next {
+                    Some(cmd) => cmd,
+                    None => break,
+                }
+            }
             Some(flight) => match rx.try_recv() {
                 Ok(cmd) => {
                     in_flight = Some(flight);
@@ -493,6 +502,7 @@ struct Ready {
     states: Vec<Arc<DeviceState>>,
     /// Device 0's bulk thread is the loading thread itself.
     first_busy: Arc<AtomicBool>,
+    first_idle: Arc<IdleSince>,
     first_interactive: Option<Box<dyn Backend + Send>>,
     others: Vec<DeviceBackends>,
 }
@@ -503,7 +513,7 @@ fn spawn_interactive(
     state: &Arc<DeviceState>,
     wait: WaitPolicy,
     warm_hook: &WarmHook,
-    bulk_busy: &Arc<AtomicBool>,
+    bulk_idle: &Arc<IdleSince>,
     threads: &mut Vec<JoinHandle<()>>,
 ) -> Result<Option<LaneChannel>, BackendError> {
     let Some(backend) = backend else {
@@ -514,7 +524,7 @@ fn spawn_interactive(
     let busy = worker.busy.clone();
     let warming = Warming {
         hook: warm_hook.clone(),
-        bulk_busy: Some(bulk_busy.clone()),
+        bulk_idle: Some(bulk_idle.clone()),
     };
     threads.push(spawn_named(
         &thread_name("interactive", state.index),
@@ -561,6 +571,7 @@ impl BackendHandle {
                         info,
                         states,
                         first_busy: worker.busy.clone(),
+                        first_idle: worker.idle.clone(),
                         first_interactive: first.interactive,
                         others: devices.collect(),
                     }));
@@ -589,6 +600,7 @@ impl BackendHandle {
             info,
             states,
             first_busy,
+            first_idle,
             first_interactive,
             others,
         } = ready;
@@ -600,7 +612,7 @@ impl BackendHandle {
                 &states[0],
                 interactive_wait,
                 &warm_hook,
-                &first_busy,
+                &first_idle,
                 &mut threads,
             )?,
             bulk: LaneChannel::new(tx, first_busy),
@@ -610,6 +622,7 @@ impl BackendHandle {
             let (tx, rx) = mpsc::unbounded_channel::<Command>();
             let worker = Worker::new(state);
             let busy = worker.busy.clone();
+            let bulk_idle = worker.idle.clone();
             let bulk = device.bulk;
             threads.push(spawn_named(
                 &thread_name("backend", state.index),
@@ -621,7 +634,7 @@ impl BackendHandle {
                     state,
                     interactive_wait,
                     &warm_hook,
-                    &busy,
+                    &bulk_idle,
                     &mut threads,
                 )?,
                 bulk: LaneChannel::new(tx, busy),

@@ -15,6 +15,7 @@
 //! the backend's `warm` and the [`WarmHook`]).
 
 use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc::{error::TryRecvError, UnboundedReceiver};
@@ -69,6 +70,46 @@ impl fmt::Debug for WarmHook {
         f.debug_tuple("WarmHook")
             .field(&self.0.get().is_some())
             .finish()
+    }
+}
+
+/// Since when a backend thread has been waiting for work, while it waits.
+#[derive(Debug)]
+pub struct IdleSince {
+    base: Instant,
+    /// Nanoseconds after `base` plus one; 0 while the thread works.
+    since: AtomicU64,
+}
+
+impl Default for IdleSince {
+    fn default() -> Self {
+        Self {
+            base: Instant::now(),
+            since: AtomicU64::new(0),
+        }
+    }
+}
+
+impl IdleSince {
+    pub fn waiting(&self) {
+        let nanos = self.base.elapsed().as_nanos() as u64 + 1;
+        self.since.store(nanos, Ordering::Relaxed);
+    }
+
+    pub fn working(&self) {
+        self.since.store(0, Ordering::Relaxed);
+    }
+
+    /// How long the thread has waited; None while it works.
+    pub fn idle_for(&self) -> Option<Duration> {
+        match self.since.load(Ordering::Relaxed) {
+            0 => None,
+            since => Some(
+                self.base
+                    .elapsed()
+                    .saturating_sub(Duration::from_nanos(since - 1)),
+            ),
+        }
     }
 }
 
@@ -304,5 +345,18 @@ mod tests {
             None
         );
         assert!(started.elapsed() < Duration::from_secs(1));
+    }
+
+    #[test]
+    fn idle_since_counts_from_the_last_wait_and_not_while_working() {
+        let idle = IdleSince::default();
+        assert_eq!(idle.idle_for(), None);
+        idle.waiting();
+        std::thread::sleep(Duration::from_millis(5));
+        assert!(idle.idle_for().unwrap() >= Duration::from_millis(5));
+        idle.working();
+        assert_eq!(idle.idle_for(), None);
+        idle.waiting();
+        assert!(idle.idle_for().unwrap() < Duration::from_millis(5));
     }
 }
