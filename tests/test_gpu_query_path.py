@@ -13,6 +13,7 @@ import threading
 
 import numpy as np
 import pytest
+import torch
 from decoder_checkpoints import make_decoder_checkpoint
 from tiny_checkpoints import make_checkpoint
 
@@ -59,6 +60,8 @@ def _torch_path(backend: Backend, arrays):  # type: ignore[no-untyped-def]
 
 def test_the_interactive_lane_has_the_direct_path(backend):  # type: ignore[no-untyped-def]
     assert isinstance(backend.model.interactive.query_path, QueryPath)
+    # Its graphs were captured with cuBLASLt (`runtime.blas`); the switch did not outlive it.
+    assert torch.backends.cuda.preferred_blas_library() != torch._C._BlasBackend.Cublaslt
 
 
 @pytest.mark.parametrize(

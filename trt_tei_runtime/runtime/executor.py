@@ -21,6 +21,7 @@ from ..layers.attention import packed_attention_available
 from ..models import Task
 from ..pooling import pool
 from ..sparse import splade_pool, top_active
+from .blas import preferred_blas, query_blas_library
 from .devices import DeviceSpec, parse_devices
 from .graphs import MAX_GRAPH_TOKENS, CudaGraphRunner, ForwardPass, Pooler, bulk_ladder
 from .lanes import InteractiveLane, Lane, on_device
@@ -127,10 +128,12 @@ class Executor:
         # interactive batches grow (64 clients of 24 tokens: ~1,500 tokens), and an eager
         # pass of a small model is launch-bound (measured: MiniLM at 64 clients fell from
         # 35.7k to 13.6k requests/s with graphs only up to 512 tokens).
+        with preferred_blas(query_blas_library()):
+            graphs = self._capture(min(max_num_tokens, MAX_GRAPH_TOKENS), max_batch_size)
         self.interactive = InteractiveLane(
             model.network,
             self.device,
-            graphs=self._capture(min(max_num_tokens, MAX_GRAPH_TOKENS), max_batch_size),
+            graphs=graphs,
             gate=gate,
             inputs=self._input_staging(max_num_tokens),
         )
