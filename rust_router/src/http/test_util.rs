@@ -105,6 +105,7 @@ pub fn test_app(opts: Options) -> TestApp {
             max_concurrent_requests: opts.max_concurrent_requests,
             interactive_max_tokens: opts.interactive_max_tokens,
             max_bulk_batch_time: None,
+            query_spin: None,
         },
         metrics.clone(),
     );

@@ -3,6 +3,7 @@
 //! The batching tasks that feed the backend threads live in [`batching`].
 
 mod batching;
+mod hot_wait;
 mod stalls;
 
 use crate::backend::{
@@ -57,6 +58,10 @@ pub struct InferConfig {
     /// batches hold about this much forward-pass time at most, so a query waits for little
     /// more than that; `None`: tokens only.
     pub max_bulk_batch_time: Option<Duration>,
+    /// How long a query's handler polls for its result before it sleeps
+    /// ([`hot_wait`]); `None`: [`hot_wait::DEFAULT_QUERY_SPIN`] where the runtime has an
+    /// interactive lane (a GPU), else never.
+    pub query_spin: Option<Duration>,
 }
 
 /// One client request's inputs and how to encode them. `batched` says whether the client sent
@@ -77,6 +82,8 @@ pub struct Infer {
     permits: Arc<Semaphore>,
     max_concurrent_requests: usize,
     interactive_max_tokens: usize,
+    /// See [`InferConfig::query_spin`].
+    query_spin: Duration,
     next_request_id: Arc<AtomicU64>,
     info: Arc<ModelInfo>,
     metrics: Arc<Metrics>,
@@ -154,6 +161,7 @@ impl Infer {
             metrics.clone(),
         );
         let takes = batching_takes(&backend, config.interactive_max_tokens);
+        let backend_has_lane = backend.has_interactive_lane();
         if let (Some(target), [Take::Priority]) = (config.max_bulk_batch_time, takes.as_slice()) {
             queue.pace_bulk(target);
         }
@@ -177,6 +185,11 @@ impl Infer {
             permits: Arc::new(Semaphore::new(config.max_concurrent_requests)),
             max_concurrent_requests: config.max_concurrent_requests,
             interactive_max_tokens: config.interactive_max_tokens,
+            query_spin: config.query_spin.unwrap_or(if backend_has_lane {
+                hot_wait::DEFAULT_QUERY_SPIN
+            } else {
+                Duration::ZERO
+            }),
             next_request_id: Arc::default(),
             info,
             metrics,
@@ -256,10 +269,16 @@ impl Infer {
             request: request_id,
             finished: false,
         };
+        let spin = match lane {
+            Lane::Interactive => self.query_spin,
+            Lane::Bulk => Duration::ZERO,
+        };
         // The first failure drops the other receivers, which makes the queue skip their
         // sequences.
         let results = try_join_all(waiting.into_iter().map(|(prompt_tokens, rx)| async move {
-            let result = rx.await.map_err(|_| BackendError::Stopped)??;
+            let result = hot_wait::receive(rx, spin)
+                .await
+                .ok_or(BackendError::Stopped)??;
             let meta = InferMetadata {
                 prompt_tokens,
                 tokenization,

@@ -66,6 +66,7 @@ fn paced_harness(
         max_concurrent_requests: 64,
         interactive_max_tokens,
         max_bulk_batch_time,
+        query_spin: None,
     };
     let (infer, _task) = Infer::new(
         test_tokenization(16, 0),
@@ -427,6 +428,7 @@ async fn bulk_batches_are_paced_only_without_an_interactive_lane() {
             max_concurrent_requests: 64,
             interactive_max_tokens: 8,
             max_bulk_batch_time: Some(Duration::from_millis(50)),
+            query_spin: None,
         };
         let (infer, _task) = Infer::new(
             test_tokenization(16, 0),

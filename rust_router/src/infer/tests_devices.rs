@@ -36,6 +36,7 @@ fn devices(n: usize, delay: Duration) -> Devices {
         // Every request is bulk: one batching task feeds every device.
         interactive_max_tokens: 0,
         max_bulk_batch_time: None,
+        query_spin: None,
     };
     let (infer, _task) = Infer::new(
         test_tokenization(16, 0),
