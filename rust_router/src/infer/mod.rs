@@ -23,6 +23,7 @@ use tokio::task::JoinHandle;
 
 pub use batching::batching_takes;
 use batching::Direct;
+use hot_wait::HotWait;
 use stalls::HandoverWatch;
 
 #[derive(Debug, thiserror::Error)]
@@ -82,8 +83,8 @@ pub struct Infer {
     permits: Arc<Semaphore>,
     max_concurrent_requests: usize,
     interactive_max_tokens: usize,
-    /// See [`InferConfig::query_spin`].
-    query_spin: Duration,
+    /// How queries' handlers wait for their results ([`InferConfig::query_spin`]).
+    hot_wait: Arc<HotWait>,
     next_request_id: Arc<AtomicU64>,
     info: Arc<ModelInfo>,
     metrics: Arc<Metrics>,
@@ -185,11 +186,13 @@ impl Infer {
             permits: Arc::new(Semaphore::new(config.max_concurrent_requests)),
             max_concurrent_requests: config.max_concurrent_requests,
             interactive_max_tokens: config.interactive_max_tokens,
-            query_spin: config.query_spin.unwrap_or(if backend_has_lane {
-                hot_wait::DEFAULT_QUERY_SPIN
-            } else {
-                Duration::ZERO
-            }),
+            hot_wait: Arc::new(HotWait::new(config.query_spin.unwrap_or(
+                if backend_has_lane {
+                    hot_wait::DEFAULT_QUERY_SPIN
+                } else {
+                    Duration::ZERO
+                },
+            ))),
             next_request_id: Arc::default(),
             info,
             metrics,
@@ -269,14 +272,13 @@ impl Infer {
             request: request_id,
             finished: false,
         };
-        let spin = match lane {
-            Lane::Interactive => self.query_spin,
-            Lane::Bulk => Duration::ZERO,
-        };
+        let hot = lane == Lane::Interactive;
         // The first failure drops the other receivers, which makes the queue skip their
         // sequences.
         let results = try_join_all(waiting.into_iter().map(|(prompt_tokens, rx)| async move {
-            let result = hot_wait::receive(rx, spin)
+            let result = self
+                .hot_wait
+                .receive(rx, hot)
                 .await
                 .ok_or(BackendError::Stopped)??;
             let meta = InferMetadata {
