@@ -12,9 +12,10 @@ uses) then `Backend.embed(..., interactive=True)` as the router calls it, after 
 - nothing (back to back) — the floor;
 - sleep — a thread that blocks;
 - spin — a busy-wait, what the router's interactive thread does today;
-- spin, warm runtime — the busy-wait runs the direct path's host steps every millisecond
-  on the last query's arrays (the checks, the bucket, the pinned buffer's fill, the CUDA
-  context, the input copy and a wait on the lane's stream; no graph launch, no gate);
+- spin, warm runtime — the busy-wait calls `Backend.warm_query()` every millisecond: the
+  direct path's host steps on the last query's arrays (the checks, the bucket, the pinned
+  buffer's fill, the CUDA context, both copies and a wait on the lane's stream; no graph
+  launch, no gate);
 - spin, warm tokenizer — the busy-wait encodes a short text every millisecond;
 - spin, warm both;
 - spin, query every 1 ms — the whole query every millisecond, GPU included: the ceiling;
@@ -43,8 +44,6 @@ from shapes import write_random_checkpoint
 from tokenizers import Tokenizer
 
 from trt_tei_runtime.backend import Backend
-from trt_tei_runtime.batch import HostArrays
-from trt_tei_runtime.runtime.query_path import QueryPath
 
 PAUSE_S = 0.020
 WARM_EVERY_S = 0.001
@@ -78,28 +77,6 @@ class LatencyRequest:
             self.fd = None
 
 
-def warm_runtime(path: QueryPath, arrays: tuple[bytes, ...]) -> Callable[[], None]:
-    """The direct path's host steps on `arrays`, without the launch and the gate."""
-    driver, stream = path._driver, path._stream
-    host, device, nbytes = path._inputs
-
-    def warm() -> None:
-        batch = HostArrays.check(arrays[0], arrays[1], arrays[2], arrays[3])
-        bucket = path._graphs.bucket_for(batch.num_tokens, batch.num_seqs)
-        path._graphs.inputs.fill(
-            batch.input_ids, batch.token_type_ids, batch.position_ids, batch.cu_seqlens, bucket
-        )
-        previous = driver.make_current(path._context)
-        try:
-            driver.copy_to_device(device, host, nbytes, stream)
-            driver.synchronize(stream)
-        finally:
-            if previous is not None:
-                driver.set_current(previous)
-
-    return warm
-
-
 def spin(seconds: float, every: Callable[[], None] | None = None) -> None:
     until = time.perf_counter() + seconds
     next_at = time.perf_counter()
@@ -121,7 +98,10 @@ def bench(shape: str, tokenizer: Tokenizer, reps: int) -> list[str]:
     arrays = tuple(
         np.asarray(a, dtype="<u4").tobytes() for a in (ids, [0] * n, list(range(n)), [0, n])
     )
-    runtime_warm = warm_runtime(lane.query_path, arrays)
+    backend.embed(*arrays, interactive=True)  # the query `warm_query` repeats
+
+    def runtime_warm() -> None:
+        backend.warm_query()
 
     def tokenizer_warm() -> None:
         tokenizer.encode(WARM_TEXT)

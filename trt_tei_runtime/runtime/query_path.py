@@ -21,9 +21,7 @@ set. `TRT_TEI_QUERY_PATH=torch` turns the path off (every query then takes torch
 
 from __future__ import annotations
 
-import contextlib
 import os
-from collections.abc import Iterator
 
 import numpy as np
 import torch
@@ -85,12 +83,8 @@ class QueryPath:
         reads its rows back before it returns) begins."""
         n = batch.num_seqs
         bucket = self._stage(batch)
-        driver, stream = self._driver, self._stream
-        with self._gate.interactive(), self._current_context():
-            driver.copy_to_device(self._inputs[1], self._inputs[0], self._inputs[2], stream)
-            driver.launch(self._launches[bucket], stream)
-            driver.copy_to_host(self._rows_ptr, self._pooled[bucket], n * self._row_bytes, stream)
-            driver.synchronize(stream)
+        with self._gate.interactive():
+            self._run(bucket, n, launch=True)
         return self._host_rows[:n].copy()
 
     def warm(self, batch: HostArrays) -> None:
@@ -99,13 +93,7 @@ class QueryPath:
         it between queries (on the thread that runs them) to keep their code and data in
         the CPU's caches; the gate is left alone, so the bulk lane does not pause, and the
         rows buffer's contents are overwritten by the next `embed` before it reads them."""
-        n = batch.num_seqs
-        bucket = self._stage(batch)
-        driver, stream = self._driver, self._stream
-        with self._current_context():
-            driver.copy_to_device(self._inputs[1], self._inputs[0], self._inputs[2], stream)
-            driver.copy_to_host(self._rows_ptr, self._pooled[bucket], n * self._row_bytes, stream)
-            driver.synchronize(stream)
+        self._run(self._stage(batch), batch.num_seqs, launch=False)
 
     def _stage(self, batch: HostArrays) -> int:
         """Writes the batch into the pinned staging buffer; its bucket."""
@@ -115,12 +103,18 @@ class QueryPath:
         )
         return bucket
 
-    @contextlib.contextmanager
-    def _current_context(self) -> Iterator[None]:
-        """The device's context current on the calling thread, the previous one restored."""
-        previous = self._driver.make_current(self._context)
+    def _run(self, bucket: int, n: int, *, launch: bool) -> None:
+        """In the device's context, on the lane's stream: the inputs' copy, the bucket's
+        graph (with `launch`), its first `n` pooled rows' copy, and the wait for them."""
+        driver, stream = self._driver, self._stream
+        host, device, nbytes = self._inputs
+        previous = driver.make_current(self._context)
         try:
-            yield
+            driver.copy_to_device(device, host, nbytes, stream)
+            if launch:
+                driver.launch(self._launches[bucket], stream)
+            driver.copy_to_host(self._rows_ptr, self._pooled[bucket], n * self._row_bytes, stream)
+            driver.synchronize(stream)
         finally:
             if previous is not None:
-                self._driver.set_current(previous)
+                driver.set_current(previous)
