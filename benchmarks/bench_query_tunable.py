@@ -1,0 +1,125 @@
+"""Does torch's TunableOp find faster GEMMs for a query than cuBLAS's heuristics?
+
+    python benchmarks/bench_query_tunable.py --shapes bert-large,qwen3-0.6b
+
+A 24-token query's graph is mostly skinny GEMMs that read a few MB of weights each at a
+fraction of HBM's bandwidth (benchmarks/RESULTS.md). torch's TunableOp
+(`torch.cuda.tunable`) times every cuBLAS / cuBLASLt algorithm for a GEMM's shape the first
+time it runs and keeps the fastest; the graphs' eager pass before each capture is that first
+time. Per shape, one checkpoint and two backends in this process: one loaded as usual, one
+loaded with TunableOp on (a rotating buffer larger than L2, so that each candidate reads its
+weights from HBM as a query does, and a time limit per GEMM). Their query graphs then replay
+alternately between CUDA events. Prints load times, the GEMMs tuned, the query graph's GPU
+time p50 / p99 ms and the rows' largest difference. CUDA only; reports only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.cuda.tunable as tunable
+from bench_engine import percentiles, random_ids
+from shapes import write_random_checkpoint
+
+from trt_tei_runtime.backend import Backend
+from trt_tei_runtime.batch import PackedBatch
+
+QUERY_TOKENS = 24
+
+
+def load(folder: Path) -> tuple[Backend, float]:
+    began = time.perf_counter()
+    backend = Backend(str(folder), device="cuda", dtype="bfloat16", pooling="mean")
+    return backend, time.perf_counter() - began
+
+
+def graph_gpu_ms(backend: Backend) -> float:
+    lane = backend.model.interactive
+    assert lane is not None
+    graph = lane.graphs.graphs[lane.graphs.bucket_for(QUERY_TOKENS, 1)][0]
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    with torch.cuda.stream(lane.stream):
+        start.record()
+        graph.replay()
+        end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / 1e3
+
+
+def bench(shape: str, reps: int, tuning_ms: int, workdir: Path) -> list[str]:
+    folder = write_random_checkpoint(shape, workdir / shape)
+    plain, plain_s = load(folder)
+    tunable.set_filename(str(workdir / f"tunableop_{shape}.csv"))
+    tunable.set_rotating_buffer_size(256)
+    tunable.set_max_tuning_duration(tuning_ms)
+    tunable.set_max_tuning_iterations(100)
+    tunable.enable(True)
+    tunable.tuning_enable(True)
+    try:
+        tuned, tuned_s = load(folder)
+        results = tunable.get_results()
+    finally:
+        tunable.tuning_enable(False)
+        tunable.enable(False)
+    query = PackedBatch.from_sequences(
+        random_ids([QUERY_TOKENS], plain.model.model.network.vocab_size, seed=2),
+        position_offset=plain.model.info.position_offset,
+    )
+    arrays = tuple(
+        t.numpy().astype("<u4").tobytes()
+        for t in (query.input_ids, query.token_type_ids, query.position_ids, query.cu_seqlens)
+    )
+    difference = float(
+        np.abs(
+            plain.embed(*arrays, interactive=True) - tuned.embed(*arrays, interactive=True)
+        ).max()
+    )
+    backends = {"cuBLAS heuristics": plain, "TunableOp": tuned}
+    times: dict[str, list[float]] = {name: [] for name in backends}
+    for i in range(2 * (reps + 10)):
+        name = list(backends)[i % 2]
+        seconds = graph_gpu_ms(backends[name])
+        if i >= 20:
+            times[name].append(seconds)
+    rows = []
+    for name, load_s in (("cuBLAS heuristics", plain_s), ("TunableOp", tuned_s)):
+        p50, p99 = percentiles(times[name])
+        tuned_count = len(results) if name == "TunableOp" else 0
+        rows.append(
+            f"| {shape} | {name} | {load_s:.1f} | {tuned_count} | {p50:.3f} / {p99:.3f} | "
+            f"{difference:.2e} |"
+        )
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--shapes", default="bert-large,qwen3-0.6b")
+    parser.add_argument("--reps", type=int, default=200)
+    parser.add_argument("--tuning-ms", type=int, default=30, help="TunableOp's limit per GEMM")
+    args = parser.parse_args()
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for shape in args.shapes.split(","):
+            rows += bench(shape, args.reps, args.tuning_ms, Path(tmp))
+            gc.collect()
+            torch.cuda.empty_cache()
+    print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}")
+    print(
+        "\n| shape | GEMMs | load s | GEMM shapes tuned | query graph GPU ms "
+        "| rows' largest difference |"
+    )
+    print("|---|---|---|---|---|---|")
+    print("\n".join(rows))
+
+
+if __name__ == "__main__":
+    main()
