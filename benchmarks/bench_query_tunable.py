@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import os
 import tempfile
 import time
 from pathlib import Path
@@ -34,8 +35,14 @@ QUERY_TOKENS = 24
 
 
 def load(folder: Path) -> tuple[Backend, float]:
+    """A backend without the bulk lane's graphs: they capture buckets that no eager pass ran
+    before, and TunableOp would then tune inside a capture, which CUDA refuses."""
+    os.environ["TRT_TEI_BULK_GRAPHS"] = "0"
     began = time.perf_counter()
-    backend = Backend(str(folder), device="cuda", dtype="bfloat16", pooling="mean")
+    try:
+        backend = Backend(str(folder), device="cuda", dtype="bfloat16", pooling="mean")
+    finally:
+        del os.environ["TRT_TEI_BULK_GRAPHS"]
     return backend, time.perf_counter() - began
 
 
