@@ -527,4 +527,23 @@ mod tests {
         assert!(parse(&["--default-prompt", "a", "--default-prompt-name", "b"]).is_err());
         assert!(parse(&["--backend", "candle"]).is_err());
     }
+
+    #[test]
+    fn the_readmes_flag_table_lists_every_flag_and_no_other() {
+        use clap::CommandFactory;
+        use std::collections::BTreeSet;
+        let readme = include_str!("../../README.md");
+        let documented: BTreeSet<&str> = readme
+            .lines()
+            .filter_map(|line| line.strip_prefix("| `--"))
+            .filter_map(|rest| rest.split('`').next())
+            .collect();
+        let command = Args::command();
+        let flags: BTreeSet<&str> = command
+            .get_arguments()
+            .filter_map(|arg| arg.get_long())
+            .filter(|long| !matches!(*long, "help" | "version"))
+            .collect();
+        assert_eq!(documented, flags, "README's flag table against --help");
+    }
 }
