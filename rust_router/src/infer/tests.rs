@@ -374,9 +374,10 @@ async fn a_request_whose_client_left_leaves_the_queue_at_once() {
 #[tokio::test]
 async fn a_query_is_tokenized_while_a_backfill_is_being_tokenized() {
     let h = harness(true, 8);
-    // 16 documents of 200,000 words each, truncated to the limit: the pool's two workers
-    // take seconds over them (the tokenizer reads every word before truncating).
-    let document = format!("g {}", "a b c d ".repeat(50_000));
+    // 16 documents of 100,000 words each, truncated to the limit: the pool's two workers
+    // take a second or two over them (the tokenizer reads every word before truncating),
+    // well inside `until`'s 5 s on a loaded 2-core machine.
+    let document = format!("g {}", "a b c d ".repeat(25_000));
     let infer = h.infer.clone();
     let backfill = tokio::spawn(async move {
         let request = InferRequest {
