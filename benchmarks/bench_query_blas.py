@@ -15,6 +15,7 @@ CUDA only; reports only.
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
 import os
 import tempfile
@@ -23,15 +24,15 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from bench_engine import percentiles, random_ids
+from bench_engine import percentiles
+from query_graphs import graph_gpu_seconds, in_turn, router_arrays
 from shapes import write_random_checkpoint
 
 from trt_tei_runtime.backend import Backend
-from trt_tei_runtime.batch import PackedBatch
 from trt_tei_runtime.runtime.blas import QUERY_BLAS_ENV
 
-QUERY_TOKENS = 24
 LIBRARIES = ("torch", "cublaslt")
+PAUSES = (0.0, 0.020)  # back to back, and a query every 20 ms
 
 
 def load(folder: Path, library: str) -> Backend:
@@ -47,49 +48,30 @@ def bench(shape: str, reps: int) -> list[str]:
         folder = write_random_checkpoint(shape, Path(tmp) / shape)
         backends = {library: load(folder, library) for library in LIBRARIES}
     after_load = str(torch.backends.cuda.preferred_blas_library())
-    first = backends[LIBRARIES[0]].model
-    query = PackedBatch.from_sequences(
-        random_ids([QUERY_TOKENS], first.model.network.vocab_size, seed=2),
-        position_offset=first.info.position_offset,
-    )
-    arrays = tuple(
-        t.numpy().astype("<u4").tobytes()
-        for t in (query.input_ids, query.token_type_ids, query.position_ids, query.cu_seqlens)
-    )
+    arrays = router_arrays(backends[LIBRARIES[0]])
     rows = {lib: b.embed(*arrays, interactive=True) for lib, b in backends.items()}
     difference = float(np.abs(rows["torch"] - rows["cublaslt"]).max())
+    gpu = in_turn(
+        {lib: functools.partial(graph_gpu_seconds, backends[lib]) for lib in LIBRARIES}, reps
+    )
 
-    gpu: dict[str, list[float]] = {lib: [] for lib in LIBRARIES}
-    for i in range(2 * (reps + 10)):
-        library = LIBRARIES[i % 2]
-        lane = backends[library].model.interactive
-        assert lane is not None
-        graph = lane.graphs.graphs[lane.graphs.bucket_for(QUERY_TOKENS, 1)][0]
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        with torch.cuda.stream(lane.stream):
-            start.record()
-            graph.replay()
-            end.record()
-        end.synchronize()
-        if i >= 20:
-            gpu[library].append(start.elapsed_time(end) / 1e3)
+    def embed_after(library: str, pause: float) -> float:
+        if pause:
+            time.sleep(pause)
+        began = time.perf_counter()
+        out = backends[library].embed(*arrays, interactive=True)
+        seconds = time.perf_counter() - began
+        assert np.array_equal(out, rows[library])
+        return seconds
 
-    calls: dict[tuple[str, float], list[float]] = {}
-    for pause in (0.0, 0.020):
-        for i in range(2 * (reps + 10)):
-            library = LIBRARIES[i % 2]
-            if pause:
-                time.sleep(pause)
-            began = time.perf_counter()
-            out = backends[library].embed(*arrays, interactive=True)
-            seconds = time.perf_counter() - began
-            assert np.array_equal(out, rows[library])
-            if i >= 20:
-                calls.setdefault((library, pause), []).append(seconds)
+    calls = {
+        pause: in_turn({lib: functools.partial(embed_after, lib, pause) for lib in LIBRARIES}, reps)
+        for pause in PAUSES
+    }
 
     out = []
     for library in LIBRARIES:
-        cells = [percentiles(gpu[library])] + [percentiles(calls[library, p]) for p in (0.0, 0.020)]
+        cells = [percentiles(gpu[library])] + [percentiles(calls[p][library]) for p in PAUSES]
         text = " | ".join(f"{a:.3f} / {b:.3f}" for a, b in cells)
         out.append(f"| {shape} | {library} | {text} | {difference:.2e} | {after_load} |")
     return out

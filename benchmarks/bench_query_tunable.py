@@ -16,6 +16,7 @@ time p50 / p99 ms and the rows' largest difference. CUDA only; reports only.
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
 import os
 import tempfile
@@ -25,13 +26,11 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.cuda.tunable as tunable
-from bench_engine import percentiles, random_ids
+from bench_engine import percentiles
+from query_graphs import graph_gpu_seconds, in_turn, router_arrays
 from shapes import write_random_checkpoint
 
 from trt_tei_runtime.backend import Backend
-from trt_tei_runtime.batch import PackedBatch
-
-QUERY_TOKENS = 24
 
 
 def load(folder: Path) -> tuple[Backend, float]:
@@ -44,19 +43,6 @@ def load(folder: Path) -> tuple[Backend, float]:
     finally:
         del os.environ["TRT_TEI_BULK_GRAPHS"]
     return backend, time.perf_counter() - began
-
-
-def graph_gpu_ms(backend: Backend) -> float:
-    lane = backend.model.interactive
-    assert lane is not None
-    graph = lane.graphs.graphs[lane.graphs.bucket_for(QUERY_TOKENS, 1)][0]
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    with torch.cuda.stream(lane.stream):
-        start.record()
-        graph.replay()
-        end.record()
-    end.synchronize()
-    return start.elapsed_time(end) / 1e3
 
 
 def bench(shape: str, reps: int, tuning_ms: int, workdir: Path) -> list[str]:
@@ -74,26 +60,16 @@ def bench(shape: str, reps: int, tuning_ms: int, workdir: Path) -> list[str]:
     finally:
         tunable.tuning_enable(False)
         tunable.enable(False)
-    query = PackedBatch.from_sequences(
-        random_ids([QUERY_TOKENS], plain.model.model.network.vocab_size, seed=2),
-        position_offset=plain.model.info.position_offset,
-    )
-    arrays = tuple(
-        t.numpy().astype("<u4").tobytes()
-        for t in (query.input_ids, query.token_type_ids, query.position_ids, query.cu_seqlens)
-    )
+    arrays = router_arrays(plain)
     difference = float(
         np.abs(
             plain.embed(*arrays, interactive=True) - tuned.embed(*arrays, interactive=True)
         ).max()
     )
     backends = {"cuBLAS heuristics": plain, "TunableOp": tuned}
-    times: dict[str, list[float]] = {name: [] for name in backends}
-    for i in range(2 * (reps + 10)):
-        name = list(backends)[i % 2]
-        seconds = graph_gpu_ms(backends[name])
-        if i >= 20:
-            times[name].append(seconds)
+    times = in_turn(
+        {name: functools.partial(graph_gpu_seconds, b) for name, b in backends.items()}, reps
+    )
     rows = []
     for name, load_s in (("cuBLAS heuristics", plain_s), ("TunableOp", tuned_s)):
         p50, p99 = percentiles(times[name])
