@@ -7,7 +7,7 @@
 //! every device. With one device that is exactly its own slot: no choice, no extra work.
 
 use super::device::{DeviceFailure, DeviceState, DeviceStatus, Health};
-use super::wait::{next_message, IdleSince, LaneWaits, WaitPolicy, WarmHook};
+use super::wait::{next_message, IdleSince, LaneWaits, WaitPolicy, WarmHook, Warming};
 use super::{Backend, BackendError, Batch, BatchKind, Lane, Launched, Matrix, ModelInfo};
 use futures_util::future::{join_all, select_all};
 use std::panic::AssertUnwindSafe;
@@ -273,34 +273,6 @@ fn thread_name(role: &str, device: usize) -> String {
     match device {
         0 => format!("model-{role}"),
         i => format!("model-{role}-{i}"),
-    }
-}
-
-/// What a spinning interactive thread re-runs between queries besides its backend's steps,
-/// and when it holds off.
-#[derive(Default)]
-struct Warming {
-    hook: WarmHook,
-    /// How long the device's bulk thread has waited for work. Warming needs the interpreter
-    /// and a core, which a bulk thread running batches needs too; and under a backfill
-    /// queries reach a host that is awake anyway. Measured on an H200 (benchmarks/RESULTS.md),
-    /// warming while a backfill ran cost all-MiniLM-L6-v2's backfill 5-10 % of its speed and
-    /// bert-large's query p99 ~0.5-1 ms.
-    bulk_idle: Option<Arc<IdleSince>>,
-}
-
-impl Warming {
-    /// The bulk thread must have waited this long: between a backfill's batches it waits
-    /// for a moment at most.
-    const QUIET: Duration = Duration::from_millis(5);
-
-    fn run(&self, backend: &mut dyn Backend) {
-        let quiet = |idle: &Arc<IdleSince>| idle.idle_for().is_some_and(|d| d >= Self::QUIET);
-        if self.bulk_idle.as_ref().is_some_and(|idle| !quiet(idle)) {
-            return;
-        }
-        backend.warm();
-        self.hook.run();
     }
 }
 
