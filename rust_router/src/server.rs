@@ -231,7 +231,7 @@ fn run(mut args: Args, make_backend: MakeBackend) -> Result<(), String> {
     let listeners = bind(&listen_addrs(&args.hostname, args.port)?)?;
     tracing::info!(model_id = %args.model_id, backend = ?args.backend, "loading model");
     let factory = make_backend(&args)?;
-    let waits = LaneWaits::from_flags(args.backend_spin_us, Some(args.query_warm_us));
+    let waits = LaneWaits::from_flags(args.backend_spin_us, args.query_warm_us);
     let warm_hook = waits.warm_hook.clone();
     let (backend, info, backend_threads) =
         BackendHandle::spawn_with(factory, waits).map_err(|e| e.to_string())?;

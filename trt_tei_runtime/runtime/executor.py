@@ -27,6 +27,7 @@ from .graphs import MAX_GRAPH_TOKENS, CudaGraphRunner, ForwardPass, Pooler, bulk
 from .lanes import InteractiveLane, Lane, on_device
 from .loader import LoadedModel, ModelInfo, load_model
 from .preemption import DEFAULT_MAX_STEP_MS, BulkPlan, LayerGate, largest_linear_share
+from .query_path import QueryPath
 from .staging import InputStaging
 
 log = logging.getLogger(__name__)
@@ -309,19 +310,24 @@ class Executor:
         """An embedding query's pooled rows `[n, D]` float32 by the interactive lane's
         direct path (`query_path`); None where that path does not take the batch (no such
         lane, a model without pooled graphs, a batch above the lane's graphs)."""
-        path = None if self.interactive is None else self.interactive.query_path
-        if path is None or not path.fits(batch):
-            return None
-        self._check_limits(batch.max_seqlen, batch.input_ids, batch.token_type_ids)
-        return path.embed(batch)
+        path = self._query_path_for(batch)
+        return None if path is None else path.embed(batch)
 
     def warm_query(self, batch: HostArrays) -> None:
         """`query_rows`' host steps on `batch` without running the model (`QueryPath.warm`);
         nothing where that path would not take the batch."""
-        path = None if self.interactive is None else self.interactive.query_path
-        if path is not None and path.fits(batch):
-            self._check_limits(batch.max_seqlen, batch.input_ids, batch.token_type_ids)
+        path = self._query_path_for(batch)
+        if path is not None:
             path.warm(batch)
+
+    def _query_path_for(self, batch: HostArrays) -> QueryPath | None:
+        """The interactive lane's direct path where it takes `batch`, the batch checked
+        against the model's limits; else None."""
+        path = None if self.interactive is None else self.interactive.query_path
+        if path is None or not path.fits(batch):
+            return None
+        self._check_limits(batch.max_seqlen, batch.input_ids, batch.token_type_ids)
+        return path
 
     def health(self) -> None:
         """Runs one tiny forward pass to the end; raises if the model cannot run."""

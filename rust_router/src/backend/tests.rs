@@ -119,7 +119,7 @@ async fn only_a_spinning_interactive_thread_warms_and_runs_the_hook() {
     for warm_us in [1_000, 0] {
         let fake = two_lane_fake(&Arc::new(Gate::default()));
         let warmed = fake.warmed.clone();
-        let waits = LaneWaits::from_flags(None, Some(warm_us));
+        let waits = LaneWaits::from_flags(None, warm_us);
         let hook_runs = Arc::new(AtomicUsize::new(0));
         let runs = hook_runs.clone();
         waits.warm_hook.set(move || {
@@ -157,7 +157,7 @@ async fn no_warming_while_the_bulk_thread_runs_a_batch() {
     let gate = Arc::new(Gate::default());
     let fake = two_lane_fake(&gate);
     let warmed = fake.warmed.clone();
-    let waits = LaneWaits::from_flags(Some(200_000), Some(500));
+    let waits = LaneWaits::from_flags(Some(200_000), 500);
     let (handle, _, threads) = BackendHandle::spawn_with(fake.into_factory(), waits).unwrap();
     let bulk = send(&handle, Lane::Bulk, batch(&[&[2, HOLD_ID, 3]])).await;
     until("the bulk batch runs", || gate.held() == 1).await;

@@ -166,9 +166,8 @@ impl LaneWaits {
     /// interactive threads spin (they exist only where the runtime has an interactive
     /// lane, on a GPU), and bulk threads, whose batches are large, sleep at once.
     /// `--query-warm-us`: how often a spinning interactive thread re-runs a query's host
-    /// steps (0: never); by default every [`Self::DEFAULT_WARM_EVERY_US`].
-    pub fn from_flags(spin_us: Option<u64>, warm_us: Option<u64>) -> Self {
-        let warm_us = warm_us.unwrap_or(Self::DEFAULT_WARM_EVERY_US);
+    /// steps (0: never; the flag's default is [`Self::DEFAULT_WARM_EVERY_US`]).
+    pub fn from_flags(spin_us: Option<u64>, warm_us: u64) -> Self {
         let (bulk, interactive) = match spin_us {
             Some(us) => (WaitPolicy::spin_micros(us), WaitPolicy::spin_micros(us)),
             None => (
@@ -285,19 +284,19 @@ mod tests {
 
     #[test]
     fn by_default_only_interactive_threads_spin_and_warm() {
-        let waits = LaneWaits::from_flags(None, None);
+        let waits = LaneWaits::from_flags(None, LaneWaits::DEFAULT_WARM_EVERY_US);
         assert_eq!(waits.bulk, WaitPolicy::default());
         assert_eq!(
             waits.interactive,
             WaitPolicy::spin_micros(LaneWaits::DEFAULT_INTERACTIVE_SPIN_US)
                 .warming_every(LaneWaits::DEFAULT_WARM_EVERY_US)
         );
-        let off = LaneWaits::from_flags(Some(0), Some(0));
+        let off = LaneWaits::from_flags(Some(0), 0);
         assert_eq!(
             (off.bulk, off.interactive),
             (WaitPolicy::default(), WaitPolicy::default())
         );
-        let both = LaneWaits::from_flags(Some(700), Some(300));
+        let both = LaneWaits::from_flags(Some(700), 300);
         assert_eq!(both.bulk, WaitPolicy::spin_micros(700));
         assert_eq!(
             both.interactive,

@@ -307,6 +307,19 @@ impl InlinePool {
             idle.push(worker);
         }
     }
+
+    /// Encodes on the calling thread with an idle worker, which goes back to the pool last:
+    /// the next inline encode takes it.
+    fn encode(
+        &self,
+        input: EncodingInput,
+        opts: &EncodeOptions,
+    ) -> Result<ValidEncoding, TokenizationError> {
+        let mut worker = self.take();
+        let result = worker.encode(input, opts);
+        self.put(worker);
+        result
+    }
 }
 
 impl Tokenization {
@@ -396,9 +409,7 @@ impl Tokenization {
             ..EncodeOptions::default()
         };
         move || {
-            let mut worker = inline.take();
-            let _ = worker.encode(EncodingInput::Single(WARM_TEXT.to_owned()), &opts);
-            inline.put(worker);
+            let _ = inline.encode(EncodingInput::Single(WARM_TEXT.to_owned()), &opts);
         }
     }
 
@@ -430,10 +441,7 @@ impl Tokenization {
         opts: EncodeOptions,
     ) -> Result<ValidEncoding, TokenizationError> {
         if opts.inline {
-            let mut worker = self.inline.take();
-            let result = worker.encode(input, &opts);
-            self.inline.put(worker);
-            return result;
+            return self.inline.encode(input, &opts);
         }
         self.submit(|r| Job::Encode(input, opts, r)).await
     }
