@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from trt_tei_runtime.backend import Backend
+from trt_tei_runtime.errors import DeviceError
 
 
 class FaultyBackend(Backend):
@@ -89,8 +90,6 @@ class DeviceFailingBackend(FaultyBackend):
         self._fail_file = os.environ.get("TEST_FAIL_DEVICE_FILE", "")
 
     def _check_device(self, device: int) -> None:
-        from trt_tei_runtime.errors import DeviceError
-
         if device == self._fail_device and self._fail_file and os.path.exists(self._fail_file):
             raise DeviceError(f"device {device} failed: CUDA error: an illegal memory access")
 
@@ -128,3 +127,14 @@ class LaneClaimingBackend(Backend):
 
     def info(self):  # type: ignore[no-untyped-def]
         return {**super().info(), "interactive_lane": True}
+
+
+class WarmFailingBackend(LaneClaimingBackend):
+    """A lane-claiming backend whose `warm_query` fails as a lost device would, and notes
+    each call in the file `TRT_TEI_TEST_WARM_LOG` names: warming between queries must not
+    cost a query anything, even when it fails."""
+
+    def warm_query(self, device: int = 0) -> None:
+        with open(os.environ["TRT_TEI_TEST_WARM_LOG"], "a") as log:
+            log.write(f"{device}\n")
+        raise DeviceError("CUDA error: an illegal memory access was encountered (injected)")
