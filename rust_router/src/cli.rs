@@ -133,6 +133,15 @@ pub struct Args {
     #[arg(long, env = "QUERY_SPIN_US")]
     pub query_spin_us: Option<u64>,
 
+    /// After each request's start, the thread that reads the HTTP connections polls its
+    /// sockets without sleeping for this many microseconds, while no bulk batch runs: a
+    /// request arriving meanwhile does not wait for that thread to wake (~0.1 ms on a GPU
+    /// machine after a pause). Costs a busy core while requests keep arriving within the
+    /// window. Default: 25,000 where the runtime has an interactive lane (a GPU), else 0
+    /// (the thread sleeps whenever it has nothing to read).
+    #[arg(long, env = "HTTP_SPIN_US")]
+    pub http_spin_us: Option<u64>,
+
     /// Most inputs in one client request; more are refused with 422.
     #[arg(long, env = "MAX_CLIENT_BATCH_SIZE", default_value_t = 32)]
     pub max_client_batch_size: usize,

@@ -11,6 +11,7 @@
 //! connection reads and when its requests start and end. The body deadline belongs to the
 //! handler that reads the body (`http::error::Body`).
 
+use crate::http_thread::Handlers;
 use crate::metrics::Metrics;
 use crate::shutdown::{Phase, Shutdown};
 use axum::Router;
@@ -28,7 +29,6 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
-use tower::ServiceExt;
 
 /// After SIGTERM, how long a connection with no request in a handler may still start one (a
 /// client that has just connected, or sends its next request on a kept-alive connection),
@@ -281,6 +281,7 @@ struct Shared {
     open: Arc<Semaphore>,
     refusals: Mutex<RefusalLog>,
     in_flight: Arc<InFlight>,
+    handlers: Handlers,
 }
 
 impl Shared {
@@ -316,13 +317,15 @@ static REFUSAL: std::sync::LazyLock<Vec<u8>> = std::sync::LazyLock::new(|| {
 
 /// Serves `app` on every listener until the shutdown sequence ends: after `Draining` no
 /// connection is accepted and each one closes as soon as it has nothing accepted to finish;
-/// after `Deadline` (+ [`DEADLINE_FLUSH`]) every one is closed.
+/// after `Deadline` (+ [`DEADLINE_FLUSH`]) every one is closed. Each request's handler runs
+/// where `handlers` says.
 pub async fn serve(
     listeners: Vec<TcpListener>,
     app: Router,
     limits: ConnectionLimits,
     shutdown: Shutdown,
     metrics: Arc<Metrics>,
+    handlers: Handlers,
 ) {
     let shared = Arc::new(Shared {
         app,
@@ -332,6 +335,7 @@ pub async fn serve(
         open: Arc::new(Semaphore::new(limits.max_connections)),
         refusals: Mutex::default(),
         in_flight: Arc::default(),
+        handlers,
     });
     let mut connections = JoinSet::new();
     // While draining, connections are still accepted (a load balancer's health check sees
@@ -446,6 +450,7 @@ async fn serve_connection(stream: TcpStream, shared: Arc<Shared>, permit: OwnedS
         activity: activity.clone(),
     });
     let app = shared.app.clone();
+    let handlers = shared.handlers.clone();
     let service_activity = activity.clone();
     let in_flight = shared.in_flight.clone();
     let deadline = Arc::new(ConnDeadline::default());
@@ -453,16 +458,16 @@ async fn serve_connection(stream: TcpStream, shared: Arc<Shared>, permit: OwnedS
     let service = service_fn(move |req: hyper::Request<Incoming>| {
         let in_handler = InHandler::begin(&service_activity, &in_flight);
         let app = app.clone();
+        let handlers = handlers.clone();
         let deadline = service_deadline.clone();
         async move {
             let openai = crate::http::is_openai_path(req.uri().path());
             let answered = deadline
-                .race(app.oneshot(req.map(axum::body::Body::new)))
+                .race(handlers.respond(app, req.map(axum::body::Body::new), openai))
                 .await;
             drop(in_handler);
             Ok::<_, std::convert::Infallible>(match answered {
-                Some(Ok(response)) => response,
-                Some(Err(never)) => match never {},
+                Some(response) => response,
                 None => crate::http::shutting_down(
                     openai,
                     "The server is shutting down: the request did not finish within \

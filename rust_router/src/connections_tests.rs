@@ -108,6 +108,7 @@ async fn serve_fake(
         limits(),
         shutdown.clone(),
         app.metrics.clone(),
+        Handlers::default(),
     ));
     (addr, shutdown, server)
 }

@@ -9,6 +9,7 @@ pub mod backend;
 pub mod cli;
 pub mod connections;
 pub mod http;
+pub mod http_thread;
 pub mod infer;
 pub mod logging;
 pub mod metrics;

@@ -7,6 +7,7 @@ use crate::cli::Args;
 use crate::connections;
 use crate::http::types::{ClassifierModel, EmbeddingModel, Info, ModelTypeInfo};
 use crate::http::{app, AppContext, AppState, ServeConfig};
+use crate::http_thread::{self, Handlers, HotPoll};
 use crate::infer::Infer;
 use crate::metrics::Metrics;
 use crate::shutdown::{Phase, Shutdown};
@@ -350,6 +351,7 @@ impl Serving {
     /// Serves until the shutdown sequence ends; notes when the signal came in `signal_at`.
     async fn serve(self, signal_at: Arc<OnceLock<Instant>>) -> Result<(), String> {
         let metrics = Arc::new(Metrics::new(self.info.max_input_length));
+        let hot = hot_poll(self.args.http_spin_us, &self.backend);
         let info_body = build_info(&self.args, &self.info, self.workers);
         let compute_type = self.info.device.clone().unwrap_or_else(|| "cpu".into());
         let (infer, batching_task) = Infer::new(
@@ -376,18 +378,15 @@ impl Serving {
             }),
             shutdown: shutdown.clone(),
         });
-        let listeners = self
-            .listeners
-            .into_iter()
-            .map(tokio::net::TcpListener::from_std)
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| format!("cannot listen: {e}"))?;
-        for listener in &listeners {
+        for listener in &self.listeners {
             if let Ok(addr) = listener.local_addr() {
                 tracing::info!("listening on {addr}");
             }
         }
-        tracing::info!("Ready");
+        tracing::info!(
+            http_spin_us = hot.as_ref().map_or(0, |h| h.window().as_micros() as u64),
+            "Ready"
+        );
         tokio::spawn({
             let shutdown = shutdown.clone();
             async move {
@@ -400,14 +399,22 @@ impl Serving {
                 .clone()
                 .on_signal(answer_deadline(self.args.shutdown_timeout)),
         );
-        connections::serve(
-            listeners,
-            app(state),
-            self.args.connection_limits(),
-            shutdown,
-            metrics,
-        )
-        .await;
+        // Connections are served on a thread of their own; handlers of large requests come
+        // back to this runtime (see `http_thread`).
+        let handlers = Handlers::new(Some(tokio::runtime::Handle::current()), hot.clone());
+        let limits = self.args.connection_limits();
+        let app = app(state);
+        let listeners = self.listeners;
+        http_thread::run(hot, move || async move {
+            let listeners = listeners
+                .into_iter()
+                .map(tokio::net::TcpListener::from_std)
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|e| format!("cannot listen: {e}"))?;
+            connections::serve(listeners, app, limits, shutdown, metrics, handlers).await;
+            Ok::<(), String>(())
+        })
+        .await??;
         // Every connection is closed and every handler has returned; let the batching tasks finish
         // and release the self.backend.
         infer.shutdown();
@@ -415,6 +422,24 @@ impl Serving {
         let _ = batching_task.await;
         Ok(())
     }
+}
+
+/// How the HTTP thread polls its sockets (`--http-spin-us`), or `None` when it sleeps
+/// whenever it has nothing to read. By default it polls only where the runtime has an
+/// interactive lane, as long as that lane's thread spins: a query then finds both awake.
+fn hot_poll(http_spin_us: Option<u64>, backend: &BackendHandle) -> Option<Arc<HotPoll>> {
+    let default = if backend.has_interactive_lane() {
+        LaneWaits::DEFAULT_INTERACTIVE_SPIN_US
+    } else {
+        0
+    };
+    let micros = http_spin_us.unwrap_or(default);
+    let backend = backend.clone();
+    (micros > 0).then(|| {
+        Arc::new(HotPoll::new(Duration::from_micros(micros), move || {
+            !backend.bulk_running()
+        }))
+    })
 }
 
 /// When, after the signal, still-running requests are answered 503: early enough that the

@@ -170,6 +170,16 @@ pub(crate) fn shutting_down(openai: bool, message: &str) -> Response {
         .into_response()
 }
 
+/// The answer to a request whose handler failed unexpectedly (it panicked).
+pub(crate) fn handler_failed(openai: bool) -> Response {
+    ApiError::new(
+        ErrorType::Backend,
+        "The request's handler failed unexpectedly; the server logged why",
+    )
+    .openai(openai)
+    .into_response()
+}
+
 /// Timings of one HTTP request, reported in headers, logs and metrics.
 #[derive(Debug, Clone)]
 pub(crate) struct ResponseMeta {

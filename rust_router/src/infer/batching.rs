@@ -42,6 +42,10 @@ struct Context {
     /// The `device` label of the `te_batch_*` metrics, by device index. `None` with one
     /// device: its series keep the labels they had before devices existed.
     device_labels: Option<Vec<String>>,
+    /// The runtime the batching tasks run on. A batch's results are split there even when a
+    /// query's handler sent the batch from the HTTP thread (`http_thread`), which is kept
+    /// for reading sockets.
+    runtime: tokio::runtime::Handle,
 }
 
 impl Context {
@@ -80,6 +84,7 @@ pub fn spawn_tasks(
         info: info.clone(),
         metrics: metrics.clone(),
         device_labels: (devices > 1).then(|| (0..devices).map(|i| i.to_string()).collect()),
+        runtime: tokio::runtime::Handle::current(),
     });
     let takes = batching_takes(backend, interactive_max_tokens);
     // The task that packs interactive entries: their own, or the one for both lanes.
@@ -127,7 +132,7 @@ fn send_batch(slot: Slot, next: NextBatch, take: Take, ctx: &Arc<Context>) {
         metadata,
         sent_at,
     };
-    tokio::spawn(job.finish(rx, ctx.clone()));
+    ctx.runtime.spawn(job.finish(rx, ctx.clone()));
 }
 
 /// The interactive requests' way around their batching task, and around the queue itself.

@@ -1,0 +1,255 @@
+//! The thread that reads and writes every HTTP connection, and how it waits for requests.
+//!
+//! Connections are served by one thread with a tokio runtime of its own (current-thread),
+//! apart from the workers that run the batching tasks and the handlers of large requests
+//! (see `connections::Handlers`). Two reasons, both a query's:
+//!
+//! - A thread asleep in `epoll_wait` is slow to wake when a request arrives after a pause:
+//!   on an H200 guest (`benchmarks/bench_wake.py`, benchmarks/RESULTS.md) a loopback round
+//!   trip every 20 ms took 152 µs p50 with the server asleep and 42 µs with it polling. A
+//!   current-thread runtime whose task yields checks its sockets with a zero timeout before
+//!   it polls that task again, so while requests keep arriving (within
+//!   [`HotPoll::window`] of the last one) this thread polls its sockets and never sleeps.
+//!   A multi-thread runtime cannot do this: its sockets are polled by whichever worker
+//!   parks first, asleep.
+//! - A backfill's large bodies are parsed by the other workers, so a query's bytes are not
+//!   read after them.
+
+use axum::body::HttpBody as _;
+use axum::response::Response;
+use axum::Router;
+use std::future::Future;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::runtime::Handle;
+use tokio::sync::{oneshot, Notify};
+use tower::ServiceExt;
+
+/// Requests with a body of at most this many bytes (twice what tokenization encodes inline,
+/// `tokenization::INLINE_MAX_BYTES`, for the JSON around the text) may run their handler on
+/// the HTTP thread; larger ones, and bodies of unknown length, always run elsewhere.
+pub const INLINE_BODY_BYTES: u64 = 2 * crate::tokenization::INLINE_MAX_BYTES as u64;
+
+/// At most this many handlers run on the HTTP thread at once; past them, small requests'
+/// handlers run elsewhere too. A query's handler waits for its result there, yielding (see
+/// `infer::hot_wait`), so the thread still reads its sockets meanwhile; the cap keeps a
+/// flood of small requests from making it the server's only core.
+pub const INLINE_HANDLERS: usize = 2;
+
+/// While the thread may not spin (see [`HotPoll::new`]'s `may_spin`), how often it asks
+/// again, inside the window.
+const RECHECK: Duration = Duration::from_millis(1);
+
+/// Keeps the HTTP thread polling its sockets for `window` after each request's start.
+pub struct HotPoll {
+    window: Duration,
+    base: Instant,
+    /// Nanoseconds after `base` of the last request's start, plus one; 0: none yet.
+    last_request: AtomicU64,
+    arrived: Notify,
+    may_spin: Box<dyn Fn() -> bool + Send + Sync>,
+}
+
+impl std::fmt::Debug for HotPoll {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HotPoll")
+            .field("window", &self.window)
+            .finish_non_exhaustive()
+    }
+}
+
+impl HotPoll {
+    /// `may_spin` is asked before each poll: while it says no (the router passes "no bulk
+    /// batch is running": under a backfill requests reach a host that is awake anyway, and
+    /// the core is the tokenizers'), the thread sleeps between requests as before.
+    pub fn new(window: Duration, may_spin: impl Fn() -> bool + Send + Sync + 'static) -> Self {
+        Self {
+            window,
+            base: Instant::now(),
+            last_request: AtomicU64::new(0),
+            arrived: Notify::new(),
+            may_spin: Box::new(may_spin),
+        }
+    }
+
+    pub fn window(&self) -> Duration {
+        self.window
+    }
+
+    /// Called as each request starts.
+    pub fn request_started(&self) {
+        let nanos = self.base.elapsed().as_nanos() as u64 + 1;
+        self.last_request.store(nanos, Ordering::Relaxed);
+        self.arrived.notify_one();
+    }
+
+    /// Whether the window after the last request is still open.
+    fn within_window(&self) -> bool {
+        match self.last_request.load(Ordering::Relaxed) {
+            0 => false,
+            at => {
+                let since = self
+                    .base
+                    .elapsed()
+                    .saturating_sub(Duration::from_nanos(at - 1));
+                since < self.window
+            }
+        }
+    }
+
+    /// Runs on the HTTP thread's runtime for as long as it lives: yields (the runtime then
+    /// polls its sockets without blocking) while the window is open, and waits for the next
+    /// request's start otherwise. `polls` counts the yields, for tests.
+    pub async fn keep_polling(self: Arc<Self>, polls: Option<Arc<AtomicU64>>) {
+        loop {
+            // Registered before the check, so a request in between still wakes us.
+            let arrived = self.arrived.notified();
+            if !self.within_window() {
+                arrived.await;
+                continue;
+            }
+            if !(self.may_spin)() {
+                tokio::time::sleep(RECHECK).await;
+                continue;
+            }
+            if let Some(polls) = &polls {
+                polls.fetch_add(1, Ordering::Relaxed);
+            }
+            tokio::task::yield_now().await;
+        }
+    }
+}
+
+/// Where each request's handler runs: on the HTTP thread (the connection's own task) when
+/// the request is small and fewer than [`INLINE_HANDLERS`] run there, else on `elsewhere`.
+#[derive(Debug, Clone, Default)]
+pub struct Handlers {
+    /// The runtime of the batching tasks; `None`: every handler runs on the connection's
+    /// task (tests, and a server without an HTTP thread of its own).
+    pub elsewhere: Option<Handle>,
+    /// Kept polling by each request's start, when the HTTP thread spins.
+    pub hot: Option<Arc<HotPoll>>,
+    inline_now: Arc<AtomicUsize>,
+}
+
+impl Handlers {
+    pub fn new(elsewhere: Option<Handle>, hot: Option<Arc<HotPoll>>) -> Self {
+        Self {
+            elsewhere,
+            hot,
+            inline_now: Arc::default(),
+        }
+    }
+
+    /// `app`'s response to `req`, from wherever its handler runs. A handler that panics
+    /// elsewhere is answered as a server-side failure (500, TEI's 424); one dropped here (the client left, the shutdown deadline)
+    /// is aborted there too.
+    pub async fn respond(
+        &self,
+        app: Router,
+        req: axum::extract::Request,
+        openai: bool,
+    ) -> Response {
+        if let Some(hot) = &self.hot {
+            hot.request_started();
+        }
+        let inline_slot = match &self.elsewhere {
+            None => None,
+            Some(_) => fits_inline(req.body().size_hint().exact())
+                .then(|| InlineSlot::take(&self.inline_now))
+                .flatten(),
+        };
+        match (&self.elsewhere, inline_slot) {
+            (Some(elsewhere), None) => {
+                let mut handler = AbortOnDrop(elsewhere.spawn(app.oneshot(req)));
+                match handler.output().await {
+                    Ok(Ok(response)) => response,
+                    Ok(Err(never)) => match never {},
+                    Err(e) => {
+                        tracing::error!("a request's handler failed: {e}");
+                        crate::http::handler_failed(openai)
+                    }
+                }
+            }
+            (_, _slot) => match app.oneshot(req).await {
+                Ok(response) => response,
+                Err(never) => match never {},
+            },
+        }
+    }
+}
+
+/// Whether a body of `length` bytes (`None`: unknown, chunked) is small enough to be
+/// handled on the HTTP thread.
+fn fits_inline(length: Option<u64>) -> bool {
+    length.is_some_and(|n| n <= INLINE_BODY_BYTES)
+}
+
+/// One of the [`INLINE_HANDLERS`] places on the HTTP thread, held while a handler runs there.
+struct InlineSlot(Arc<AtomicUsize>);
+
+impl InlineSlot {
+    fn take(now: &Arc<AtomicUsize>) -> Option<Self> {
+        if now.fetch_add(1, Ordering::Relaxed) >= INLINE_HANDLERS {
+            now.fetch_sub(1, Ordering::Relaxed);
+            return None;
+        }
+        Some(Self(now.clone()))
+    }
+}
+
+impl Drop for InlineSlot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// A spawned handler that is aborted when its response is no longer awaited.
+struct AbortOnDrop<T>(tokio::task::JoinHandle<T>);
+
+impl<T> AbortOnDrop<T> {
+    async fn output(&mut self) -> Result<T, tokio::task::JoinError> {
+        (&mut self.0).await
+    }
+}
+
+impl<T> Drop for AbortOnDrop<T> {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Runs `serve` on a new thread named `router-http` with a current-thread runtime (and
+/// `hot`'s polling beside it, when given), and resolves with `serve`'s output once it ends.
+pub async fn run<F, Fut>(hot: Option<Arc<HotPoll>>, serve: F) -> Result<Fut::Output, String>
+where
+    F: FnOnce() -> Fut + Send + 'static,
+    Fut: Future + 'static,
+    Fut::Output: Send + 'static,
+{
+    let (done_tx, done_rx) = oneshot::channel();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| format!("cannot start the HTTP thread's runtime: {e}"))?;
+    std::thread::Builder::new()
+        .name("router-http".into())
+        .spawn(move || {
+            let output = runtime.block_on(async move {
+                if let Some(hot) = hot {
+                    tokio::spawn(hot.keep_polling(None));
+                }
+                serve().await
+            });
+            let _ = done_tx.send(output);
+        })
+        .map_err(|e| format!("cannot start the HTTP thread: {e}"))?;
+    done_rx
+        .await
+        .map_err(|_| "the HTTP thread stopped unexpectedly".to_string())
+}
+
+#[cfg(test)]
+#[path = "http_thread_tests.rs"]
+mod tests;
