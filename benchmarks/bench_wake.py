@@ -49,7 +49,9 @@ def _serve(port_out: mp.Queue, poll: bool, payload: int) -> None:
             conn.sendall(REPLY)
 
 
-def _round_trips(port: int, poll_client: bool, gap_s: float, reps: int, payload: int) -> list[float]:
+def _round_trips(
+    port: int, poll_client: bool, gap_s: float, reps: int, payload: int
+) -> list[float]:
     sock = socket.create_connection(("127.0.0.1", port))
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     sock.setblocking(False)
@@ -75,7 +77,9 @@ def _round_trips(port: int, poll_client: bool, gap_s: float, reps: int, payload:
     return times
 
 
-def _run(poll_server: bool, poll_client: bool, gap_s: float, reps: int, payload: int) -> list[float]:
+def _run(
+    poll_server: bool, poll_client: bool, gap_s: float, reps: int, payload: int
+) -> list[float]:
     ports: mp.Queue = mp.Queue()
     server = mp.Process(target=_serve, args=(ports, poll_server, payload), daemon=True)
     server.start()
@@ -93,7 +97,9 @@ def _pct(xs: list[float], q: float) -> float:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--gap-ms", type=float, default=20.0)
     p.add_argument("--reps", type=int, default=300)
     p.add_argument("--rounds", type=int, default=2)
@@ -108,12 +114,15 @@ def main() -> None:
     results: dict[str, list[float]] = {name: [] for name, _, _ in variants}
     for _ in range(args.rounds):
         for name, poll_server, poll_client in variants:
-            results[name] += _run(poll_server, poll_client, args.gap_ms / 1e3, args.reps, args.payload)
+            results[name] += _run(
+                poll_server, poll_client, args.gap_ms / 1e3, args.reps, args.payload
+            )
     print(f"\nloopback round trip, a request every {args.gap_ms} ms, p50 / p99 µs")
     print("| variant | p50 | p99 | mean |")
     print("|---|---|---|---|")
     for name, xs in results.items():
-        print(f"| {name} | {_pct(xs, 0.5):.1f} | {_pct(xs, 0.99):.1f} | {statistics.fmean(xs):.1f} |")
+        p50, p99, mean = _pct(xs, 0.5), _pct(xs, 0.99), statistics.fmean(xs)
+        print(f"| {name} | {p50:.1f} | {p99:.1f} | {mean:.1f} |")
 
 
 if __name__ == "__main__":

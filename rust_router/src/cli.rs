@@ -126,8 +126,8 @@ pub struct Args {
     pub query_warm_us: u64,
 
     /// A query's handler (interactive lane) polls for its result this many microseconds,
-    /// keeping its tokio worker on its core, before it sleeps: the reply then does not wait
-    /// for a woken worker to be scheduled, which took 1-1.7 ms at p99 under a backfill that
+    /// keeping its thread on its core, before it sleeps: the reply then does not wait
+    /// for a woken thread to be scheduled, which took 1-1.7 ms at p99 under a backfill that
     /// kept every core busy. Two handlers poll at a time at most. Default: 5,000 where the
     /// runtime has an interactive lane (a GPU), else 0 (never).
     #[arg(long, env = "QUERY_SPIN_US")]

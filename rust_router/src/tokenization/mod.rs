@@ -3,7 +3,7 @@
 //! Tokenizing is CPU-bound and can take longer than a small model's forward pass, so it runs on
 //! dedicated threads and each input of a batch request is a separate job, spreading one large
 //! request over all workers. Small requests (a few KB of text in all: queries) are the
-//! exception: they are tokenized inline on the tokio worker, so they never wait in the pool's
+//! exception: they are tokenized inline by their handler, so they never wait in the pool's
 //! queue behind a backfill's documents, and skip the two thread hand-offs a pool job costs.
 
 mod throttle;
