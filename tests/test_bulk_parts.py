@@ -15,6 +15,7 @@ from trt_tei_runtime.layers.linear import Linear
 from trt_tei_runtime.runtime import load_executor
 from trt_tei_runtime.runtime.preemption import (
     MIN_PART_TOKENS,
+    WITHIN_LAYER_MS,
     BulkPlan,
     LayerGate,
     largest_linear_share,
@@ -58,9 +59,13 @@ def test_parts_are_even_runs_of_whole_sequences(lengths, count, expected):  # ty
 
 def test_the_plan_follows_the_measured_layer_time():
     # Short layers, or no limit: the gate stands between layers, batches run whole.
-    assert BulkPlan.for_layer(16384, 0.8, 0.5, 2.0) == BulkPlan()
+    assert BulkPlan.for_layer(16384, WITHIN_LAYER_MS, 0.5, 2.0) == BulkPlan()
+    assert BulkPlan.for_layer(16384, 0.2, 0.5, 0.1) == BulkPlan(within_layers=True)
     assert BulkPlan.for_layer(16384, 10.0, 0.5, None) == BulkPlan()
     assert BulkPlan.for_layer(16384, 10.0, 0.5, 0.0) == BulkPlan()
+    # Layers longer than WITHIN_LAYER_MS are gated between their linears (free on the GPU),
+    # even when the whole layer is within the step limit: a 0.8 ms bert-large layer.
+    assert BulkPlan.for_layer(16384, 0.8, 0.33, 6.0) == BulkPlan(within_layers=True)
     # A 3 ms layer whose largest linear is 40 % of it: gates between linears suffice.
     assert BulkPlan.for_layer(16384, 3.0, 0.4, 2.0) == BulkPlan(within_layers=True)
     # A 10 ms layer, largest linear 50 %: a 5 ms step, 2 ms wanted: parts of 2/5 the batch.

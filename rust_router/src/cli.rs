@@ -100,9 +100,10 @@ pub struct Args {
 
     /// On a GPU with the interactive lane, a query waits for about two steps of the bulk
     /// batch in progress, a step being one layer. Where a layer of a full bulk batch takes
-    /// longer than this (measured at start-up: large models), queries may also pass between
-    /// the linears of a layer, and where one linear is still longer, bulk batches run in parts
-    /// of whole sequences, so that a step takes about this long. 0: steps are whole layers.
+    /// longer than this or than 0.5 ms (measured at start-up), queries may also pass between
+    /// the linears of a layer (free on the GPU), and where one linear is longer than this,
+    /// bulk batches run in parts of whole sequences, so that a step takes about this long.
+    /// 0: steps are whole layers.
     /// [default: the runtime's, 6]
     #[arg(long, env = "MAX_BULK_STEP_MS", allow_negative_numbers = true)]
     pub max_bulk_step_ms: Option<f64>,

@@ -19,7 +19,8 @@ a batch of up to 2,048 tokens is one replay and is not split.
 A large model's layer is long: a qwen3-8b layer over 16k tokens runs ~10 ms, so a query
 waited ~18 ms p50 for it under a backfill. The step a query waits for is bounded by
 `max_step_ms`, from one layer's time measured at start-up (`BulkPlan.for_layer`): where a
-layer is longer, the gate stands before every linear inside the layers instead, and where
+layer is longer than `WITHIN_LAYER_MS` (0.5 ms: bert-large's and qwen3-0.6b's are too), the
+gate stands before every linear inside the layers instead, and where
 the largest linear is still longer, the bulk lane runs its batches in parts of whole
 sequences, one after the other, about equal in size. Gates inside layers cost nothing on the GPU;
 parts cost GEMM efficiency, so they are only as small as needed. Measured on an H100 with
@@ -55,6 +56,12 @@ DEFAULT_DEPTH = 1
 # qwen3-8b's batches whole (its largest linear, ~5 ms over 16k tokens, is one step) and its
 # query under 2x its idle latency, within the 3x the product promises for large models.
 DEFAULT_MAX_STEP_MS = 6.0
+# Gates between a layer's linears cost the GPU nothing, so they stand there wherever a layer
+# is longer than this, whatever the step limit. Measured on an H200 (benchmarks/RESULTS.md,
+# fourteenth session): bert-large's and qwen3-0.6b's 16k-token layers (~0.6-1 ms) gated
+# between linears took their queries' p99 under a realistic backfill from 2.3-2.8x to
+# 1.6-1.8x their idle p50, the backfill within 1.3 %.
+WITHIN_LAYER_MS = 0.5
 # Below this many tokens a part's GEMMs would no longer fill the GPU.
 MIN_PART_TOKENS = 2048
 
@@ -77,8 +84,10 @@ class BulkPlan:
         """The plan for layers that take `layer_ms` over `batch_tokens`, the largest linear
         holding `largest_linear_share` of a layer's weights (its share of the time, near
         enough: the GEMMs are most of a large layer); None or 0 `max_step_ms`: per layer,
-        whole batches."""
-        if not max_step_ms or layer_ms <= max_step_ms:
+        whole batches. Layers longer than `WITHIN_LAYER_MS` (or than a smaller step limit)
+        are gated between their linears; batches run in parts only where the largest
+        linear is longer than the step limit."""
+        if not max_step_ms or layer_ms <= min(max_step_ms, WITHIN_LAYER_MS):
             return cls()
         step_ms = layer_ms * largest_linear_share
         if step_ms <= max_step_ms:
