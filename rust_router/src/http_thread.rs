@@ -18,7 +18,9 @@
 use axum::body::HttpBody as _;
 use axum::response::Response;
 use axum::Router;
+use futures_util::FutureExt as _;
 use std::future::Future;
+use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -142,9 +144,10 @@ impl Handlers {
         }
     }
 
-    /// `app`'s response to `req`, from wherever its handler runs. A handler that panics
-    /// elsewhere is answered as a server-side failure (500, TEI's 424); one dropped here (the client left, the shutdown deadline)
-    /// is aborted there too.
+    /// `app`'s response to `req`, from wherever its handler runs. A handler that panics is
+    /// logged and answered as a server-side failure (500; TEI's 424), on either side; one
+    /// whose answer is no longer awaited here (the client left, the shutdown deadline) is
+    /// aborted on the workers too.
     pub async fn respond(
         &self,
         app: Router,
@@ -160,23 +163,35 @@ impl Handlers {
                 .then(|| InlineSlot::take(&self.inline_now))
                 .flatten(),
         };
-        match (&self.elsewhere, inline_slot) {
+        let answered = match (&self.elsewhere, inline_slot) {
             (Some(elsewhere), None) => {
                 let mut handler = AbortOnDrop(elsewhere.spawn(app.oneshot(req)));
-                match handler.output().await {
-                    Ok(Ok(response)) => response,
-                    Ok(Err(never)) => match never {},
-                    Err(e) => {
-                        tracing::error!("a request's handler failed: {e}");
-                        crate::http::handler_failed(openai)
-                    }
-                }
+                handler.output().await.map_err(|e| e.to_string())
             }
-            (_, _slot) => match app.oneshot(req).await {
-                Ok(response) => response,
-                Err(never) => match never {},
-            },
+            (_, _slot) => AssertUnwindSafe(app.oneshot(req))
+                .catch_unwind()
+                .await
+                .map_err(|panic| panic_message(panic.as_ref()).to_string()),
+        };
+        match answered {
+            Ok(Ok(response)) => response,
+            Ok(Err(never)) => match never {},
+            Err(why) => {
+                tracing::error!("a request's handler panicked: {why}");
+                crate::http::handler_failed(openai)
+            }
         }
+    }
+}
+
+/// A panic's message, when it has one.
+fn panic_message(payload: &(dyn std::any::Any + Send)) -> &str {
+    if let Some(message) = payload.downcast_ref::<&str>() {
+        message
+    } else if let Some(message) = payload.downcast_ref::<String>() {
+        message
+    } else {
+        "(no message)"
     }
 }
 

@@ -146,6 +146,25 @@ fn a_handler_that_panics_elsewhere_is_answered_as_a_server_failure() {
     });
 }
 
+#[test]
+fn a_handler_that_panics_inline_is_answered_as_a_server_failure_too() {
+    on_http_test_thread(|| async {
+        for handlers in [
+            Handlers::default(),
+            Handlers::new(Some(Handle::current()), None),
+        ] {
+            let (status, text) = answer(&handlers, post_with("/panic", Body::empty())).await;
+            assert_eq!(status, 424, "{text}");
+            assert_eq!(
+                answer(&handlers, post_with("/where", Body::empty()))
+                    .await
+                    .1,
+                "http-test"
+            );
+        }
+    });
+}
+
 /// Sets its flag when dropped.
 struct DropFlag(Arc<AtomicBool>);
 
