@@ -5,13 +5,17 @@ size are answered through it, small ones' handlers on it and large ones' on the 
 
 from __future__ import annotations
 
+import json
 import os
+import socket
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
 TICKS_PER_S = os.sysconf("SC_CLK_TCK")
+FAULTY = ["--python-backend-class", "backends:FaultyBackend"]
 
 
 def _http_thread(pid: int) -> Path:
@@ -68,3 +72,40 @@ def test_small_and_large_requests_alike_through_the_http_thread(start_server, mi
     assert alone.status_code == many.status_code == 200
     assert len(many.json()) == 30
     assert many.json()[17] == pytest.approx(alone.json()[0], abs=1e-5)
+
+
+def _counter(metrics: str, name: str) -> float:
+    for line in metrics.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[-1])
+    return 0.0
+
+
+def test_a_large_request_whose_client_leaves_is_taken_out_of_the_queue(start_server, minilm_dir):  # type: ignore[no-untyped-def]
+    """A large request's handler runs on the tokio workers; when its client closes the
+    connection while it waits in the queue, the handler there is aborted like one on the
+    HTTP thread would be dropped, and its inputs leave the queue unrun."""
+    server = start_server(
+        minilm_dir, *FAULTY, "--http-spin-us", "50000", env={"TEST_BATCH_DELAY_S": "1.0"}
+    )
+    text = "the quick brown fox jumps over the lazy dog, " * 4
+    large = {"inputs": [text] * 30}
+    body = json.dumps(large).encode()
+    assert len(body) > 4096
+    with ThreadPoolExecutor(2) as pool:
+        # Two requests keep the backend thread busy for about two seconds.
+        busy = [pool.submit(server.post, "/embed", large) for _ in range(2)]
+        time.sleep(0.3)
+        sock = socket.create_connection(("127.0.0.1", server.port), timeout=10)
+        head = "POST /embed HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
+        sock.sendall(f"{head}Content-Length: {len(body)}\r\n\r\n".encode() + body)
+        time.sleep(0.3)  # tokenized and queued behind the busy ones
+        sock.close()
+        deadline = time.monotonic() + 10
+        dropped = 0.0
+        while time.monotonic() < deadline and dropped < 30:
+            dropped = _counter(server.get("/metrics").text, 'te_request_failure{err="dropped"}')
+            time.sleep(0.1)
+        assert dropped == 30, f"{dropped} inputs taken out of the queue"
+        assert all(f.result().status_code == 200 for f in busy)
+    assert _counter(server.get("/metrics").text, "te_queue_size") == 0
