@@ -447,6 +447,12 @@ mod tests {
         );
         assert!(parse(&["--query-spin-us", "-1"]).is_err());
         assert!(parse(&["--backend-spin-us", "soon"]).is_err());
+        assert_eq!(parse(&[]).unwrap().http_spin_us, None);
+        assert_eq!(
+            parse(&["--http-spin-us", "300"]).unwrap().http_spin_us,
+            Some(300)
+        );
+        assert!(parse(&["--http-spin-us", "-1"]).is_err());
     }
 
     #[test]

@@ -460,6 +460,24 @@ mod tests {
         Args::try_parse_from(argv).unwrap()
     }
 
+    fn backend(interactive_lane: bool) -> BackendHandle {
+        let fake = FakeBackend::new(ModelInfo {
+            interactive_lane,
+            ..FakeBackend::info()
+        });
+        BackendHandle::spawn(fake.into_factory()).unwrap().0
+    }
+
+    #[test]
+    fn the_http_thread_polls_by_default_only_with_an_interactive_lane() {
+        let window = |flag, lane| hot_poll(flag, &backend(lane)).map(|h| h.window());
+        let default = Duration::from_micros(LaneWaits::DEFAULT_INTERACTIVE_SPIN_US);
+        assert_eq!(window(None, true), Some(default));
+        assert_eq!(window(None, false), None);
+        assert_eq!(window(Some(0), true), None);
+        assert_eq!(window(Some(700), false), Some(Duration::from_micros(700)));
+    }
+
     #[test]
     fn default_prompt_resolution() {
         let info = FakeBackend::info();
