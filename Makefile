@@ -65,7 +65,8 @@ run_reranker: setup
 
 test: setup lint
 	@# Tests never reach a hub: they build tiny checkpoints or use the packaged MiniLM.
-	cargo test --manifest-path rust_router/Cargo.toml --release --quiet
+	TRT_TEI_TEST_BERT_TOKENIZER="$(minilm_path)/tokenizer.json" \
+		cargo test --manifest-path rust_router/Cargo.toml --release --quiet
 	$(PY) -m pytest -q tests
 
 test_unit: setup

@@ -6,7 +6,10 @@
 //! exception: they are tokenized inline by their handler, so they never wait in the pool's
 //! queue behind a backfill's documents, and skip the two thread hand-offs a pool job costs.
 
+mod ascii_wordpiece;
 mod throttle;
+
+use ascii_wordpiece::AsciiWordPiece;
 
 pub use throttle::PoolThrottle;
 
@@ -169,6 +172,9 @@ pub struct TokenizerConfig {
 struct Config {
     model: TokenizerConfig,
     vocab_size: usize,
+    /// BERT's tokenizer without its per-character bookkeeping, for ASCII texts, where the
+    /// tokenizer is BERT's.
+    fast: Option<AsciiWordPiece>,
 }
 
 impl Config {
@@ -339,6 +345,7 @@ impl Tokenization {
         let config = Arc::new(Config {
             model,
             vocab_size: tokenizer.get_vocab_size(true),
+            fast: AsciiWordPiece::from_tokenizer(&tokenizer),
         });
         let (tx, rx) = mpsc::channel::<Job>();
         let rx = Arc::new(Mutex::new(rx));
@@ -585,26 +592,51 @@ impl Worker {
             }
             text => {
                 let prompt = cfg.prompt(opts)?;
-                self.set_truncation(self.truncation(opts, max))?;
-                let encoding = match text {
-                    EncodingInput::Single(s) => match prompt {
-                        Some(p) => self.tokenizer.encode_fast(format!("{p}{s}"), true),
-                        None => self.tokenizer.encode_fast(s, true),
-                    },
-                    EncodingInput::Pair(a, b) => self.tokenizer.encode_fast((a, b), true),
-                    EncodingInput::Ids(_) => unreachable!("handled above"),
+                let fast = match (&text, &cfg.fast) {
+                    (EncodingInput::Single(s), Some(fast)) => {
+                        let prompted;
+                        let s = match prompt {
+                            Some(p) => {
+                                prompted = format!("{p}{s}");
+                                prompted.as_str()
+                            }
+                            None => s.as_str(),
+                        };
+                        fast.encode(s, opts.truncate.then_some(max), opts.direction.into())
+                    }
+                    _ => None,
+                };
+                let (ids, type_ids) = match fast {
+                    Some(ids) => {
+                        let n = ids.len();
+                        (ids, vec![0; n])
+                    }
+                    None => {
+                        self.set_truncation(self.truncation(opts, max))?;
+                        let encoding = match text {
+                            EncodingInput::Single(s) => match prompt {
+                                Some(p) => self.tokenizer.encode_fast(format!("{p}{s}"), true),
+                                None => self.tokenizer.encode_fast(s, true),
+                            },
+                            EncodingInput::Pair(a, b) => self.tokenizer.encode_fast((a, b), true),
+                            EncodingInput::Ids(_) => unreachable!("handled above"),
+                        }
+                        .map_err(tok_err)?;
+                        (
+                            encoding.get_ids().to_vec(),
+                            encoding.get_type_ids().to_vec(),
+                        )
+                    }
+                };
+                if ids.len() > max {
+                    return Err(too_long(ids.len()));
                 }
-                .map_err(tok_err)?;
-                if encoding.len() > max {
-                    return Err(too_long(encoding.len()));
-                }
-                let ids = encoding.get_ids().to_vec();
                 match cfg.adapter(opts) {
                     Some(adapter) => {
                         let n = ids.len();
                         (ids, vec![adapter; n])
                     }
-                    None => (ids, encoding.get_type_ids().to_vec()),
+                    None => (ids, type_ids),
                 }
             }
         };
