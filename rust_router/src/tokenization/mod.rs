@@ -6,10 +6,10 @@
 //! exception: they are tokenized inline by their handler, so they never wait in the pool's
 //! queue behind a backfill's documents, and skip the two thread hand-offs a pool job costs.
 
-mod ascii_wordpiece;
+mod fast_wordpiece;
 mod throttle;
 
-use ascii_wordpiece::AsciiWordPiece;
+use fast_wordpiece::FastWordPiece;
 
 pub use throttle::PoolThrottle;
 
@@ -174,7 +174,7 @@ struct Config {
     vocab_size: usize,
     /// BERT's tokenizer without its per-character bookkeeping, for ASCII texts, where the
     /// tokenizer is BERT's.
-    fast: Option<AsciiWordPiece>,
+    fast: Option<FastWordPiece>,
 }
 
 impl Config {
@@ -345,7 +345,7 @@ impl Tokenization {
         let config = Arc::new(Config {
             model,
             vocab_size: tokenizer.get_vocab_size(true),
-            fast: AsciiWordPiece::from_tokenizer(&tokenizer),
+            fast: FastWordPiece::from_tokenizer(&tokenizer),
         });
         let (tx, rx) = mpsc::channel::<Job>();
         let rx = Arc::new(Mutex::new(rx));

@@ -1,15 +1,17 @@
-//! A fast path for BERT-style WordPiece tokenizers on plain ASCII text.
+//! A fast path for BERT-style WordPiece tokenizers.
 //!
 //! HF `tokenizers` keeps an alignment for every character through normalization and
 //! pre-tokenization; on the development machine a 16-word English query took ~40 µs to
-//! encode, most of it that bookkeeping, which the router never reads. On printable ASCII the
-//! BERT pipeline (`BertNormalizer`, `BertPreTokenizer`, `WordPiece`) reduces to: lowercase
-//! (when the normalizer does), split on whitespace, isolate each ASCII punctuation mark,
-//! greedy longest-match WordPiece on each word; the post-processor then puts fixed ids around
-//! the words. [`AsciiWordPiece::from_tokenizer`] builds this only for exactly that pipeline,
-//! learns the post-processor's ids from the tokenizer itself, and checks itself against the
-//! tokenizer on a set of texts before it is used. Any other text (non-ASCII, control
-//! characters, an added token's text such as `[MASK]`) is left to the tokenizer.
+//! encode, most of it that bookkeeping, which the router never reads. BERT's pipeline
+//! (`BertNormalizer`, `BertPreTokenizer`, `WordPiece`) works word by word: nothing crosses a
+//! space, tab or line break. On a run of printable ASCII between them it reduces to:
+//! lowercase (when the normalizer does), isolate each ASCII punctuation mark, greedy
+//! longest-match WordPiece on what is left. [`FastWordPiece`] does that for such runs and
+//! hands any other run (accents, other scripts, control characters) to the tokenizer alone;
+//! the post-processor's ids go around the whole. [`FastWordPiece::from_tokenizer`] builds it
+//! only for exactly that pipeline, learns the post-processor's ids from the tokenizer itself,
+//! and checks itself against the tokenizer on a set of texts before it is used. A text that
+//! holds an added token's text (such as `[MASK]`) is left to the tokenizer whole.
 
 use std::collections::HashMap;
 use tokenizers::models::ModelWrapper;
@@ -33,18 +35,19 @@ const SELF_CHECK: &[&str] = &[
      aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa",
     "user@example.com https://example.org/path?q=1&r=2#frag C++ C# node.js",
     "query: what is deep learning?",
+    "café naïve Ωmega ΣΊΣΥΦΟΣ 中文字 margin ±2.1% (see §4.2) bell\u{7}ring a\u{a0}b e\u{301}",
 ];
 
-/// The ASCII bytes the fast path takes: printable characters and the whitespace that BERT's
-/// normalizer turns into spaces. Other control characters are removed by the normalizer,
-/// which the tokenizer is left to do.
-fn takes(byte: u8) -> bool {
-    matches!(byte, b' '..=b'~' | b'\t' | b'\n' | b'\r')
+/// The bytes between which nothing in BERT's pipeline crosses: what its normalizer turns into
+/// a space and its pre-tokenizer splits on. (Other ASCII whitespace, such as a form feed, is
+/// a control character the normalizer removes, joining what is on either side.)
+fn separates(byte: u8) -> bool {
+    matches!(byte, b' ' | b'\t' | b'\n' | b'\r')
 }
 
-/// BERT's tokenizer without its per-character bookkeeping, for ASCII text.
+/// BERT's tokenizer without its per-character bookkeeping.
 #[derive(Debug, Clone)]
-pub struct AsciiWordPiece {
+pub struct FastWordPiece {
     lowercase: bool,
     vocab: HashMap<String, u32>,
     continuing_prefix: String,
@@ -56,9 +59,11 @@ pub struct AsciiWordPiece {
     /// Added tokens' texts, lowercased: a text holding one goes to the tokenizer, which
     /// matches them before it normalizes.
     added: Vec<String>,
+    /// The tokenizer without truncation or padding, for runs that are not printable ASCII.
+    tokenizer: Tokenizer,
 }
 
-impl AsciiWordPiece {
+impl FastWordPiece {
     /// The fast path for `tokenizer`, or `None` when its pipeline is not BERT's or the fast
     /// path does not encode [`SELF_CHECK`] as it does.
     pub fn from_tokenizer(tokenizer: &Tokenizer) -> Option<Self> {
@@ -97,15 +102,16 @@ impl AsciiWordPiece {
             before,
             after,
             added,
+            tokenizer: plain,
         };
         SELF_CHECK
             .iter()
-            .all(|text| fast.agrees_with(&plain, text))
+            .all(|text| fast.agrees_with(text))
             .then_some(fast)
     }
 
-    fn agrees_with(&self, tokenizer: &Tokenizer, text: &str) -> bool {
-        let Ok(expected) = tokenizer.encode_fast(text, true) else {
+    fn agrees_with(&self, text: &str) -> bool {
+        let Ok(expected) = self.tokenizer.encode_fast(text, true) else {
             return false;
         };
         let ids = self.encode(text, None, TruncationDirection::Right);
@@ -127,23 +133,20 @@ impl AsciiWordPiece {
         max_length: Option<usize>,
         direction: TruncationDirection,
     ) -> Option<Vec<u32>> {
-        if !text.bytes().all(takes) {
-            return None;
-        }
-        let lowered;
-        let text = if self.lowercase {
-            lowered = text.to_ascii_lowercase();
-            lowered.as_str()
-        } else {
-            text
-        };
         if self.holds_an_added_token(text) {
             return None;
         }
         let mut ids = Vec::with_capacity(text.len() / 3 + self.added_ids());
         ids.extend_from_slice(&self.before);
-        for word in words(text) {
-            self.word_pieces(word, &mut ids);
+        for run in text.split(|c: char| c.is_ascii() && separates(c as u8)) {
+            if run.bytes().all(|b| b.is_ascii_graphic()) {
+                for word in words(run) {
+                    self.word_pieces(word, &mut ids);
+                }
+            } else if !run.is_empty() {
+                let own = self.tokenizer.encode_fast(run, false).ok()?;
+                ids.extend_from_slice(own.get_ids());
+            }
         }
         if let Some(max) = max_length {
             let room = max.checked_sub(self.added_ids()).filter(|&r| r > 0)?;
@@ -163,19 +166,23 @@ impl AsciiWordPiece {
     }
 
     fn holds_an_added_token(&self, text: &str) -> bool {
-        let folded;
-        let text = if self.lowercase {
-            text
-        } else {
-            folded = text.to_ascii_lowercase();
-            folded.as_str()
-        };
-        self.added.iter().any(|token| text.contains(token.as_str()))
+        let folded = text.to_lowercase();
+        self.added
+            .iter()
+            .any(|token| folded.contains(token.as_str()))
     }
 
-    /// Greedy longest-match-first pieces of one word, as `WordPiece` cuts them: a word
-    /// longer than the per-word limit, or with a part no piece matches, is one unknown.
+    /// Greedy longest-match-first pieces of one word of printable ASCII, lowercased first
+    /// where the normalizer lowercases, as `WordPiece` cuts them: a word longer than the
+    /// per-word limit, or with a part no piece matches, is one unknown.
     fn word_pieces(&self, word: &str, ids: &mut Vec<u32>) {
+        let lowered;
+        let word = if self.lowercase && word.bytes().any(|b| b.is_ascii_uppercase()) {
+            lowered = word.to_ascii_lowercase();
+            lowered.as_str()
+        } else {
+            word
+        };
         if word.len() > self.max_word_chars {
             ids.push(self.unk);
             return;
@@ -212,7 +219,7 @@ impl AsciiWordPiece {
     }
 }
 
-/// The words BERT's pre-tokenizer cuts ASCII text into: runs without whitespace or
+/// The words BERT's pre-tokenizer cuts printable ASCII into: runs without whitespace or
 /// punctuation, and each punctuation mark alone.
 fn words(text: &str) -> impl Iterator<Item = &str> {
     let bytes = text.as_bytes();
@@ -259,5 +266,5 @@ fn special_ids(tokenizer: &Tokenizer) -> Option<(Vec<u32>, Vec<u32>)> {
 }
 
 #[cfg(test)]
-#[path = "ascii_wordpiece_tests.rs"]
+#[path = "fast_wordpiece_tests.rs"]
 mod tests;

@@ -131,24 +131,22 @@ fn texts(count: usize) -> Vec<String> {
 
 #[test]
 fn builds_for_bert_and_not_for_other_pipelines() {
-    assert!(AsciiWordPiece::from_tokenizer(&bert(true)).is_some());
-    assert!(AsciiWordPiece::from_tokenizer(&bert(false)).is_some());
+    assert!(FastWordPiece::from_tokenizer(&bert(true)).is_some());
+    assert!(FastWordPiece::from_tokenizer(&bert(false)).is_some());
     // The router's word-level test tokenizer is not BERT's pipeline.
-    assert!(
-        AsciiWordPiece::from_tokenizer(&crate::tokenization::tests::test_tokenizer()).is_none()
-    );
+    assert!(FastWordPiece::from_tokenizer(&crate::tokenization::tests::test_tokenizer()).is_none());
     let mut no_normalizer = bert(true);
     no_normalizer
         .with_normalizer(None::<BertNormalizer>)
         .unwrap();
-    assert!(AsciiWordPiece::from_tokenizer(&no_normalizer).is_none());
+    assert!(FastWordPiece::from_tokenizer(&no_normalizer).is_none());
 }
 
 #[test]
 fn encodes_as_the_tokenizer_does_or_leaves_the_text_to_it() {
     for lowercase in [true, false] {
         let tokenizer = bert(lowercase);
-        let fast = AsciiWordPiece::from_tokenizer(&tokenizer).unwrap();
+        let fast = FastWordPiece::from_tokenizer(&tokenizer).unwrap();
         let (mut taken, mut left) = (0, 0);
         for text in texts(4000) {
             let expected = tokenizer.encode_fast(text.as_str(), true).unwrap();
@@ -160,7 +158,7 @@ fn encodes_as_the_tokenizer_does_or_leaves_the_text_to_it() {
                 None => left += 1,
             }
         }
-        // Most texts are plain ASCII; the others hold what the fast path leaves alone.
+        // Texts holding an added token's text are left to the tokenizer; the others are not.
         assert!(taken > 1000 && left > 100, "{taken} taken, {left} left");
     }
 }
@@ -168,7 +166,7 @@ fn encodes_as_the_tokenizer_does_or_leaves_the_text_to_it() {
 #[test]
 fn truncates_as_the_tokenizer_does_from_either_end() {
     let mut tokenizer = bert(true);
-    let fast = AsciiWordPiece::from_tokenizer(&tokenizer).unwrap();
+    let fast = FastWordPiece::from_tokenizer(&tokenizer).unwrap();
     for direction in [TruncationDirection::Right, TruncationDirection::Left] {
         for max_length in [3, 5, 8, 40] {
             tokenizer
@@ -195,17 +193,29 @@ fn truncates_as_the_tokenizer_does_from_either_end() {
 }
 
 #[test]
-fn leaves_non_ascii_control_characters_and_added_tokens_to_the_tokenizer() {
-    let fast = AsciiWordPiece::from_tokenizer(&bert(true)).unwrap();
-    let right = TruncationDirection::Right;
+fn hands_runs_that_are_not_printable_ascii_to_the_tokenizer() {
+    let tokenizer = bert(true);
+    let fast = FastWordPiece::from_tokenizer(&tokenizer).unwrap();
     for text in [
         "café",
         "a\u{7}b",
-        "a\u{b}b",
-        "what is [MASK]?",
-        "what is [mask]?",
+        "a\u{b}b x",
+        "a\u{c}b",
+        "Hello\u{a0}World",
         "\u{0}",
+        "中文 the",
     ] {
+        let expected = tokenizer.encode_fast(text, true).unwrap();
+        let ids = fast.encode(text, None, TruncationDirection::Right);
+        assert_eq!(ids.as_deref(), Some(expected.get_ids()), "{text:?}");
+    }
+}
+
+#[test]
+fn leaves_texts_with_an_added_token_to_the_tokenizer() {
+    let fast = FastWordPiece::from_tokenizer(&bert(true)).unwrap();
+    let right = TruncationDirection::Right;
+    for text in ["what is [MASK]?", "what is [mask]?", "[CLS] again"] {
         assert_eq!(fast.encode(text, None, right), None, "{text:?}");
     }
     assert!(fast.encode("what is a mask?", None, right).is_some());
@@ -232,12 +242,13 @@ fn encodes_as_a_real_bert_tokenizer_does() {
         return;
     };
     let tokenizer = crate::tokenization::load_tokenizer(std::path::Path::new(&path)).unwrap();
-    let fast = AsciiWordPiece::from_tokenizer(&tokenizer).expect("a BERT tokenizer");
+    let fast = FastWordPiece::from_tokenizer(&tokenizer).expect("a BERT tokenizer");
     let english = [
         "The quick brown fox jumps over the lazy dog.",
         "In 1969, Apollo 11's crew (Armstrong, Aldrin & Collins) landed on the Moon!",
         "What's the difference between TCP/IP and UDP? See RFC-793, section 3.2.",
         "Embeddings map text to vectors; cosine similarity compares them.",
+        "Questions remain (see §4.2). Data: 3,412 respondents; margin ±2.1%. Café naïve 中文",
     ];
     let mut taken = 0;
     for text in texts(4000).iter().map(String::as_str).chain(english) {
@@ -248,4 +259,67 @@ fn encodes_as_a_real_bert_tokenizer_does() {
         }
     }
     assert!(taken > 1000, "{taken}");
+}
+
+/// Through the router's own encode (prompts, truncation from either end, the length limit),
+/// the same ids as the tokenizer, inline and on the pool.
+#[tokio::test]
+async fn the_router_encodes_as_the_tokenizer_does() {
+    use crate::tokenization::{
+        EncodeOptions, EncodingInput, Tokenization, TokenizationError, TokenizerConfig,
+        TruncationDirection as Side,
+    };
+    const MAX: usize = 12;
+    let config = TokenizerConfig {
+        max_input_length: MAX,
+        prompts: [("query".to_string(), "Query: ".to_string())].into(),
+        ..Default::default()
+    };
+    let tokenization = Tokenization::new(bert(true), 1, config);
+    let mut reference = bert(true);
+    let cases = [
+        (false, Side::Right, None, false),
+        (true, Side::Right, None, true),
+        (true, Side::Left, Some("query"), true),
+        (false, Side::Right, Some("query"), false),
+    ];
+    for text in texts(300) {
+        for (truncate, side, prompt, inline) in cases {
+            let opts = EncodeOptions {
+                truncate,
+                direction: side,
+                prompt_name: prompt.map(str::to_string),
+                apply_prompts: true,
+                inline,
+            };
+            let got = tokenization
+                .encode(EncodingInput::Single(text.clone()), opts)
+                .await;
+            let prompted = format!("{}{text}", if prompt.is_some() { "Query: " } else { "" });
+            reference
+                .with_truncation(truncate.then(|| tokenizers::TruncationParams {
+                    max_length: MAX,
+                    direction: side.into(),
+                    strategy: tokenizers::TruncationStrategy::LongestFirst,
+                    stride: 0,
+                }))
+                .unwrap();
+            let expected = reference.encode_fast(prompted.as_str(), true).unwrap();
+            match got {
+                Ok(e) => {
+                    assert_eq!(
+                        e.input_ids,
+                        expected.get_ids(),
+                        "{prompted:?} {truncate} {side:?}"
+                    );
+                    assert_eq!(e.token_type_ids, expected.get_type_ids());
+                }
+                Err(TokenizationError::TooLong { given, .. }) => {
+                    assert!(!truncate, "{prompted:?}");
+                    assert_eq!(given, expected.len(), "{prompted:?}");
+                }
+                Err(e) => panic!("{prompted:?}: {e}"),
+            }
+        }
+    }
 }
