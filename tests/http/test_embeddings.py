@@ -263,3 +263,29 @@ def test_debug_log_gives_each_requests_times(start_server, minilm_dir):
         }
         assert 0 <= times["handover"] <= times["queue"], event
         assert times["tokenization"] + times["queue"] + times["inference"] <= times["total"], event
+
+
+VARIED = [
+    "How do I change the E-MAIL address of my account, after the old one was closed?!",
+    "Questions remain (see §4.2). Data: 3,412 respondents; margin ±2.1%.",
+    "café naïve Ωmega 中文字 Zürich – “quoted” ‘single’ … ellipsis",
+    "tabs\tand\nnewlines\r\nand  double  spaces\u00a0and a no-break space",
+    "a bell\u0007 and a form\u000cfeed and a vertical\u000btab",
+    "antidisestablishmentarianism " + "x" * 120 + " supercalifragilistic",
+    "user@example.com https://example.org/path?q=1&r=2#frag C++ C# node.js $5,000.00",
+    "what is [MASK] and [mask] and [SEP] doing here?",
+    "query: UPPER lower MiXeD 1234 3.14159 ~tilde ^caret |pipe| \\back/slash `tick`",
+]
+
+
+def test_varied_text_is_tokenized_as_the_reference_does(server, st_model):
+    """Token by token against sentence-transformers (its `tokenizers` pipeline): the router
+    tokenizes plain ASCII without the tokenizer's bookkeeping, and hands it the rest."""
+    r = server.post("/embed_all", {"inputs": VARIED})
+    assert r.status_code == 200, r.text
+    expected = st_model.encode(VARIED, output_value="token_embeddings")
+    for text, got, exp in zip(VARIED, r.json(), expected, strict=True):
+        exp = exp.cpu().numpy()
+        assert len(got) == len(exp), text
+        for g, e in zip(got, exp, strict=True):
+            assert cosine(g, e) >= MIN_COSINE, text
