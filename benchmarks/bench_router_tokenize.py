@@ -19,17 +19,12 @@ import argparse
 import http.client
 import json
 import os
-import subprocess
 import sys
-import time
-import urllib.request
 from pathlib import Path
 
-from bench_router_overhead import scrape
+from bench_router_overhead import scrape, start_instant_router
 from realistic_traffic import documents, queries
 from tokenizers import Tokenizer
-
-HERE = Path(__file__).resolve().parent
 
 
 def _tokenization_us(before: dict[str, float], after: dict[str, float]) -> float:
@@ -75,27 +70,9 @@ def main() -> None:
         json.dumps({"input": docs[i : i + 32], "model": "bench"}).encode()
         for i in range(0, len(docs), 32)
     ]
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(HERE), env.get("PYTHONPATH", "")])
-    env.setdefault("LOG_LEVEL", "warn")
-    cmd = ["text-embeddings-router", "--model-id", str(model), "--port", str(args.port)]
-    cmd += ["--hostname", "127.0.0.1", "--auto-truncate"]
-    cmd += ["--tokenization-workers", str(args.workers)]
-    cmd += ["--python-backend-class", "bench_router_overhead:InstantBackend"]
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL)
-    base = f"http://127.0.0.1:{args.port}"
+    extra = ["--auto-truncate", "--tokenization-workers", str(args.workers)]
+    proc, base = start_instant_router(model, args.port, "InstantBackend", extra)
     try:
-        deadline = time.time() + 300
-        while True:
-            if proc.poll() is not None:
-                raise SystemExit(f"router exited with {proc.returncode}")
-            try:
-                with urllib.request.urlopen(f"{base}/health", timeout=2):
-                    break
-            except OSError:
-                if time.time() > deadline:
-                    raise
-                time.sleep(0.3)
         _send_all(args.port, query_bodies + doc_bodies[:2], "/v1/embeddings")  # warm-up
         rounds = max(1, args.queries // len(query_bodies))
         before = scrape(base)
