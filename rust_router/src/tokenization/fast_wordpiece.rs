@@ -83,7 +83,7 @@ impl FastWordPiece {
         let added: Vec<String> = tokenizer
             .get_added_tokens_decoder()
             .values()
-            .map(|t| t.content.to_ascii_lowercase())
+            .map(|t| t.content.to_lowercase())
             .collect();
         // Matching many added tokens costs more than the fast path saves.
         if added.len() > 64 || added.iter().any(String::is_empty) {

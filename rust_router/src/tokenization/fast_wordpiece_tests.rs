@@ -219,6 +219,11 @@ fn leaves_texts_with_an_added_token_to_the_tokenizer() {
         assert_eq!(fast.encode(text, None, right), None, "{text:?}");
     }
     assert!(fast.encode("what is a mask?", None, right).is_some());
+    // An added token with a capital outside ASCII is found whatever its case in the text.
+    let mut tokenizer = bert(true);
+    tokenizer.add_tokens([AddedToken::from("ÄRGER", false)]);
+    let fast = FastWordPiece::from_tokenizer(&tokenizer).unwrap();
+    assert_eq!(fast.encode("so much ärger", None, right), None);
     // No room for the text's own ids: left to the tokenizer too.
     assert_eq!(fast.encode("hello", Some(2), right), None);
 }
