@@ -221,7 +221,9 @@ fn leaves_texts_with_an_added_token_to_the_tokenizer() {
     assert!(fast.encode("what is a mask?", None, right).is_some());
     // An added token with a capital outside ASCII is found whatever its case in the text.
     let mut tokenizer = bert(true);
-    tokenizer.add_tokens([AddedToken::from("ÄRGER", false)]);
+    tokenizer
+        .add_tokens([AddedToken::from("ÄRGER", false)])
+        .unwrap();
     let fast = FastWordPiece::from_tokenizer(&tokenizer).unwrap();
     assert_eq!(fast.encode("so much ärger", None, right), None);
     // No room for the text's own ids: left to the tokenizer too.
