@@ -18,6 +18,9 @@ TEXTS = [
     "",
     "  spaces   and\ttabs\nand lines ",
     "emoji 🙂 and 漢字 and numbers 1234567",
+    "How do I change the E-MAIL address, after the old one was closed?! (see §4.2; ±2.1%)",
+    "a bell\u0007, a form\u000cfeed, a no-break\u00a0space and [MASK] or [mask]",
+    "x" * 120 + " user@example.com C++ $5,000.00 ~tilde `tick` \\back/slash",
     "word " * 600,  # past every limit below
 ]
 

@@ -6,24 +6,52 @@
 //! launch kernels need. This returns each batch's ids as two flat buffers instead (all
 //! tokens end to end, and each text's length), built with the lock released.
 
-use crate::tokenization::load_tokenizer;
+use crate::tokenization::{load_tokenizer, FastWordPiece};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 use std::path::Path;
-use tokenizers::{Tokenizer, TruncationParams};
+use tokenizers::utils::parallelism::MaybeParallelIterator;
+use tokenizers::{Tokenizer, TruncationDirection, TruncationParams};
 
 #[pyclass(frozen, module = "trt_tei_runtime._router")]
 pub struct FlatTokenizer {
     full: Tokenizer,
     truncating: Tokenizer,
+    max_length: usize,
+    /// BERT's tokenizer without its per-character bookkeeping, where the tokenizer is BERT's
+    /// (see `tokenization::fast_wordpiece`).
+    fast: Option<FastWordPiece>,
 }
 
 /// Token ids end to end and the length of each text, both little-endian u32.
 type FlatBuffers = (Vec<u8>, Vec<u8>);
 
+/// How `encode_flat` encodes each text: `tokenizer` (already truncating or not), and the
+/// fast path with the same limit where there is one.
+struct Encoder<'a> {
+    tokenizer: &'a Tokenizer,
+    fast: Option<&'a FastWordPiece>,
+    max_length: Option<usize>,
+}
+
+impl Encoder<'_> {
+    fn ids(&self, text: String, add_special_tokens: bool) -> Result<Vec<u32>, String> {
+        let fast = self.fast.filter(|_| add_special_tokens);
+        if let Some(ids) =
+            fast.and_then(|f| f.encode(&text, self.max_length, TruncationDirection::Right))
+        {
+            return Ok(ids);
+        }
+        self.tokenizer
+            .encode_fast(text, add_special_tokens)
+            .map(|e| e.get_ids().to_vec())
+            .map_err(|e| e.to_string())
+    }
+}
+
 fn encode_flat(
-    tokenizer: &Tokenizer,
+    encoder: &Encoder,
     texts: Vec<String>,
     prompt: &str,
     add_special_tokens: bool,
@@ -33,17 +61,19 @@ fn encode_flat(
     } else {
         texts.into_iter().map(|t| format!("{prompt}{t}")).collect()
     };
-    let encodings = tokenizer
-        .encode_batch(inputs, add_special_tokens)
-        .map_err(|e| e.to_string())?;
-    let total: usize = encodings.iter().map(|e| e.get_ids().len()).sum();
+    // In parallel as `tokenizers`' own batches are (unless TOKENIZERS_PARALLELISM says not).
+    let encoded = inputs
+        .into_maybe_par_iter()
+        .map(|text| encoder.ids(text, add_special_tokens))
+        .collect::<Result<Vec<Vec<u32>>, String>>()?;
+    let total: usize = encoded.iter().map(Vec::len).sum();
     let mut ids = Vec::with_capacity(4 * total);
-    let mut lengths = Vec::with_capacity(4 * encodings.len());
-    for encoding in &encodings {
-        for id in encoding.get_ids() {
+    let mut lengths = Vec::with_capacity(4 * encoded.len());
+    for own in &encoded {
+        for id in own {
             ids.extend_from_slice(&id.to_le_bytes());
         }
-        let n = u32::try_from(encoding.get_ids().len()).map_err(|e| e.to_string())?;
+        let n = u32::try_from(own.len()).map_err(|e| e.to_string())?;
         lengths.extend_from_slice(&n.to_le_bytes());
     }
     Ok((ids, lengths))
@@ -65,7 +95,13 @@ impl FlatTokenizer {
                 ..TruncationParams::default()
             }))
             .map_err(|e| PyValueError::new_err(e.to_string()))?;
-        Ok(Self { full, truncating })
+        let fast = FastWordPiece::from_tokenizer(&full);
+        Ok(Self {
+            full,
+            truncating,
+            max_length,
+            fast,
+        })
     }
 
     /// `(ids, lengths)` of `prompt + text` for each text, special tokens added, as bytes of
@@ -79,14 +115,18 @@ impl FlatTokenizer {
         truncate: bool,
         add_special_tokens: bool,
     ) -> PyResult<(Bound<'py, PyBytes>, Bound<'py, PyBytes>)> {
-        let tokenizer = if truncate {
-            &self.truncating
-        } else {
-            &self.full
+        let encoder = Encoder {
+            tokenizer: if truncate {
+                &self.truncating
+            } else {
+                &self.full
+            },
+            fast: self.fast.as_ref(),
+            max_length: truncate.then_some(self.max_length),
         };
         let prompt = prompt.to_string();
         let (ids, lengths) = py
-            .detach(move || encode_flat(tokenizer, texts, &prompt, add_special_tokens))
+            .detach(move || encode_flat(&encoder, texts, &prompt, add_special_tokens))
             .map_err(PyValueError::new_err)?;
         Ok((PyBytes::new(py, &ids), PyBytes::new(py, &lengths)))
     }

@@ -9,7 +9,7 @@
 mod fast_wordpiece;
 mod throttle;
 
-use fast_wordpiece::FastWordPiece;
+pub(crate) use fast_wordpiece::FastWordPiece;
 
 pub use throttle::PoolThrottle;
 
