@@ -2,7 +2,7 @@
 //!
 //! Connections are served by one thread with a tokio runtime of its own (current-thread),
 //! apart from the workers that run the batching tasks and the handlers of large requests
-//! (see `connections::Handlers`). Two reasons, both a query's:
+//! (see [`Handlers`]). Two reasons, both a query's:
 //!
 //! - A thread asleep in `epoll_wait` is slow to wake when a request arrives after a pause:
 //!   on an H200 guest (`benchmarks/bench_wake.py`, benchmarks/RESULTS.md) a loopback round
@@ -15,15 +15,17 @@
 //! - A backfill's large bodies are parsed by the other workers, so a query's bytes are not
 //!   read after them.
 
+use crate::backend::wait::IdleSince;
+use crate::capped::Capped;
 use axum::body::HttpBody as _;
 use axum::response::Response;
 use axum::Router;
 use futures_util::FutureExt as _;
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tokio::runtime::Handle;
 use tokio::sync::{oneshot, Notify};
 use tower::ServiceExt;
@@ -46,9 +48,8 @@ const RECHECK: Duration = Duration::from_millis(1);
 /// Keeps the HTTP thread polling its sockets for `window` after each request's start.
 pub struct HotPoll {
     window: Duration,
-    base: Instant,
-    /// Nanoseconds after `base` of the last request's start, plus one; 0: none yet.
-    last_request: AtomicU64,
+    /// Since when the thread has waited for the next request: since the last one started.
+    since_request: IdleSince,
     arrived: Notify,
     may_spin: Box<dyn Fn() -> bool + Send + Sync>,
 }
@@ -68,8 +69,7 @@ impl HotPoll {
     pub fn new(window: Duration, may_spin: impl Fn() -> bool + Send + Sync + 'static) -> Self {
         Self {
             window,
-            base: Instant::now(),
-            last_request: AtomicU64::new(0),
+            since_request: IdleSince::default(),
             arrived: Notify::new(),
             may_spin: Box::new(may_spin),
         }
@@ -81,23 +81,15 @@ impl HotPoll {
 
     /// Called as each request starts.
     pub fn request_started(&self) {
-        let nanos = self.base.elapsed().as_nanos() as u64 + 1;
-        self.last_request.store(nanos, Ordering::Relaxed);
+        self.since_request.waiting();
         self.arrived.notify_one();
     }
 
-    /// Whether the window after the last request is still open.
+    /// Whether the window after the last request is still open (none yet: not).
     fn within_window(&self) -> bool {
-        match self.last_request.load(Ordering::Relaxed) {
-            0 => false,
-            at => {
-                let since = self
-                    .base
-                    .elapsed()
-                    .saturating_sub(Duration::from_nanos(at - 1));
-                since < self.window
-            }
-        }
+        self.since_request
+            .idle_for()
+            .is_some_and(|since| since < self.window)
     }
 
     /// Runs on the HTTP thread's runtime for as long as it lives: yields (the runtime then
@@ -125,14 +117,20 @@ impl HotPoll {
 
 /// Where each request's handler runs: on the HTTP thread (the connection's own task) when
 /// the request is small and fewer than [`INLINE_HANDLERS`] run there, else on `elsewhere`.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct Handlers {
     /// The runtime of the batching tasks; `None`: every handler runs on the connection's
     /// task (tests, and a server without an HTTP thread of its own).
     pub elsewhere: Option<Handle>,
     /// Kept polling by each request's start, when the HTTP thread spins.
     pub hot: Option<Arc<HotPoll>>,
-    inline_now: Arc<AtomicUsize>,
+    inline: Arc<Capped>,
+}
+
+impl Default for Handlers {
+    fn default() -> Self {
+        Self::new(None, None)
+    }
 }
 
 impl Handlers {
@@ -140,7 +138,7 @@ impl Handlers {
         Self {
             elsewhere,
             hot,
-            inline_now: Arc::default(),
+            inline: Arc::new(Capped::new(INLINE_HANDLERS)),
         }
     }
 
@@ -157,18 +155,18 @@ impl Handlers {
         if let Some(hot) = &self.hot {
             hot.request_started();
         }
-        let inline_slot = match &self.elsewhere {
-            None => None,
-            Some(_) => fits_inline(req.body().size_hint().exact())
-                .then(|| InlineSlot::take(&self.inline_now))
-                .flatten(),
-        };
-        let answered = match (&self.elsewhere, inline_slot) {
-            (Some(elsewhere), None) => {
+        // Held until the handler has answered, when it runs here.
+        let inline_slot = self
+            .elsewhere
+            .as_ref()
+            .filter(|_| fits_inline(req.body().size_hint().exact()))
+            .and_then(|_| self.inline.take());
+        let answered = match &self.elsewhere {
+            Some(elsewhere) if inline_slot.is_none() => {
                 let mut handler = AbortOnDrop(elsewhere.spawn(app.oneshot(req)));
                 handler.output().await.map_err(|e| e.to_string())
             }
-            (_, _slot) => AssertUnwindSafe(app.oneshot(req))
+            _ => AssertUnwindSafe(app.oneshot(req))
                 .catch_unwind()
                 .await
                 .map_err(|panic| panic_message(panic.as_ref()).to_string()),
@@ -199,25 +197,6 @@ fn panic_message(payload: &(dyn std::any::Any + Send)) -> &str {
 /// handled on the HTTP thread.
 fn fits_inline(length: Option<u64>) -> bool {
     length.is_some_and(|n| n <= INLINE_BODY_BYTES)
-}
-
-/// One of the [`INLINE_HANDLERS`] places on the HTTP thread, held while a handler runs there.
-struct InlineSlot(Arc<AtomicUsize>);
-
-impl InlineSlot {
-    fn take(now: &Arc<AtomicUsize>) -> Option<Self> {
-        if now.fetch_add(1, Ordering::Relaxed) >= INLINE_HANDLERS {
-            now.fetch_sub(1, Ordering::Relaxed);
-            return None;
-        }
-        Some(Self(now.clone()))
-    }
-}
-
-impl Drop for InlineSlot {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::Relaxed);
-    }
 }
 
 /// A spawned handler that is aborted when its response is no longer awaited.

@@ -4,6 +4,7 @@ use axum::body::Body;
 use axum::http::Request;
 use axum::routing::{get, post};
 use std::sync::atomic::AtomicBool;
+use std::time::Instant;
 
 fn current_thread() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_current_thread()
@@ -69,19 +70,6 @@ fn only_bodies_of_known_small_length_fit_inline() {
 }
 
 #[test]
-fn inline_slots_are_capped_and_given_back() {
-    let now = Arc::new(AtomicUsize::new(0));
-    let held: Vec<_> = (0..INLINE_HANDLERS)
-        .map(|_| InlineSlot::take(&now).expect("a free slot"))
-        .collect();
-    assert!(InlineSlot::take(&now).is_none());
-    assert_eq!(now.load(Ordering::Relaxed), INLINE_HANDLERS);
-    drop(held);
-    assert_eq!(now.load(Ordering::Relaxed), 0);
-    assert!(InlineSlot::take(&now).is_some());
-}
-
-#[test]
 fn small_requests_run_inline_and_large_or_unsized_ones_elsewhere() {
     let other = elsewhere();
     let handle = other.handle().clone();
@@ -110,7 +98,7 @@ fn small_requests_run_elsewhere_while_the_inline_slots_are_taken() {
     on_http_test_thread(move || async move {
         let handlers = Handlers::new(Some(handle), None);
         let held: Vec<_> = (0..INLINE_HANDLERS)
-            .map(|_| InlineSlot::take(&handlers.inline_now).unwrap())
+            .map(|_| handlers.inline.take().unwrap())
             .collect();
         let small = || Request::get("/where").body(Body::empty()).unwrap();
         let (_, name) = answer(&handlers, small()).await;

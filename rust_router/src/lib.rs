@@ -6,6 +6,7 @@
 //! the `pyo3` feature); `cargo test` builds and tests everything else without Python.
 
 pub mod backend;
+pub mod capped;
 pub mod cli;
 pub mod connections;
 pub mod http;

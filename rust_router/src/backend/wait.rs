@@ -74,7 +74,8 @@ impl fmt::Debug for WarmHook {
     }
 }
 
-/// Since when a backend thread has been waiting for work, while it waits.
+/// Since when a thread has been waiting, while it waits: a backend thread for work, the HTTP
+/// thread for the next request (`http_thread::HotPoll`).
 #[derive(Debug)]
 pub struct IdleSince {
     base: Instant,

@@ -8,7 +8,7 @@
 //! running, yielding to the worker's other tasks between polls, and finds the result as soon
 //! as it is there. The price is that worker's core for the query's time, bounded by `spin`.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use crate::capped::{Capped, CappedSlot};
 use std::time::{Duration, Instant};
 use tokio::sync::oneshot::{self, error::TryRecvError};
 
@@ -24,17 +24,17 @@ pub const MAX_POLLING: usize = 2;
 
 /// How queries' handlers wait for their results: polling for up to `spin`, [`MAX_POLLING`]
 /// at a time, the others (and every handler once its time is up) asleep.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct HotWait {
     spin: Duration,
-    polling: AtomicUsize,
+    polling: Capped,
 }
 
 impl HotWait {
     pub fn new(spin: Duration) -> Self {
         Self {
             spin,
-            polling: AtomicUsize::new(0),
+            polling: Capped::new(MAX_POLLING),
         }
     }
 
@@ -58,25 +58,11 @@ impl HotWait {
         rx.await.ok()
     }
 
-    fn slot(&self) -> Option<PollingSlot<'_>> {
+    fn slot(&self) -> Option<CappedSlot<'_>> {
         if self.spin.is_zero() {
             return None;
         }
-        self.polling
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
-                (n < MAX_POLLING).then_some(n + 1)
-            })
-            .ok()
-            .map(|_| PollingSlot(&self.polling))
-    }
-}
-
-/// One polling handler, counted until dropped.
-struct PollingSlot<'a>(&'a AtomicUsize);
-
-impl Drop for PollingSlot<'_> {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::AcqRel);
+        self.polling.take()
     }
 }
 
@@ -95,7 +81,7 @@ mod tests {
         let started = Instant::now();
         assert_eq!(wait.receive(rx, true).await, Some(5));
         assert!(started.elapsed() < Duration::from_secs(4));
-        assert_eq!(wait.polling.load(Ordering::Relaxed), 0);
+        assert_eq!(wait.polling.held(), 0);
         sender.join().unwrap();
     }
 
@@ -143,18 +129,18 @@ mod tests {
             handlers.push(tokio::spawn(async move { wait.receive(rx, true).await }));
         }
         let deadline = Instant::now() + Duration::from_secs(5);
-        while wait.polling.load(Ordering::Relaxed) < MAX_POLLING {
+        while wait.polling.held() < MAX_POLLING {
             assert!(Instant::now() < deadline, "the handlers never polled");
             tokio::time::sleep(Duration::from_millis(1)).await;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
-        assert_eq!(wait.polling.load(Ordering::Relaxed), MAX_POLLING);
+        assert_eq!(wait.polling.held(), MAX_POLLING);
         for (i, tx) in senders.into_iter().enumerate() {
             tx.send(i as u8).unwrap();
         }
         for (i, handler) in handlers.into_iter().enumerate() {
             assert_eq!(handler.await.unwrap(), Some(i as u8));
         }
-        assert_eq!(wait.polling.load(Ordering::Relaxed), 0);
+        assert_eq!(wait.polling.held(), 0);
     }
 }
