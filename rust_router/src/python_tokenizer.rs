@@ -18,7 +18,6 @@ use tokenizers::{Tokenizer, TruncationDirection, TruncationParams};
 pub struct FlatTokenizer {
     full: Tokenizer,
     truncating: Tokenizer,
-    max_length: usize,
     /// BERT's tokenizer without its per-character bookkeeping, where the tokenizer is BERT's
     /// (see `tokenization::fast_wordpiece`).
     fast: Option<FastWordPiece>,
@@ -27,20 +26,20 @@ pub struct FlatTokenizer {
 /// Token ids end to end and the length of each text, both little-endian u32.
 type FlatBuffers = (Vec<u8>, Vec<u8>);
 
-/// How `encode_flat` encodes each text: `tokenizer` (already truncating or not), and the
-/// fast path with the same limit where there is one.
+/// How `encode_flat` encodes each text: `tokenizer` (truncating or not), and the fast path
+/// with the tokenizer's own truncation where there is one.
 struct Encoder<'a> {
     tokenizer: &'a Tokenizer,
     fast: Option<&'a FastWordPiece>,
-    max_length: Option<usize>,
 }
 
 impl Encoder<'_> {
     fn ids(&self, text: String, add_special_tokens: bool) -> Result<Vec<u32>, String> {
         let fast = self.fast.filter(|_| add_special_tokens);
-        if let Some(ids) =
-            fast.and_then(|f| f.encode(&text, self.max_length, TruncationDirection::Right))
-        {
+        let truncation = self.tokenizer.get_truncation();
+        let max_length = truncation.map(|t| t.max_length);
+        let direction = truncation.map_or(TruncationDirection::Right, |t| t.direction);
+        if let Some(ids) = fast.and_then(|f| f.encode(&text, max_length, direction)) {
             return Ok(ids);
         }
         self.tokenizer
@@ -99,7 +98,6 @@ impl FlatTokenizer {
         Ok(Self {
             full,
             truncating,
-            max_length,
             fast,
         })
     }
@@ -122,7 +120,6 @@ impl FlatTokenizer {
                 &self.full
             },
             fast: self.fast.as_ref(),
-            max_length: truncate.then_some(self.max_length),
         };
         let prompt = prompt.to_string();
         let (ids, lengths) = py

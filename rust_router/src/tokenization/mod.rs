@@ -591,17 +591,12 @@ impl Worker {
                 (ids, vec![0; n])
             }
             text => {
-                let prompt = cfg.prompt(opts)?;
+                let text = match (text, cfg.prompt(opts)?) {
+                    (EncodingInput::Single(s), Some(p)) => EncodingInput::Single(format!("{p}{s}")),
+                    (text, _) => text,
+                };
                 let fast = match (&text, &cfg.fast) {
                     (EncodingInput::Single(s), Some(fast)) => {
-                        let prompted;
-                        let s = match prompt {
-                            Some(p) => {
-                                prompted = format!("{p}{s}");
-                                prompted.as_str()
-                            }
-                            None => s.as_str(),
-                        };
                         fast.encode(s, opts.truncate.then_some(max), opts.direction.into())
                     }
                     _ => None,
@@ -614,10 +609,7 @@ impl Worker {
                     None => {
                         self.set_truncation(self.truncation(opts, max))?;
                         let encoding = match text {
-                            EncodingInput::Single(s) => match prompt {
-                                Some(p) => self.tokenizer.encode_fast(format!("{p}{s}"), true),
-                                None => self.tokenizer.encode_fast(s, true),
-                            },
+                            EncodingInput::Single(s) => self.tokenizer.encode_fast(s, true),
                             EncodingInput::Pair(a, b) => self.tokenizer.encode_fast((a, b), true),
                             EncodingInput::Ids(_) => unreachable!("handled above"),
                         }
