@@ -8,6 +8,9 @@
 # /tmp/ab); the command runs with that folder first on PYTHONPATH and its bin/ first on PATH
 # (the `text-embeddings-router` console script). Output lines are prefixed with the build.
 # AB_ORDER changes the order (e.g. "old new" when one pass of each fits the time limit).
+# OLD may instead be the old build's `_router.abi3.so`, xz-compressed (`OLD.so.xz`), when
+# both builds share their Python sources and two wheels do not fit the device's transfer
+# limit: the new wheel is installed for both and the old extension module replaces its own.
 set -euo pipefail
 
 if [[ $# -lt 4 || $3 != "--" ]]; then
@@ -21,9 +24,12 @@ root=${AB_ROOT:-/tmp/ab}
 
 for build in old new; do
     wheel=$old_wheel
-    [[ $build == new ]] && wheel=$new_wheel
+    [[ $build == new || $old_wheel == *.so.xz ]] && wheel=$new_wheel
     python3 -m pip install -q --no-deps --upgrade --target "$root/$build" "$wheel"
 done
+if [[ $old_wheel == *.so.xz ]]; then
+    xz -dc "$old_wheel" >"$root/old/trt_tei_runtime/_router.abi3.so"
+fi
 
 for build in ${AB_ORDER:-old new new old}; do
     echo "=== $build"
