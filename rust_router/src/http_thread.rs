@@ -63,9 +63,10 @@ impl std::fmt::Debug for HotPoll {
 }
 
 impl HotPoll {
-    /// `may_spin` is asked before each poll: while it says no (the router passes "no bulk
-    /// batch is running": under a backfill requests reach a host that is awake anyway, and
-    /// the core is the tokenizers'), the thread sleeps between requests as before.
+    /// `may_spin` is asked before each poll: while it says no, the thread sleeps between
+    /// requests as before. The router says no while a bulk batch runs whose backfill the
+    /// tokenizers bound: requests then reach a host that is awake anyway, and the core is
+    /// theirs ([`crate::server`]'s `hot_poll`).
     pub fn new(window: Duration, may_spin: impl Fn() -> bool + Send + Sync + 'static) -> Self {
         Self {
             window,
@@ -77,6 +78,11 @@ impl HotPoll {
 
     pub fn window(&self) -> Duration {
         self.window
+    }
+
+    /// What `may_spin` says now.
+    pub fn may_spin_now(&self) -> bool {
+        (self.may_spin)()
     }
 
     /// Called as each request starts.
@@ -103,7 +109,7 @@ impl HotPoll {
                 arrived.await;
                 continue;
             }
-            if !(self.may_spin)() {
+            if !self.may_spin_now() {
                 tokio::time::sleep(RECHECK).await;
                 continue;
             }
