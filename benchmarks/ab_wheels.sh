@@ -30,6 +30,13 @@ done
 if [[ $old_wheel == *.so.xz ]]; then
     xz -dc "$old_wheel" >"$root/old/trt_tei_runtime/_router.abi3.so"
 fi
+# Two builds whose extension modules are one file compare nothing: cargo reuses a build from
+# another checkout of the same crate that shares CARGO_TARGET_DIR (a git worktree) as fresh.
+module=trt_tei_runtime/_router.abi3.so
+if cmp -s "$root/old/$module" "$root/new/$module"; then
+    echo "$0: the old and new builds have the same $module; rebuild one of them" >&2
+    exit 2
+fi
 
 for build in ${AB_ORDER:-old new new old}; do
     echo "=== $build"
