@@ -17,8 +17,9 @@ Reports only; CUDA only.
 `--realistic` runs BENCHMARKS.md's realistic traffic instead (benchmarks/realistic_traffic.py):
 varied English text cut to 64-512 tokens by the model's tokenizer, the backfill sent by
 `baseten-performance-client` (8 connections, 32 documents per request, base64), a 24-token
-query every 20 ms on its own connection (a raw keep-alive socket, so that the Python
-client's own time is not counted as the server's; `--query-client http` for http.client),
+query every 20 ms on its own connection from a process of its own (a raw keep-alive socket,
+so that the Python client's own time is not counted as the server's; `--query-client http`
+for http.client),
 and prints the issue-16 table for every shape:
 
     make bench_client   # once, where PyPI is reachable: the client's wheel into .carry/
@@ -218,7 +219,13 @@ def realistic_row(
         solo = backfill.run(passes)
         busy, batch_tokens = rt.BulkCounters.read(port).since(before, tokens * passes / solo)
         loaded = rt.Queries(port, bodies, interval, raw)
-        under = rt.mixed(backfill, loaded, passes, settle_s=args.settle)
+        under = rt.mixed(
+            backfill,
+            loaded,
+            passes,
+            settle_s=args.settle,
+            in_process=args.queries_beside_backfill == "process",
+        )
     finally:
         proc.terminate()
         proc.wait(timeout=60)
@@ -263,7 +270,12 @@ def realistic(args: argparse.Namespace) -> None:
         f"baseten-performance-client, {args.clients} connections, {DOCS_PER_REQUEST} documents "
         f"per request, base64, {args.min_tokens}-{args.max_tokens} tokens, {args.passes} "
         f"passes; one {rt.QUERY_TOKENS}-token query every {args.query_interval_ms:g} ms "
-        f"({args.query_client} client)"
+        f"({args.query_client} client; under the backfill from "
+        + (
+            "a process of their own)"
+            if args.queries_beside_backfill == "process"
+            else "a thread beside the backfill client)"
+        )
     )
     variants = bool(args.router_variants)
     print(
@@ -327,6 +339,14 @@ def main() -> None:
     )
     parser.add_argument(
         "--settle", type=float, default=0.5, help="realistic: seconds of backfill before queries"
+    )
+    parser.add_argument(
+        "--queries-beside-backfill",
+        choices=("process", "thread"),
+        default="process",
+        help="realistic: the queries under the backfill come from a process of their own, as "
+        "another user's would, or from a thread beside the backfill client, which holds the "
+        "interpreter's lock while it builds its answers (tables before the fifteenth session)",
     )
     parser.add_argument(
         "--backfill-one-call",
