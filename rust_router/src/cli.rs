@@ -135,10 +135,10 @@ pub struct Args {
     pub query_spin_us: Option<u64>,
 
     /// After each request's start, the thread that reads the HTTP connections polls its
-    /// sockets without sleeping for this many microseconds, unless a bulk batch runs whose
-    /// backfill the tokenizers bound (then the cores are theirs; where the GPU bounds it,
-    /// it polls): a request arriving meanwhile does not wait for that thread to wake (~0.1
-    /// ms on a GPU machine after a pause). Costs a busy core while requests keep arriving within the
+    /// sockets without sleeping for this many microseconds, unless documents wait for a
+    /// free tokenizer thread (then the cores are the tokenizers'): a request arriving
+    /// meanwhile does not wait for that thread to wake (~0.1 ms on a GPU machine after a
+    /// pause). Costs a busy core while requests keep arriving within the
     /// window. Default: 25,000 where the runtime has an interactive lane (a GPU), else 0
     /// (the thread sleeps whenever it has nothing to read).
     #[arg(long, env = "HTTP_SPIN_US")]

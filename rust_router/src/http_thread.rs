@@ -64,9 +64,9 @@ impl std::fmt::Debug for HotPoll {
 
 impl HotPoll {
     /// `may_spin` is asked before each poll: while it says no, the thread sleeps between
-    /// requests as before. The router says no while a bulk batch runs whose backfill the
-    /// tokenizers bound: requests then reach a host that is awake anyway, and the core is
-    /// theirs ([`crate::server`]'s `hot_poll`).
+    /// requests as before. The router says no while documents wait for a free tokenizer
+    /// thread: requests then reach a host that is awake anyway, and the core is the
+    /// tokenizers' ([`crate::server`]'s `hot_poll`).
     pub fn new(window: Duration, may_spin: impl Fn() -> bool + Send + Sync + 'static) -> Self {
         Self {
             window,

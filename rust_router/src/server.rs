@@ -11,9 +11,7 @@ use crate::http_thread::{self, Handlers, HotPoll};
 use crate::infer::Infer;
 use crate::metrics::Metrics;
 use crate::shutdown::{Phase, Shutdown};
-use crate::tokenization::{
-    load_tokenizer, PoolPriority, PoolThrottle, Tokenization, TokenizerConfig,
-};
+use crate::tokenization::{load_tokenizer, PoolLoad, PoolPriority, Tokenization, TokenizerConfig};
 use clap::Parser;
 use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
 use std::path::Path;
@@ -356,7 +354,7 @@ impl Serving {
         let hot = hot_poll(
             self.args.http_spin_us,
             &self.backend,
-            self.tokenization.throttle(),
+            self.tokenization.load(),
         );
         let info_body = build_info(&self.args, &self.info, self.workers);
         let compute_type = self.info.device.clone().unwrap_or_else(|| "cpu".into());
@@ -434,15 +432,15 @@ impl Serving {
 /// whenever it has nothing to read. By default it polls only where the runtime has an
 /// interactive lane, as long as that lane's thread spins: a query then finds both awake.
 ///
-/// While a bulk batch runs it polls only if the backend bounds that backfill (`throttle`
-/// limited: full bulk batches leave entries waiting, and part of the tokenizer pool stands
-/// aside): then cores are free and a query under the backfill is spared the thread's wake-up.
-/// Where tokenization bounds the backfill, every core is the tokenizers', and requests
-/// reach a host that is awake anyway.
+/// It polls only while the tokenizer pool leaves cores free ([`PoolLoad`]): under a backfill
+/// that keeps every pool thread busy with documents waiting, the core is the tokenizers',
+/// and requests reach a host that is awake anyway. Under a backfill the GPU bounds (part of
+/// the pool stands aside) or one whose tokenization keeps up, it polls, and a query is
+/// spared the thread's wake-up.
 fn hot_poll(
     http_spin_us: Option<u64>,
     backend: &BackendHandle,
-    throttle: Arc<PoolThrottle>,
+    pool: PoolLoad,
 ) -> Option<Arc<HotPoll>> {
     let default = if backend.has_interactive_lane() {
         LaneWaits::DEFAULT_INTERACTIVE_SPIN_US
@@ -450,10 +448,9 @@ fn hot_poll(
         0
     };
     let micros = http_spin_us.unwrap_or(default);
-    let backend = backend.clone();
     (micros > 0).then(|| {
         Arc::new(HotPoll::new(Duration::from_micros(micros), move || {
-            throttle.is_limited() || !backend.bulk_running()
+            pool.leaves_cores_free()
         }))
     })
 }
@@ -486,9 +483,8 @@ mod tests {
 
     #[test]
     fn the_http_thread_polls_by_default_only_with_an_interactive_lane() {
-        let throttle = Arc::new(PoolThrottle::for_pool(4));
-        let window =
-            |flag, lane| hot_poll(flag, &backend(lane), throttle.clone()).map(|h| h.window());
+        let pool = crate::tokenization::tests::test_tokenization(64, 0).load();
+        let window = |flag, lane| hot_poll(flag, &backend(lane), pool.clone()).map(|h| h.window());
         let default = Duration::from_micros(LaneWaits::DEFAULT_INTERACTIVE_SPIN_US);
         assert_eq!(window(None, true), Some(default));
         assert_eq!(window(None, false), None);
@@ -497,44 +493,18 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn under_a_bulk_batch_the_http_thread_polls_only_while_the_backend_bounds_the_backfill() {
-        use crate::backend::fake::{Gate, HOLD_ID};
-        use crate::backend::{Batch, BatchKind, Lane};
-
-        let gate = Arc::new(Gate::default());
-        let mut fake = FakeBackend::new(ModelInfo {
-            interactive_lane: true,
-            ..FakeBackend::info()
-        });
-        fake.gate = Some(gate.clone());
-        let (backend, _, threads) = BackendHandle::spawn(fake.into_factory()).unwrap();
-        let throttle = Arc::new(PoolThrottle::for_pool(4));
-        let hot = hot_poll(None, &backend, throttle.clone()).unwrap();
-        assert!(hot.may_spin_now(), "nothing runs");
-
-        let mut held = Batch::empty();
-        held.push_sequence(&[2, HOLD_ID, 3], &[0; 3], &[0, 1, 2]);
-        let (tx, rx) = tokio::sync::oneshot::channel();
-        let slot = backend.reserve(Lane::Bulk).await.unwrap();
-        slot.send(BatchKind::Pooled, held, tx);
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while gate.held() == 0 {
-            assert!(Instant::now() < deadline, "the bulk batch never ran");
-            tokio::time::sleep(Duration::from_millis(1)).await;
-        }
-        assert!(
-            !hot.may_spin_now(),
-            "a bulk batch runs whose backfill the tokenizers bound"
-        );
-        throttle.set_limited(true);
+    async fn the_http_thread_polls_only_while_the_tokenizer_pool_leaves_cores_free() {
+        let pool = crate::tokenization::tests::test_tokenization(64, 0);
+        let hot = hot_poll(None, &backend(true), pool.load()).unwrap();
+        assert!(hot.may_spin_now(), "nothing to tokenize");
+        // The pool's own rule (jobs waiting for a thread, the throttle) is tested beside it.
+        let busy = crate::tokenization::tests::keep_pool_busy(&pool, 64).await;
+        assert!(!hot.may_spin_now(), "jobs wait for a pool thread");
+        pool.throttle().set_limited(true);
         assert!(hot.may_spin_now(), "the backend bounds the backfill");
-        throttle.set_limited(false);
-        assert!(!hot.may_spin_now());
-
-        gate.open();
-        assert!(rx.await.unwrap().result.is_ok());
-        drop((hot, backend)); // the poller holds a handle too
-        threads.join().unwrap();
+        pool.throttle().set_limited(false);
+        busy.finish().await;
+        assert!(hot.may_spin_now(), "the jobs are done");
     }
 
     #[test]

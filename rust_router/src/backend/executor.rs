@@ -624,11 +624,6 @@ impl BackendHandle {
         self.executors[0].interactive.is_some()
     }
 
-    /// Whether a bulk batch is running on any device now.
-    pub fn bulk_running(&self) -> bool {
-        self.executors.iter().any(|e| e.bulk.is_busy())
-    }
-
     pub fn num_devices(&self) -> usize {
         self.executors.len()
     }

@@ -16,6 +16,7 @@ pub use throttle::PoolThrottle;
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::path::Path;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use tokenizers::{Tokenizer, TruncationParams, TruncationStrategy};
@@ -285,9 +286,34 @@ pub struct Tokenization {
     inline: Arc<InlinePool>,
     /// Off unless the queue turns it on (see [`PoolThrottle`]).
     throttle: Arc<PoolThrottle>,
+    /// Jobs sent and not yet taken by a pool thread.
+    waiting: Arc<AtomicUsize>,
     /// The pool threads' kernel thread ids (Linux), each added once the thread has taken its
     /// scheduling class.
     worker_tids: Arc<Mutex<Vec<u32>>>,
+}
+
+/// How busy the tokenizer pool keeps the host's cores, for threads that would rather poll
+/// than sleep (the HTTP thread): while jobs wait for a pool thread, every pool thread is
+/// busy and the cores are theirs.
+#[derive(Debug, Clone)]
+pub struct PoolLoad {
+    waiting: Arc<AtomicUsize>,
+    throttle: Arc<PoolThrottle>,
+}
+
+impl PoolLoad {
+    /// Jobs sent to the pool and not yet taken by one of its threads.
+    pub fn jobs_waiting(&self) -> usize {
+        self.waiting.load(Ordering::Relaxed)
+    }
+
+    /// Whether a core is free for a thread that polls: no job waits for a pool thread, or
+    /// part of the pool stands aside on purpose (the throttle is on: the backend bounds the
+    /// backfill, and the waiting jobs wait for it, not for cores).
+    pub fn leaves_cores_free(&self) -> bool {
+        self.throttle.is_limited() || self.jobs_waiting() == 0
+    }
 }
 
 /// Idle [`Worker`]s for inline encoding: taken for one encode, then put back. There are never
@@ -351,10 +377,12 @@ impl Tokenization {
         let rx = Arc::new(Mutex::new(rx));
         let worker_tids: Arc<Mutex<Vec<u32>>> = Arc::default();
         let throttle = Arc::new(PoolThrottle::for_pool(workers.max(1)));
+        let waiting: Arc<AtomicUsize> = Arc::default();
         for i in 0..workers.max(1) {
             let rx = rx.clone();
             let tids = worker_tids.clone();
             let throttle = throttle.clone();
+            let waiting = waiting.clone();
             let mut worker = Worker {
                 tokenizer: tokenizer.clone(),
                 truncation: None,
@@ -377,7 +405,10 @@ impl Tokenization {
                             Err(_) => return,
                         };
                         match job {
-                            Ok(job) => worker.run(job),
+                            Ok(job) => {
+                                waiting.fetch_sub(1, Ordering::Relaxed);
+                                worker.run(job)
+                            }
                             Err(_) => return,
                         }
                     }
@@ -399,6 +430,7 @@ impl Tokenization {
             tx,
             inline,
             throttle,
+            waiting,
             worker_tids,
         }
     }
@@ -434,11 +466,21 @@ impl Tokenization {
             .unwrap_or_default()
     }
 
+    /// Whether the pool leaves cores free now ([`PoolLoad`]), without keeping it alive.
+    pub fn load(&self) -> PoolLoad {
+        PoolLoad {
+            waiting: self.waiting.clone(),
+            throttle: self.throttle.clone(),
+        }
+    }
+
     async fn submit<T>(&self, make: impl FnOnce(Reply<T>) -> Job) -> Result<T, TokenizationError> {
         let (reply, rx) = oneshot::channel();
-        self.tx
-            .send(make(reply))
-            .map_err(|_| TokenizationError::Stopped)?;
+        self.waiting.fetch_add(1, Ordering::Relaxed);
+        if self.tx.send(make(reply)).is_err() {
+            self.waiting.fetch_sub(1, Ordering::Relaxed);
+            return Err(TokenizationError::Stopped);
+        }
         rx.await.map_err(|_| TokenizationError::Stopped)?
     }
 

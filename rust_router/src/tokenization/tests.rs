@@ -69,6 +69,58 @@ fn single(s: &str) -> EncodingInput {
     EncodingInput::Single(s.into())
 }
 
+/// Long encodes sent to a pool at once, more than its threads: while they run, jobs wait.
+pub struct BusyPool(Vec<tokio::task::JoinHandle<()>>);
+
+impl BusyPool {
+    /// Waits for every job (their results, over-length errors, are dropped).
+    pub async fn finish(self) {
+        for job in self.0 {
+            job.await.unwrap();
+        }
+    }
+}
+
+/// Sends `jobs` encodes of a long text to `pool` and returns once one of them waits for a
+/// pool thread (each takes milliseconds, so the rest wait for a while).
+pub async fn keep_pool_busy(pool: &Tokenization, jobs: usize) -> BusyPool {
+    let text = "hello world what is deep learning ".repeat(20_000);
+    let handles = (0..jobs)
+        .map(|_| {
+            let (pool, text) = (pool.clone(), text.clone());
+            tokio::spawn(async move {
+                let _ = pool.encode(single(&text), Default::default()).await;
+            })
+        })
+        .collect();
+    let load = pool.load();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while load.jobs_waiting() == 0 {
+        assert!(std::time::Instant::now() < deadline, "no job ever waited");
+        tokio::task::yield_now().await;
+    }
+    BusyPool(handles)
+}
+
+#[tokio::test]
+async fn the_pool_leaves_cores_free_unless_jobs_wait_for_its_threads() {
+    let pool = test_tokenization(64, 0);
+    let load = pool.load();
+    assert!(load.leaves_cores_free());
+    let busy = keep_pool_busy(&pool, 64).await;
+    assert!(load.jobs_waiting() > 0);
+    assert!(!load.leaves_cores_free(), "every thread busy, jobs waiting");
+    pool.throttle().set_limited(true);
+    assert!(
+        load.leaves_cores_free(),
+        "part of the pool stands aside on purpose"
+    );
+    pool.throttle().set_limited(false);
+    busy.finish().await;
+    assert_eq!(load.jobs_waiting(), 0, "every job was taken");
+    assert!(load.leaves_cores_free());
+}
+
 #[tokio::test]
 async fn builtin_truncation_and_padding_are_ignored() {
     let t = test_tokenization(16, 0);
