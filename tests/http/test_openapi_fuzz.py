@@ -9,6 +9,7 @@ The seed is fixed, so a run is reproducible; a failure prints a curl command.
 
 from __future__ import annotations
 
+import importlib
 import re
 
 import httpx
@@ -25,6 +26,11 @@ from schemathesis.specs.openapi.checks import (  # noqa: E402
 )
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+# schemathesis imports its OpenAPI loader lazily, inside `from_url`, under pytest's assertion
+# rewriting: there CPython 3.11's `ast.parse` failed once in CI ("AST constructor recursion
+# depth mismatch"). Imported here, at collection, it is parsed on a shallow stack.
+importlib.import_module("schemathesis.specs.openapi.schemas")
 
 # Cases per operation in the fuzzing phase; the examples and coverage phases add their own
 # (one per documented example, and the boundary values of every constraint).
