@@ -17,6 +17,7 @@
 
 use crate::backend::wait::IdleSince;
 use crate::capped::Capped;
+use crate::panics::panic_message;
 use axum::body::HttpBody as _;
 use axum::response::Response;
 use axum::Router;
@@ -175,7 +176,11 @@ impl Handlers {
             _ => AssertUnwindSafe(app.oneshot(req))
                 .catch_unwind()
                 .await
-                .map_err(|panic| panic_message(panic.as_ref()).to_string()),
+                .map_err(|panic| {
+                    panic_message(panic.as_ref())
+                        .unwrap_or("(no message)")
+                        .to_string()
+                }),
         };
         match answered {
             Ok(Ok(response)) => response,
@@ -185,17 +190,6 @@ impl Handlers {
                 crate::http::handler_failed(openai)
             }
         }
-    }
-}
-
-/// A panic's message, when it has one.
-fn panic_message(payload: &(dyn std::any::Any + Send)) -> &str {
-    if let Some(message) = payload.downcast_ref::<&str>() {
-        message
-    } else if let Some(message) = payload.downcast_ref::<String>() {
-        message
-    } else {
-        "(no message)"
     }
 }
 

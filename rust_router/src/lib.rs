@@ -14,6 +14,7 @@ pub mod http_thread;
 pub mod infer;
 pub mod logging;
 pub mod metrics;
+pub mod panics;
 #[cfg(feature = "pyo3")]
 pub mod python_module;
 #[cfg(feature = "pyo3")]

@@ -9,6 +9,7 @@
 use super::device::{DeviceFailure, DeviceState, DeviceStatus, Health};
 use super::wait::{next_message, IdleSince, LaneWaits, WaitPolicy, WarmHook, Warming};
 use super::{Backend, BackendError, Batch, BatchKind, Lane, Launched, Matrix, ModelInfo};
+use crate::panics::panic_message;
 use futures_util::future::{join_all, select_all};
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -723,11 +724,7 @@ fn none_left(executors: &[Executor]) -> BackendError {
 /// A panic inside one forward pass must fail that batch, not take the server down.
 fn guarded<T>(f: impl FnOnce() -> Result<T, BackendError>) -> Result<T, BackendError> {
     std::panic::catch_unwind(AssertUnwindSafe(f)).unwrap_or_else(|panic| {
-        let msg = panic
-            .downcast_ref::<&str>()
-            .map(|s| s.to_string())
-            .or_else(|| panic.downcast_ref::<String>().cloned())
-            .unwrap_or_else(|| "unknown panic".into());
+        let msg = panic_message(panic.as_ref()).unwrap_or("unknown panic");
         tracing::error!("backend panicked: {msg}");
         Err(BackendError::Inference(format!("backend panicked: {msg}")))
     })
