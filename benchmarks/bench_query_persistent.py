@@ -1,0 +1,304 @@
+"""A query's chain of linears as one persistent kernel that streams weights across them.
+
+    python benchmarks/bench_query_persistent.py --shape qwen3-8b --tokens 24
+
+A qwen3-8b query's graph is 144 skinny GEMMs that each start from nothing when the one
+before ends: cuBLAS streams their 13.9 GB at ~73 % of HBM's bandwidth, and neither another
+cuBLASLt algorithm (`bench_lt_algos.py`) nor Triton kernels launched with PDL
+(`bench_query_pdl.py`) did better. A weight does not depend on the activations, only the
+product does; so one kernel that stays on every SM can ask for the next linear's weight
+tile before the previous linear has finished, and wait only for the (small) activations.
+
+The kernel here: one program per SM; the stack's linears cut into tiles of `BN` output
+columns (a gated linear's tile is `BN/2` gate and `BN/2` up columns with SiLU(gate) * up
+in its epilogue); every program takes tiles in the stack's order, loads its first weight
+block, then waits (an acquire on the previous linear's counter of finished tiles) and
+reads its activations past L1; after its stores, a release adds one to its linear's
+counter. Programs take tiles in order and all are resident, so a wait always ends.
+
+The chain is each layer's QKV, output projection (on the first columns of QKV), gate/up
+with the gated SiLU and down projection, every layer its own weights; no norms, attention
+or residual (the same in both variants). Variants: `cublas` / `cublaslt` (torch.mm and the
+engine's Triton gated activation, one CUDA graph), `persistent:BN/BK/STAGES` and
+`persistent-noprefetch:...` (weights loaded only after the wait). Prints µs per stack
+(weights TB/s) and the largest difference from `cublas`'s output. CUDA only; reports only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+from bench_query_pdl import SHAPES
+
+from trt_tei_runtime.kernels import triton_kernels
+from trt_tei_runtime.runtime.blas import preferred_blas
+
+META_FIELDS = 9  # per linear, int64: see `Chain.meta`
+
+
+@triton.jit
+def _chain_kernel(
+    w_ptr,
+    act_ptr,
+    meta_ptr,
+    tile_linear_ptr,
+    tile_index_ptr,
+    done_ptr,
+    M,
+    total_tiles,
+    programs,
+    tiles_per_program,
+    BM: tl.constexpr,
+    BH: tl.constexpr,
+    BK: tl.constexpr,
+    PREFETCH: tl.constexpr,
+):
+    rm = tl.arange(0, BM)
+    rk = tl.arange(0, BK)
+    rh = tl.arange(0, BH)
+    x_mask = rm[:, None] < M
+    # Tile t goes to program t % programs; a program's tiles in the stack's order.
+    for i in range(0, tiles_per_program):
+        t = tl.program_id(0) + i * programs
+        if t < total_tiles:
+            lin = tl.load(tile_linear_ptr + t)
+            j = tl.load(tile_index_ptr + t).to(tl.int64)
+            meta = meta_ptr + lin * 9
+            w_off = tl.load(meta + 0)
+            K = tl.load(meta + 1)
+            x_off = tl.load(meta + 2)
+            x_ld = tl.load(meta + 3)
+            y_off = tl.load(meta + 4)
+            y_ld = tl.load(meta + 5)
+            up_rows = tl.load(meta + 6)  # 0: a plain linear; else where the up half's rows begin
+            wait_for = tl.load(meta + 7)  # tiles of the linear before (0: none)
+            first_row = tl.load(meta + 8) * j  # this tile's first row of the first half
+            second_row = first_row + BH
+            if up_rows > 0:
+                second_row = up_rows + first_row
+            w0_ptrs = w_ptr + w_off + (first_row + rh)[None, :] * K + rk[:, None]
+            w1_ptrs = w_ptr + w_off + (second_row + rh)[None, :] * K + rk[:, None]
+            x_ptrs = act_ptr + x_off + rm[:, None] * x_ld + rk[None, :]
+            acc0 = tl.zeros((BM, BH), dtype=tl.float32)
+            acc1 = tl.zeros((BM, BH), dtype=tl.float32)
+            if PREFETCH:
+                a0 = tl.load(w0_ptrs)
+                a1 = tl.load(w1_ptrs)
+                if wait_for > 0:
+                    while tl.atomic_add(done_ptr + lin - 1, 0, sem="acquire") < wait_for:
+                        pass
+                x = tl.load(x_ptrs, mask=x_mask, other=0.0, cache_modifier=".cg")
+                acc0 += tl.dot(x, a0)
+                acc1 += tl.dot(x, a1)
+                for k in range(BK, K, BK):
+                    x = tl.load(x_ptrs + k, mask=x_mask, other=0.0, cache_modifier=".cg")
+                    acc0 += tl.dot(x, tl.load(w0_ptrs + k))
+                    acc1 += tl.dot(x, tl.load(w1_ptrs + k))
+            else:
+                if wait_for > 0:
+                    while tl.atomic_add(done_ptr + lin - 1, 0, sem="acquire") < wait_for:
+                        pass
+                for k in range(0, K, BK):
+                    x = tl.load(x_ptrs + k, mask=x_mask, other=0.0, cache_modifier=".cg")
+                    acc0 += tl.dot(x, tl.load(w0_ptrs + k))
+                    acc1 += tl.dot(x, tl.load(w1_ptrs + k))
+            y_ptrs = act_ptr + y_off + rm[:, None] * y_ld + rh[None, :]
+            if up_rows > 0:
+                gated = acc0 * tl.sigmoid(acc0) * acc1
+                tl.store(y_ptrs + j * BH, gated.to(act_ptr.dtype.element_ty), mask=x_mask)
+            else:
+                tl.store(y_ptrs + first_row, acc0.to(act_ptr.dtype.element_ty), mask=x_mask)
+                tl.store(y_ptrs + second_row, acc1.to(act_ptr.dtype.element_ty), mask=x_mask)
+            tl.debug_barrier()
+            tl.atomic_add(done_ptr + lin, 1, sem="release")
+
+
+@dataclass
+class Linear:
+    n: int  # output rows of the weight (both halves of a gated linear)
+    k: int
+    gated: bool
+    w_off: int = 0
+    x_off: int = 0
+    x_ld: int = 0
+    y_off: int = 0
+    y_ld: int = 0
+
+
+class Chain:
+    """The stack's weights in one buffer, its activations in another, and the tables the
+    persistent kernel reads."""
+
+    def __init__(
+        self,
+        shape_name: str,
+        tokens: int,
+        bm: int,
+        device: str = "cuda",
+        dtype: torch.dtype = torch.bfloat16,
+    ) -> None:
+        shape = SHAPES[shape_name]
+        self.device = device
+        h, i, a = shape.hidden, shape.intermediate, shape.attn
+        self.tokens, self.bm = tokens, bm
+        self.linears: list[Linear] = []
+        w_off = act_off = 0
+        x_off, x_ld = 0, h  # the stack's input: the activation buffer's first rows
+        act_off = bm * h
+        for _ in range(shape.layers):
+            for name, n, k, gated in (
+                ("qkv", shape.qkv, h, False),
+                ("o", h, a, False),
+                ("up", 2 * i, h, True),
+                ("down", h, i, False),
+            ):
+                out_cols = n // 2 if gated else n
+                lin = Linear(n, k, gated, w_off, x_off, x_ld, act_off, out_cols)
+                self.linears.append(lin)
+                w_off += n * k
+                x_off, x_ld = act_off, out_cols  # o reads QKV's first `a` columns
+                act_off += bm * out_cols
+                del name
+        self.weights = torch.empty(w_off, device=device, dtype=dtype)
+        for lin in self.linears:
+            self.weight(lin).normal_(0.0, lin.k**-0.5)
+        self.act = torch.zeros(act_off, device=device, dtype=dtype)
+        self.x0 = torch.randn(tokens, h, device=device, dtype=dtype)
+        self.weight_bytes = w_off * 2
+
+    def weight(self, lin: Linear) -> torch.Tensor:
+        return self.weights[lin.w_off : lin.w_off + lin.n * lin.k].view(lin.n, lin.k)
+
+    def rows(self, offset: int, cols: int, ld: int) -> torch.Tensor:
+        return self.act[offset : offset + self.tokens * ld].view(self.tokens, ld)[:, :cols]
+
+    def output(self) -> torch.Tensor:
+        last = self.linears[-1]
+        return self.rows(last.y_off, last.y_ld, last.y_ld)
+
+    def torch_run(self) -> None:
+        self.rows(0, self.x0.shape[1], self.x0.shape[1]).copy_(self.x0)
+        for lin in self.linears:
+            x = self.rows(lin.x_off, lin.k, lin.x_ld)
+            y = self.rows(lin.y_off, lin.y_ld, lin.y_ld)
+            if lin.gated:
+                y.copy_(triton_kernels.gated_activation(x @ self.weight(lin).t(), "silu"))
+            else:
+                torch.mm(x, self.weight(lin).t(), out=y)
+
+    def persistent(
+        self, bn: int, bk: int, stages: int, prefetch: bool, programs: int | None = None
+    ) -> Callable[[], None]:
+        bh = bn // 2
+        tile_linear, tile_index, meta = [], [], []
+        for index, lin in enumerate(self.linears):
+            if lin.k % bk or (lin.n // 2 if lin.gated else lin.n) % bh:
+                raise ValueError(f"BK={bk} / BN={bn} do not divide linear {index}")
+            tiles = (lin.n // 2) // bh if lin.gated else lin.n // bn
+            before = len(tile_index) and tile_index[-1] + 1
+            meta += [
+                lin.w_off, lin.k, lin.x_off, lin.x_ld, lin.y_off, lin.y_ld,
+                lin.n // 2 if lin.gated else 0, before if index else 0,
+                bh if lin.gated else bn,
+            ]  # fmt: skip
+            tile_linear += [index] * tiles
+            tile_index += list(range(tiles))
+        meta_t = torch.tensor(meta, dtype=torch.int64, device=self.device)
+        linear_t = torch.tensor(tile_linear, dtype=torch.int32, device=self.device)
+        index_t = torch.tensor(tile_index, dtype=torch.int32, device=self.device)
+        done = torch.zeros(len(self.linears), dtype=torch.int32, device=self.device)
+        if programs is None:
+            programs = torch.cuda.get_device_properties(0).multi_processor_count
+
+        def run() -> None:
+            self.rows(0, self.x0.shape[1], self.x0.shape[1]).copy_(self.x0)
+            done.zero_()
+            _chain_kernel[(programs,)](
+                self.weights, self.act, meta_t, linear_t, index_t, done,
+                self.tokens, len(tile_index), programs, -(-len(tile_index) // programs),
+                BM=self.bm, BH=bh, BK=bk, PREFETCH=prefetch, num_warps=4, num_stages=stages,
+            )  # fmt: skip
+
+        return run
+
+
+def graph_us(run: Callable[[], None], reps: int) -> float:
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        run()  # compiles outside the capture
+        stream.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=stream):
+            run()
+    torch.cuda.synchronize()
+    times = []
+    for rep in range(reps + 5):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        if rep >= 5:
+            times.append(start.elapsed_time(end) * 1e3)
+    return statistics.median(times)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--shape", default="qwen3-8b", choices=sorted(SHAPES))
+    parser.add_argument("--tokens", type=int, default=24)
+    parser.add_argument("--layers", type=int, default=0, help="fewer layers (0: the shape's)")
+    parser.add_argument("--reps", type=int, default=50)
+    parser.add_argument(
+        "--variants",
+        default="cublas,cublaslt,persistent:32/256/4,persistent:32/512/3,"
+        "persistent:64/256/4,persistent-noprefetch:32/256/4",
+    )
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    if args.layers:
+        shape = SHAPES[args.shape]
+        SHAPES[args.shape] = type(shape)(args.layers, *list(vars(shape).values())[1:])
+    chain = Chain(args.shape, args.tokens, bm=max(16, triton.next_power_of_2(args.tokens)))
+    chain.torch_run()
+    reference = chain.output().float().clone()
+    scale = reference.abs().max().item()
+    rows = []
+    for variant in args.variants.split(","):
+        name, _, config = variant.partition(":")
+        if name in ("cublas", "cublaslt"):
+            with preferred_blas("cublaslt" if name == "cublaslt" else None):
+                us = graph_us(chain.torch_run, args.reps)
+                chain.torch_run()
+        else:
+            bn, bk, stages = (int(c) for c in config.split("/"))
+            run = chain.persistent(bn, bk, stages, prefetch=name == "persistent")
+            run()
+            torch.cuda.synchronize()
+            print(f"{variant}: first run done", flush=True)
+            us = graph_us(run, args.reps)
+            run()
+        torch.cuda.synchronize()
+        diff = (chain.output().float() - reference).abs().max().item()
+        rows.append((variant, us, chain.weight_bytes / us / 1e6, diff))
+        print(f"{variant}: {us:.1f} µs, max abs diff {diff:.3g} (output max {scale:.3g})",
+              flush=True)  # fmt: skip
+    print(
+        f"\n{torch.cuda.get_device_name()}, torch {torch.__version__}, {args.shape} "
+        f"({len(chain.linears)} linears, {chain.weight_bytes / 1e9:.1f} GB), {args.tokens} tokens"
+    )
+    print("| variant | µs per stack | weights TB/s | max abs diff from cublas |")
+    print("|---|---|---|---|")
+    for variant, us, tbs, diff in rows:
+        print(f"| {variant} | {us:.1f} | {tbs:.2f} | {diff:.3g} |")
+
+
+if __name__ == "__main__":
+    main()
