@@ -20,8 +20,10 @@ The chain is each layer's QKV, output projection (on the first columns of QKV), 
 with the gated SiLU and down projection, every layer its own weights; no norms, attention
 or residual (the same in both variants). Variants: `cublas` / `cublaslt` (torch.mm and the
 engine's Triton gated activation, one CUDA graph), `persistent:BN/BK/STAGES` and
-`persistent-noprefetch:...` (weights loaded only after the wait). Prints µs per stack
-(weights TB/s) and the largest difference from `cublas`'s output. CUDA only; reports only.
+`persistent-noprefetch:...` (weights loaded only after the wait); an optional fourth field
+runs that many programs on each SM (all must be resident at once, or a wait never ends).
+Prints µs per stack (weights TB/s) and the largest difference from `cublas`'s output. CUDA
+only; reports only.
 """
 
 from __future__ import annotations
@@ -70,12 +72,14 @@ def _chain_kernel(
             lin = tl.load(tile_linear_ptr + t)
             j = tl.load(tile_index_ptr + t).to(tl.int64)
             meta = meta_ptr + lin * 9
-            w_off = tl.load(meta + 0)
-            K = tl.load(meta + 1)
-            x_off = tl.load(meta + 2)
-            x_ld = tl.load(meta + 3)
-            y_off = tl.load(meta + 4)
-            y_ld = tl.load(meta + 5)
+            # Every offset and size is a multiple of 16 elements (the host checks): without
+            # the hints the loads are 2 bytes wide and Triton does not pipeline them.
+            w_off = tl.multiple_of(tl.load(meta + 0), 16)
+            K = tl.multiple_of(tl.load(meta + 1), 16)
+            x_off = tl.multiple_of(tl.load(meta + 2), 16)
+            x_ld = tl.multiple_of(tl.load(meta + 3), 16)
+            y_off = tl.multiple_of(tl.load(meta + 4), 16)
+            y_ld = tl.multiple_of(tl.load(meta + 5), 16)
             up_rows = tl.load(meta + 6)  # 0: a plain linear; else where the up half's rows begin
             wait_for = tl.load(meta + 7)  # tiles of the linear before (0: none)
             first_row = tl.load(meta + 8) * j  # this tile's first row of the first half
@@ -193,13 +197,15 @@ class Chain:
                 torch.mm(x, self.weight(lin).t(), out=y)
 
     def persistent(
-        self, bn: int, bk: int, stages: int, prefetch: bool, programs: int | None = None
+        self, bn: int, bk: int, stages: int, prefetch: bool, programs: int
     ) -> Callable[[], None]:
         bh = bn // 2
         tile_linear, tile_index, meta = [], [], []
         for index, lin in enumerate(self.linears):
             if lin.k % bk or (lin.n // 2 if lin.gated else lin.n) % bh:
                 raise ValueError(f"BK={bk} / BN={bn} do not divide linear {index}")
+            if any(v % 16 for v in (lin.w_off, lin.k, lin.x_off, lin.x_ld, lin.y_off, lin.y_ld)):
+                raise ValueError(f"linear {index}: an offset is not a multiple of 16 elements")
             tiles = (lin.n // 2) // bh if lin.gated else lin.n // bn
             before = len(tile_index) and tile_index[-1] + 1
             meta += [
@@ -213,8 +219,6 @@ class Chain:
         linear_t = torch.tensor(tile_linear, dtype=torch.int32, device=self.device)
         index_t = torch.tensor(tile_index, dtype=torch.int32, device=self.device)
         done = torch.zeros(len(self.linears), dtype=torch.int32, device=self.device)
-        if programs is None:
-            programs = torch.cuda.get_device_properties(0).multi_processor_count
 
         def run() -> None:
             self.rows(0, self.x0.shape[1], self.x0.shape[1]).copy_(self.x0)
@@ -278,8 +282,10 @@ def main() -> None:
                 us = graph_us(chain.torch_run, args.reps)
                 chain.torch_run()
         else:
-            bn, bk, stages = (int(c) for c in config.split("/"))
-            run = chain.persistent(bn, bk, stages, prefetch=name == "persistent")
+            bn, bk, stages, *per_sm = (int(c) for c in config.split("/"))
+            sms = torch.cuda.get_device_properties(0).multi_processor_count
+            programs = sms * (per_sm[0] if per_sm else 1)
+            run = chain.persistent(bn, bk, stages, prefetch=name == "persistent", programs=programs)
             run()
             torch.cuda.synchronize()
             print(f"{variant}: first run done", flush=True)
