@@ -20,7 +20,8 @@ The chain is each layer's QKV, output projection (on the first columns of QKV), 
 with the gated SiLU and down projection, every layer its own weights; no norms, attention
 or residual (the same in both variants). Variants: `cublas` / `cublaslt` (torch.mm and the
 engine's Triton gated activation, one CUDA graph), `persistent:BN/BK/STAGES` and
-`persistent-noprefetch:...` (weights loaded only after the wait); an optional fourth field
+`persistent-noprefetch:...` (weights loaded only after the wait), `persistent2:...` (two
+blocks asked for before the wait); an optional fourth field
 runs that many programs on each SM (all must be resident at once, or a wait never ends).
 Prints µs per stack (weights TB/s) and the largest difference from `cublas`'s output. CUDA
 only; reports only.
@@ -65,6 +66,7 @@ def _chain_kernel(
     rk = tl.arange(0, BK)
     rh = tl.arange(0, BH)
     x_mask = rm[:, None] < M
+    ready = tl.program_id(0) * 0 - 1  # the last linear seen complete by this program
     # Tile t goes to program t % programs; a program's tiles in the stack's order.
     for i in range(0, tiles_per_program):
         t = tl.program_id(0) + i * programs
@@ -81,7 +83,7 @@ def _chain_kernel(
             y_off = tl.multiple_of(tl.load(meta + 4), 16)
             y_ld = tl.multiple_of(tl.load(meta + 5), 16)
             up_rows = tl.load(meta + 6)  # 0: a plain linear; else where the up half's rows begin
-            wait_for = tl.load(meta + 7)  # tiles of the linear before (0: none)
+            wait_for = tl.load(meta + 7)  # tiles of the linear before
             first_row = tl.load(meta + 8) * j  # this tile's first row of the first half
             second_row = first_row + BH
             if up_rows > 0:
@@ -91,27 +93,30 @@ def _chain_kernel(
             x_ptrs = act_ptr + x_off + rm[:, None] * x_ld + rk[None, :]
             acc0 = tl.zeros((BM, BH), dtype=tl.float32)
             acc1 = tl.zeros((BM, BH), dtype=tl.float32)
-            if PREFETCH:
+            # The first PREFETCH weight blocks are asked for before the wait: a load's
+            # registers are waited for only where they are first used.
+            if PREFETCH >= 1:
                 a0 = tl.load(w0_ptrs)
                 a1 = tl.load(w1_ptrs)
-                if wait_for > 0:
-                    while tl.atomic_add(done_ptr + lin - 1, 0, sem="acquire") < wait_for:
-                        pass
+            if PREFETCH >= 2:
+                b0 = tl.load(w0_ptrs + BK)
+                b1 = tl.load(w1_ptrs + BK)
+            if lin - 1 > ready:  # the first tile of this linear that this program takes
+                while tl.atomic_add(done_ptr + lin - 1, 0, sem="acquire") < wait_for:
+                    pass
+                ready = lin - 1
+            if PREFETCH >= 1:
                 x = tl.load(x_ptrs, mask=x_mask, other=0.0, cache_modifier=".cg")
                 acc0 += tl.dot(x, a0)
                 acc1 += tl.dot(x, a1)
-                for k in range(BK, K, BK):
-                    x = tl.load(x_ptrs + k, mask=x_mask, other=0.0, cache_modifier=".cg")
-                    acc0 += tl.dot(x, tl.load(w0_ptrs + k))
-                    acc1 += tl.dot(x, tl.load(w1_ptrs + k))
-            else:
-                if wait_for > 0:
-                    while tl.atomic_add(done_ptr + lin - 1, 0, sem="acquire") < wait_for:
-                        pass
-                for k in range(0, K, BK):
-                    x = tl.load(x_ptrs + k, mask=x_mask, other=0.0, cache_modifier=".cg")
-                    acc0 += tl.dot(x, tl.load(w0_ptrs + k))
-                    acc1 += tl.dot(x, tl.load(w1_ptrs + k))
+            if PREFETCH >= 2:
+                x = tl.load(x_ptrs + BK, mask=x_mask, other=0.0, cache_modifier=".cg")
+                acc0 += tl.dot(x, b0)
+                acc1 += tl.dot(x, b1)
+            for k in range(PREFETCH * BK, K, BK):
+                x = tl.load(x_ptrs + k, mask=x_mask, other=0.0, cache_modifier=".cg")
+                acc0 += tl.dot(x, tl.load(w0_ptrs + k))
+                acc1 += tl.dot(x, tl.load(w1_ptrs + k))
             y_ptrs = act_ptr + y_off + rm[:, None] * y_ld + rh[None, :]
             if up_rows > 0:
                 gated = acc0 * tl.sigmoid(acc0) * acc1
@@ -197,7 +202,7 @@ class Chain:
                 torch.mm(x, self.weight(lin).t(), out=y)
 
     def persistent(
-        self, bn: int, bk: int, stages: int, prefetch: bool, programs: int
+        self, bn: int, bk: int, stages: int, prefetch: int, programs: int
     ) -> Callable[[], None]:
         bh = bn // 2
         tile_linear, tile_index, meta = [], [], []
@@ -285,7 +290,8 @@ def main() -> None:
             bn, bk, stages, *per_sm = (int(c) for c in config.split("/"))
             sms = torch.cuda.get_device_properties(0).multi_processor_count
             programs = sms * (per_sm[0] if per_sm else 1)
-            run = chain.persistent(bn, bk, stages, prefetch=name == "persistent", programs=programs)
+            prefetch = {"persistent-noprefetch": 0, "persistent": 1, "persistent2": 2}[name]
+            run = chain.persistent(bn, bk, stages, prefetch=prefetch, programs=programs)
             run()
             torch.cuda.synchronize()
             print(f"{variant}: first run done", flush=True)
