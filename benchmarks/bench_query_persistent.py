@@ -21,7 +21,8 @@ with the gated SiLU and down projection, every layer its own weights; no norms, 
 or residual (the same in both variants). Variants: `cublas` / `cublaslt` (torch.mm and the
 engine's Triton gated activation, one CUDA graph), `persistent:BN/BK/STAGES` and
 `persistent-noprefetch:...` (weights loaded only after the wait), `persistent2:...` (two
-blocks asked for before the wait); an optional fourth field
+blocks asked for before the wait), `persistent-nowait:...` (no waits at all: a wrong result,
+the tiles' streaming alone); an optional fourth field
 runs that many programs on each SM (all must be resident at once, or a wait never ends).
 Prints µs per stack (weights TB/s) and the largest difference from `cublas`'s output. CUDA
 only; reports only.
@@ -61,6 +62,7 @@ def _chain_kernel(
     BH: tl.constexpr,
     BK: tl.constexpr,
     PREFETCH: tl.constexpr,
+    WAIT: tl.constexpr,
 ):
     rm = tl.arange(0, BM)
     rk = tl.arange(0, BK)
@@ -101,7 +103,7 @@ def _chain_kernel(
             if PREFETCH >= 2:
                 b0 = tl.load(w0_ptrs + BK)
                 b1 = tl.load(w1_ptrs + BK)
-            if lin - 1 > ready:  # the first tile of this linear that this program takes
+            if WAIT and lin - 1 > ready:  # this program's first tile of this linear
                 while tl.atomic_add(done_ptr + lin - 1, 0, sem="acquire") < wait_for:
                     pass
                 ready = lin - 1
@@ -202,7 +204,7 @@ class Chain:
                 torch.mm(x, self.weight(lin).t(), out=y)
 
     def persistent(
-        self, bn: int, bk: int, stages: int, prefetch: int, programs: int
+        self, bn: int, bk: int, stages: int, prefetch: int, programs: int, wait: bool = True
     ) -> Callable[[], None]:
         bh = bn // 2
         tile_linear, tile_index, meta = [], [], []
@@ -231,7 +233,8 @@ class Chain:
             _chain_kernel[(programs,)](
                 self.weights, self.act, meta_t, linear_t, index_t, done,
                 self.tokens, len(tile_index), programs, -(-len(tile_index) // programs),
-                BM=self.bm, BH=bh, BK=bk, PREFETCH=prefetch, num_warps=4, num_stages=stages,
+                BM=self.bm, BH=bh, BK=bk, PREFETCH=prefetch, WAIT=wait,
+                num_warps=4, num_stages=stages,
             )  # fmt: skip
 
         return run
@@ -290,8 +293,9 @@ def main() -> None:
             bn, bk, stages, *per_sm = (int(c) for c in config.split("/"))
             sms = torch.cuda.get_device_properties(0).multi_processor_count
             programs = sms * (per_sm[0] if per_sm else 1)
-            prefetch = {"persistent-noprefetch": 0, "persistent": 1, "persistent2": 2}[name]
-            run = chain.persistent(bn, bk, stages, prefetch=prefetch, programs=programs)
+            prefetch = {"persistent-noprefetch": 0, "persistent": 1, "persistent2": 2}.get(name, 1)
+            wait = name != "persistent-nowait"
+            run = chain.persistent(bn, bk, stages, prefetch, programs, wait)
             run()
             torch.cuda.synchronize()
             print(f"{variant}: first run done", flush=True)
