@@ -17,15 +17,15 @@ reads its activations past L1; after its stores, a release adds one to its linea
 counter. Programs take tiles in order and all are resident, so a wait always ends.
 
 The chain is each layer's QKV, output projection (on the first columns of QKV), gate/up
-with the gated SiLU and down projection, every layer its own weights; no norms, attention
-or residual (the same in both variants). Variants: `cublas` / `cublaslt` (torch.mm and the
-engine's Triton gated activation, one CUDA graph), `persistent:BN/BK/STAGES` and
-`persistent-noprefetch:...` (weights loaded only after the wait), `persistent2:...` (two
-blocks asked for before the wait), `persistent-nowait:...` (no waits at all: a wrong result,
-the tiles' streaming alone); an optional fourth field
-runs that many programs on each SM (all must be resident at once, or a wait never ends).
-Prints µs per stack (weights TB/s) and the largest difference from `cublas`'s output. CUDA
-only; reports only.
+with the gated SiLU (a BERT shape: the up projection, no activation) and down projection,
+every layer its own weights; no norms, attention or residual (the same in both variants).
+Variants: `cublas` / `cublaslt` (torch.mm and the engine's Triton gated activation, one
+CUDA graph); `persistent:BN/BK/STAGES` (one weight block asked for before the wait),
+`persistent2:...` (two), `persistent-noprefetch:...` (none), `persistent-nowait:...` (no
+waits at all: a wrong result, the tiles' streaming alone); an optional fourth field runs
+that many programs on each SM (all must be resident at once, or a wait never ends). Prints
+µs per stack (weights TB/s) and the largest difference from `cublas`'s output. CUDA only;
+reports only.
 """
 
 from __future__ import annotations
@@ -166,7 +166,7 @@ class Chain:
             for name, n, k, gated in (
                 ("qkv", shape.qkv, h, False),
                 ("o", h, a, False),
-                ("up", 2 * i, h, True),
+                ("up", 2 * i if shape.decoder else i, h, shape.decoder),
                 ("down", h, i, False),
             ):
                 out_cols = n // 2 if gated else n
