@@ -22,7 +22,8 @@ every layer its own weights; no norms, attention or residual (the same in both v
 Variants: `cublas` / `cublaslt` (torch.mm and the engine's Triton gated activation, one
 CUDA graph); `persistent:BN/BK/STAGES` (one weight block asked for before the wait),
 `persistent2:...` (two), `persistent-noprefetch:...` (none), `persistent-nowait:...` (no
-waits at all: a wrong result, the tiles' streaming alone); an optional fourth field runs
+waits at all: a wrong result, the tiles' streaming alone); `+loads` after the name polls
+the counter with plain loads instead of atomics; an optional fourth field runs
 that many programs on each SM (all must be resident at once, or a wait never ends). Prints
 µs per stack (weights TB/s) and the largest difference from `cublas`'s output. CUDA only;
 reports only.
@@ -63,6 +64,7 @@ def _chain_kernel(
     BK: tl.constexpr,
     PREFETCH: tl.constexpr,
     WAIT: tl.constexpr,
+    POLL_LOADS: tl.constexpr,
 ):
     rm = tl.arange(0, BM)
     rk = tl.arange(0, BK)
@@ -104,8 +106,15 @@ def _chain_kernel(
                 b0 = tl.load(w0_ptrs + BK)
                 b1 = tl.load(w1_ptrs + BK)
             if WAIT and lin - 1 > ready:  # this program's first tile of this linear
-                while tl.atomic_add(done_ptr + lin - 1, 0, sem="acquire") < wait_for:
-                    pass
+                if POLL_LOADS:
+                    # Plain loads poll the counter side by side in L2, where atomics queue
+                    # behind each other; one acquire then orders the reads that follow.
+                    while tl.load(done_ptr + lin - 1, volatile=True) < wait_for:
+                        pass
+                    tl.atomic_add(done_ptr + lin - 1, 0, sem="acquire")
+                else:
+                    while tl.atomic_add(done_ptr + lin - 1, 0, sem="acquire") < wait_for:
+                        pass
                 ready = lin - 1
             if PREFETCH >= 1:
                 x = tl.load(x_ptrs, mask=x_mask, other=0.0, cache_modifier=".cg")
@@ -204,7 +213,14 @@ class Chain:
                 torch.mm(x, self.weight(lin).t(), out=y)
 
     def persistent(
-        self, bn: int, bk: int, stages: int, prefetch: int, programs: int, wait: bool = True
+        self,
+        bn: int,
+        bk: int,
+        stages: int,
+        prefetch: int,
+        programs: int,
+        wait: bool = True,
+        poll_loads: bool = False,
     ) -> Callable[[], None]:
         bh = bn // 2
         tile_linear, tile_index, meta = [], [], []
@@ -233,7 +249,7 @@ class Chain:
             _chain_kernel[(programs,)](
                 self.weights, self.act, meta_t, linear_t, index_t, done,
                 self.tokens, len(tile_index), programs, -(-len(tile_index) // programs),
-                BM=self.bm, BH=bh, BK=bk, PREFETCH=prefetch, WAIT=wait,
+                BM=self.bm, BH=bh, BK=bk, PREFETCH=prefetch, WAIT=wait, POLL_LOADS=poll_loads,
                 num_warps=4, num_stages=stages,
             )  # fmt: skip
 
@@ -293,9 +309,10 @@ def main() -> None:
             bn, bk, stages, *per_sm = (int(c) for c in config.split("/"))
             sms = torch.cuda.get_device_properties(0).multi_processor_count
             programs = sms * (per_sm[0] if per_sm else 1)
-            prefetch = {"persistent-noprefetch": 0, "persistent": 1, "persistent2": 2}.get(name, 1)
-            wait = name != "persistent-nowait"
-            run = chain.persistent(bn, bk, stages, prefetch, programs, wait)
+            kind, _, poll = name.partition("+")
+            prefetch = {"persistent-noprefetch": 0, "persistent": 1, "persistent2": 2}.get(kind, 1)
+            wait = kind != "persistent-nowait"
+            run = chain.persistent(bn, bk, stages, prefetch, programs, wait, poll == "loads")
             run()
             torch.cuda.synchronize()
             print(f"{variant}: first run done", flush=True)
