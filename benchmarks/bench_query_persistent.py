@@ -23,7 +23,9 @@ Variants: `cublas` / `cublaslt` (torch.mm and the engine's Triton gated activati
 CUDA graph); `persistent:BN/BK/STAGES` (one weight block asked for before the wait),
 `persistent2:...` (two), `persistent-noprefetch:...` (none), `persistent-nowait:...` (no
 waits at all: a wrong result, the tiles' streaming alone); `+loads` after the name polls
-the counter with plain loads instead of atomics; an optional fourth field runs
+the counter with plain loads instead of atomics, `+l2` asks the TMA unit for the first
+4 KB of each of the tile's weight rows into L2 before the wait (`+l2full`: whole rows); an
+optional fourth field runs
 that many programs on each SM (all must be resident at once, or a wait never ends). Prints
 µs per stack (weights TB/s) and the largest difference from `cublas`'s output. CUDA only;
 reports only.
@@ -40,6 +42,7 @@ import torch
 import triton
 import triton.language as tl
 from bench_query_pdl import SHAPES
+from bench_query_prefetch import l2_prefetch
 
 from trt_tei_runtime.kernels import triton_kernels
 from trt_tei_runtime.runtime.blas import preferred_blas
@@ -65,6 +68,7 @@ def _chain_kernel(
     PREFETCH: tl.constexpr,
     WAIT: tl.constexpr,
     POLL_LOADS: tl.constexpr,
+    L2_BYTES: tl.constexpr,
 ):
     rm = tl.arange(0, BM)
     rk = tl.arange(0, BK)
@@ -97,6 +101,14 @@ def _chain_kernel(
             x_ptrs = act_ptr + x_off + rm[:, None] * x_ld + rk[None, :]
             acc0 = tl.zeros((BM, BH), dtype=tl.float32)
             acc1 = tl.zeros((BM, BH), dtype=tl.float32)
+            if L2_BYTES > 0:
+                # The tile's rows (their first L2_BYTES) asked into L2 by the TMA unit before
+                # the wait, so that HBM keeps streaming while the program waits.
+                r = tl.arange(0, 2 * BH)
+                rows = tl.where(r < BH, first_row + r, second_row + r - BH)
+                sizes = tl.minimum(K * 2, L2_BYTES).to(tl.int32) + r * 0
+                asked = l2_prefetch(w_ptr + w_off + rows * K, sizes)
+                tl.store(done_ptr + lin + r * 0, asked, mask=asked != 0)  # keeps the requests
             # The first PREFETCH weight blocks are asked for before the wait: a load's
             # registers are waited for only where they are first used.
             if PREFETCH >= 1:
@@ -221,6 +233,7 @@ class Chain:
         programs: int,
         wait: bool = True,
         poll_loads: bool = False,
+        l2_bytes: int = 0,
     ) -> Callable[[], None]:
         bh = bn // 2
         tile_linear, tile_index, meta = [], [], []
@@ -250,6 +263,7 @@ class Chain:
                 self.weights, self.act, meta_t, linear_t, index_t, done,
                 self.tokens, len(tile_index), programs, -(-len(tile_index) // programs),
                 BM=self.bm, BH=bh, BK=bk, PREFETCH=prefetch, WAIT=wait, POLL_LOADS=poll_loads,
+                L2_BYTES=l2_bytes,
                 num_warps=4, num_stages=stages,
             )  # fmt: skip
 
@@ -309,10 +323,14 @@ def main() -> None:
             bn, bk, stages, *per_sm = (int(c) for c in config.split("/"))
             sms = torch.cuda.get_device_properties(0).multi_processor_count
             programs = sms * (per_sm[0] if per_sm else 1)
-            kind, _, poll = name.partition("+")
+            kind, *flags = name.split("+")
             prefetch = {"persistent-noprefetch": 0, "persistent": 1, "persistent2": 2}.get(kind, 1)
             wait = kind != "persistent-nowait"
-            run = chain.persistent(bn, bk, stages, prefetch, programs, wait, poll == "loads")
+            l2 = {"l2": 4096, "l2full": 1 << 20}
+            l2_bytes = max([l2[f] for f in flags if f in l2], default=0)
+            run = chain.persistent(
+                bn, bk, stages, prefetch, programs, wait, "loads" in flags, l2_bytes
+            )
             run()
             torch.cuda.synchronize()
             print(f"{variant}: first run done", flush=True)
