@@ -4,9 +4,13 @@
 
 A 24-token query's graph is mostly skinny GEMMs that read a few MB of weights each at a
 fraction of HBM's bandwidth (benchmarks/RESULTS.md). torch's TunableOp
-(`torch.cuda.tunable`) times every cuBLAS / cuBLASLt algorithm for a GEMM's shape the first
-time it runs and keeps the fastest; the graphs' eager pass before each capture is that first
-time. Per shape, one checkpoint and two backends in this process: one loaded as usual, one
+(`torch.cuda.tunable`) times the candidate implementations of a GEMM's shape the first time
+it runs and keeps the fastest; the graphs' eager pass before each capture is that first
+time. On CUDA (torch 2.11) its only candidate is torch's default call (hipBLASLt's
+alternatives are registered on ROCm alone), so this cannot find another algorithm there:
+`bench_lt_algos.py` asks cuBLASLt for its alternatives directly.
+
+Per shape, one checkpoint and two backends in this process: one loaded as usual, one
 loaded with TunableOp on (a rotating buffer larger than L2, so that each candidate reads its
 weights from HBM as a query does, and a time limit per GEMM). Their query graphs then replay
 alternately between CUDA events. Prints load times, the GEMMs tuned, the query graph's GPU
