@@ -28,20 +28,24 @@ the counter with plain loads instead of atomics, `+l2` asks the TMA unit for the
 optional fourth field runs
 that many programs on each SM (all must be resident at once, or a wait never ends). Prints
 µs per stack (weights TB/s) and the largest difference from `cublas`'s output. CUDA only;
-reports only.
+reports only. `TRITON_INTERPRET=1 python benchmarks/bench_query_persistent.py --interpret-check`
+checks the kernel's arithmetic on a CPU.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import os
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 import triton
 import triton.language as tl
-from bench_query_pdl import SHAPES
+from bench_query_pdl import SHAPES, Shape
 from bench_query_prefetch import l2_prefetch
 
 from trt_tei_runtime.kernels import triton_kernels
@@ -169,40 +173,40 @@ class Chain:
 
     def __init__(
         self,
-        shape_name: str,
+        shape: Shape,
         tokens: int,
         bm: int,
         device: str = "cuda",
         dtype: torch.dtype = torch.bfloat16,
     ) -> None:
-        shape = SHAPES[shape_name]
         self.device = device
         h, i, a = shape.hidden, shape.intermediate, shape.attn
         self.tokens, self.bm = tokens, bm
         self.linears: list[Linear] = []
-        w_off = act_off = 0
+        w_off = 0
         x_off, x_ld = 0, h  # the stack's input: the activation buffer's first rows
         act_off = bm * h
+        layer = (  # (output rows, input columns, gated) of QKV, O, gate/up, down
+            (shape.qkv, h, False),
+            (h, a, False),
+            (2 * i if shape.decoder else i, h, shape.decoder),
+            (h, i, False),
+        )
         for _ in range(shape.layers):
-            for name, n, k, gated in (
-                ("qkv", shape.qkv, h, False),
-                ("o", h, a, False),
-                ("up", 2 * i if shape.decoder else i, h, shape.decoder),
-                ("down", h, i, False),
-            ):
+            for n, k, gated in layer:
                 out_cols = n // 2 if gated else n
                 lin = Linear(n, k, gated, w_off, x_off, x_ld, act_off, out_cols)
                 self.linears.append(lin)
                 w_off += n * k
-                x_off, x_ld = act_off, out_cols  # o reads QKV's first `a` columns
+                # Each linear reads the one before's output (O reads QKV's first `a` columns).
+                x_off, x_ld = act_off, out_cols
                 act_off += bm * out_cols
-                del name
         self.weights = torch.empty(w_off, device=device, dtype=dtype)
         for lin in self.linears:
             self.weight(lin).normal_(0.0, lin.k**-0.5)
         self.act = torch.zeros(act_off, device=device, dtype=dtype)
         self.x0 = torch.randn(tokens, h, device=device, dtype=dtype)
-        self.weight_bytes = w_off * 2
+        self.weight_bytes = w_off * self.weights.element_size()
 
     def weight(self, lin: Linear) -> torch.Tensor:
         return self.weights[lin.w_off : lin.w_off + lin.n * lin.k].view(lin.n, lin.k)
@@ -292,6 +296,40 @@ def graph_us(run: Callable[[], None], reps: int) -> float:
     return statistics.median(times)
 
 
+def interpret_check() -> None:
+    """The kernel's result in Triton's interpreter on the CPU, one program taking every tile
+    (so no wait can hang), a two-layer toy stack in float16 (the interpreter's bfloat16 dot
+    is wrong), against float32 arithmetic, for 0, 1 and 2 blocks asked for before the wait."""
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        raise SystemExit("--interpret-check: run with TRITON_INTERPRET=1")
+    import inspect
+
+    import triton.runtime.interpreter as interpreter
+
+    # The interpreter reads a loop bound with int() of a one-element array, which numpy 2
+    # refuses; read its element instead.
+    source = inspect.getsource(interpreter._patch_lang_tensor).replace(
+        "int(self.handle.data)", "int(self.handle.data.reshape(-1)[0])"
+    )
+    exec(compile(source, interpreter.__file__, "exec"), interpreter.__dict__)
+    torch.manual_seed(0)
+    chain = Chain(Shape(2, 64, 96, 64, 128, True), 5, bm=16, device="cpu", dtype=torch.float16)
+    x = chain.x0.float()
+    for lin in chain.linears:
+        y = x[:, : lin.k] @ chain.weight(lin).float().t()
+        if lin.gated:
+            y = F.silu(y[:, : lin.n // 2]) * y[:, lin.n // 2 :]
+        x = y.half().float()  # each linear's output is stored in float16
+    for prefetch in (0, 1, 2):
+        chain.act.zero_()
+        chain.persistent(32, 32, 2, prefetch, programs=1)()
+        error = (chain.output().float() - x).abs().max().item()
+        print(f"{prefetch} blocks before the wait: max abs error {error:.3g} "
+              f"(output max {x.abs().max().item():.3g})")  # fmt: skip
+        if error > 1e-2:
+            raise SystemExit("the persistent kernel's result is wrong")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--shape", default="qwen3-8b", choices=sorted(SHAPES))
@@ -299,16 +337,24 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=0, help="fewer layers (0: the shape's)")
     parser.add_argument("--reps", type=int, default=50)
     parser.add_argument(
+        "--interpret-check",
+        action="store_true",
+        help="check the kernel's result on the CPU instead (run with TRITON_INTERPRET=1)",
+    )
+    parser.add_argument(
         "--variants",
         default="cublas,cublaslt,persistent:32/256/4,persistent:32/512/3,"
         "persistent:64/256/4,persistent-noprefetch:32/256/4",
     )
     args = parser.parse_args()
     torch.manual_seed(0)
+    if args.interpret_check:
+        interpret_check()
+        return
+    shape = SHAPES[args.shape]
     if args.layers:
-        shape = SHAPES[args.shape]
-        SHAPES[args.shape] = type(shape)(args.layers, *list(vars(shape).values())[1:])
-    chain = Chain(args.shape, args.tokens, bm=max(16, triton.next_power_of_2(args.tokens)))
+        shape = dataclasses.replace(shape, layers=args.layers)
+    chain = Chain(shape, args.tokens, bm=max(16, triton.next_power_of_2(args.tokens)))
     chain.torch_run()
     reference = chain.output().float().clone()
     scale = reference.abs().max().item()
