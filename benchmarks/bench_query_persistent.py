@@ -29,7 +29,8 @@ optional fourth field runs
 that many programs on each SM (all must be resident at once, or a wait never ends). Prints
 µs per stack (weights TB/s) and the largest difference from `cublas`'s output. CUDA only;
 reports only. `TRITON_INTERPRET=1 python benchmarks/bench_query_persistent.py --interpret-check`
-checks the kernel's arithmetic on a CPU.
+checks the kernel's arithmetic on a CPU; `--trace VARIANT` reads the GPU's global timer in
+every tile of one run of a variant and prints where each kind of linear spends its time.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 import triton
@@ -73,6 +75,8 @@ def _chain_kernel(
     WAIT: tl.constexpr,
     POLL_LOADS: tl.constexpr,
     L2_BYTES: tl.constexpr,
+    TRACE: tl.constexpr,
+    trace_ptr,
 ):
     rm = tl.arange(0, BM)
     rk = tl.arange(0, BK)
@@ -83,6 +87,8 @@ def _chain_kernel(
     for i in range(0, tiles_per_program):
         t = tl.program_id(0) + i * programs
         if t < total_tiles:
+            if TRACE:
+                tl.store(trace_ptr + 3 * t, _now())
             lin = tl.load(tile_linear_ptr + t)
             j = tl.load(tile_index_ptr + t).to(tl.int64)
             meta = meta_ptr + lin * 9
@@ -132,6 +138,8 @@ def _chain_kernel(
                     while tl.atomic_add(done_ptr + lin - 1, 0, sem="acquire") < wait_for:
                         pass
                 ready = lin - 1
+            if TRACE:
+                tl.store(trace_ptr + 3 * t + 1, _now())
             if PREFETCH >= 1:
                 x = tl.load(x_ptrs, mask=x_mask, other=0.0, cache_modifier=".cg")
                 acc0 += tl.dot(x, a0)
@@ -153,6 +161,16 @@ def _chain_kernel(
                 tl.store(y_ptrs + second_row, acc1.to(act_ptr.dtype.element_ty), mask=x_mask)
             tl.debug_barrier()
             tl.atomic_add(done_ptr + lin, 1, sem="release")
+            if TRACE:
+                tl.store(trace_ptr + 3 * t + 2, _now())
+
+
+@triton.jit
+def _now():  # type: ignore[no-untyped-def]
+    """The GPU's global timer, ns."""
+    return tl.inline_asm_elementwise(
+        "mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64, is_pure=False, pack=1
+    )
 
 
 @dataclass
@@ -228,6 +246,10 @@ class Chain:
             else:
                 torch.mm(x, self.weight(lin).t(), out=y)
 
+    def tile_count(self, variant: str) -> int:
+        bn = int(variant.partition(":")[2].split("/")[0])
+        return sum((lin.n // 2) // (bn // 2) if lin.gated else lin.n // bn for lin in self.linears)
+
     def persistent(
         self,
         bn: int,
@@ -238,6 +260,7 @@ class Chain:
         wait: bool = True,
         poll_loads: bool = False,
         l2_bytes: int = 0,
+        trace: torch.Tensor | None = None,
     ) -> Callable[[], None]:
         bh = bn // 2
         tile_linear, tile_index, meta = [], [], []
@@ -255,6 +278,7 @@ class Chain:
             ]  # fmt: skip
             tile_linear += [index] * tiles
             tile_index += list(range(tiles))
+        self.tile_linear = tile_linear
         meta_t = torch.tensor(meta, dtype=torch.int64, device=self.device)
         linear_t = torch.tensor(tile_linear, dtype=torch.int32, device=self.device)
         index_t = torch.tensor(tile_index, dtype=torch.int32, device=self.device)
@@ -267,7 +291,8 @@ class Chain:
                 self.weights, self.act, meta_t, linear_t, index_t, done,
                 self.tokens, len(tile_index), programs, -(-len(tile_index) // programs),
                 BM=self.bm, BH=bh, BK=bk, PREFETCH=prefetch, WAIT=wait, POLL_LOADS=poll_loads,
-                L2_BYTES=l2_bytes,
+                L2_BYTES=l2_bytes, TRACE=trace is not None,
+                trace_ptr=trace if trace is not None else done,
                 num_warps=4, num_stages=stages,
             )  # fmt: skip
 
@@ -330,12 +355,68 @@ def interpret_check() -> None:
             raise SystemExit("the persistent kernel's result is wrong")
 
 
+def persistent_variant(
+    chain: Chain, variant: str, trace: torch.Tensor | None = None
+) -> Callable[[], None]:
+    """The persistent kernel's run for a variant `name[+flag...]:BN/BK/STAGES[/PER_SM]`."""
+    name, _, config = variant.partition(":")
+    bn, bk, stages, *per_sm = (int(c) for c in config.split("/"))
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    programs = sms * (per_sm[0] if per_sm else 1)
+    kind, *flags = name.split("+")
+    prefetch = {"persistent-noprefetch": 0, "persistent": 1, "persistent2": 2}.get(kind, 1)
+    wait = kind != "persistent-nowait"
+    l2 = {"l2": 4096, "l2full": 1 << 20}
+    l2_bytes = max([l2[f] for f in flags if f in l2], default=0)
+    return chain.persistent(
+        bn, bk, stages, prefetch, programs, wait, "loads" in flags, l2_bytes, trace
+    )
+
+
+def trace_report(chain: Chain, variant: str) -> None:
+    """Where one run of `variant` spends each linear, from every tile's global-timer
+    readings (its start, the end of its wait, the end of its release): per kind of linear,
+    medians over the layers, µs."""
+    tiles = chain.tile_count(variant)
+    trace = torch.zeros(3 * tiles, dtype=torch.int64, device="cuda")
+    run = persistent_variant(chain, variant, trace)
+    for _ in range(3):
+        run()
+    torch.cuda.synchronize()
+    times = trace.view(-1, 3).cpu().numpy().astype(np.float64) / 1e3
+    linear_of = np.array(chain.tile_linear)
+    kinds = ("qkv", "o", "up", "down")
+    rows: dict[str, list[tuple[float, ...]]] = {kind: [] for kind in kinds}
+    previous_end = times[:, 0].min()
+    for index in range(len(chain.linears)):
+        start, woke, end = times[linear_of == index].T
+        rows[kinds[index % 4]].append(
+            (
+                end.max() - previous_end,  # the linear's span, end to end
+                woke.min() - previous_end,  # the first wait's end after the last tile before
+                float(np.median(woke)) - previous_end,
+                float(np.median(end - woke)),  # a tile after its wait
+                end.max() - float(np.median(end)),  # the last tile's lag
+            )
+        )
+        previous_end = end.max()
+    total = times[:, 2].max() - times[:, 0].min()
+    print(f"\ntrace of {variant}: {total:.1f} µs from the first tile's start to the last's end")
+    print("| linear | span | first wait ends | median wait ends | a tile after its wait | "
+          "last tile's lag |")  # fmt: skip
+    print("|---|---|---|---|---|---|")
+    for kind, values in rows.items():
+        medians = np.median(np.array(values), axis=0)
+        print(f"| {kind} | " + " | ".join(f"{v:.1f}" for v in medians) + " |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--shape", default="qwen3-8b", choices=sorted(SHAPES))
     parser.add_argument("--tokens", type=int, default=24)
     parser.add_argument("--layers", type=int, default=0, help="fewer layers (0: the shape's)")
     parser.add_argument("--reps", type=int, default=50)
+    parser.add_argument("--trace", default="", help="a persistent variant to trace after timing")
     parser.add_argument(
         "--interpret-check",
         action="store_true",
@@ -366,17 +447,7 @@ def main() -> None:
                 us = graph_us(chain.torch_run, args.reps)
                 chain.torch_run()
         else:
-            bn, bk, stages, *per_sm = (int(c) for c in config.split("/"))
-            sms = torch.cuda.get_device_properties(0).multi_processor_count
-            programs = sms * (per_sm[0] if per_sm else 1)
-            kind, *flags = name.split("+")
-            prefetch = {"persistent-noprefetch": 0, "persistent": 1, "persistent2": 2}.get(kind, 1)
-            wait = kind != "persistent-nowait"
-            l2 = {"l2": 4096, "l2full": 1 << 20}
-            l2_bytes = max([l2[f] for f in flags if f in l2], default=0)
-            run = chain.persistent(
-                bn, bk, stages, prefetch, programs, wait, "loads" in flags, l2_bytes
-            )
+            run = persistent_variant(chain, variant)
             run()
             torch.cuda.synchronize()
             print(f"{variant}: first run done", flush=True)
@@ -395,6 +466,8 @@ def main() -> None:
     print("|---|---|---|---|")
     for variant, us, tbs, diff in rows:
         print(f"| {variant} | {us:.1f} | {tbs:.2f} | {diff:.3g} |")
+    if args.trace:
+        trace_report(chain, args.trace)
 
 
 if __name__ == "__main__":
