@@ -24,7 +24,9 @@ CUDA graph); `persistent:BN/BK/STAGES` (one weight block asked for before the wa
 `persistent2:...` (two), `persistent-noprefetch:...` (none), `persistent-nowait:...` (no
 waits at all: a wrong result, the tiles' streaming alone); `+loads` after the name polls
 the counter with plain loads instead of atomics, `+l2` asks the TMA unit for the first
-4 KB of each of the tile's weight rows into L2 before the wait (`+l2full`: whole rows); an
+4 KB of each of the tile's weight rows into L2 before the wait (`+l2full`: whole rows),
+`+splitN` splits the plain linears with fewer than 256 column tiles N ways along K (the
+parts added into float32 activations, which the host zeroes before each run); an
 optional fourth field runs
 that many programs on each SM (all must be resident at once, or a wait never ends). Prints
 µs per stack (weights TB/s) and the largest difference from `cublas`'s output. CUDA only;
@@ -53,7 +55,7 @@ from bench_query_prefetch import l2_prefetch
 from trt_tei_runtime.kernels import triton_kernels
 from trt_tei_runtime.runtime.blas import preferred_blas
 
-META_FIELDS = 9  # per linear, int64: see `Chain.meta`
+META_FIELDS = tl.constexpr(10)  # int64s per linear in the table: see `Chain.persistent`
 
 
 @triton.jit
@@ -91,7 +93,7 @@ def _chain_kernel(
                 tl.store(trace_ptr + 3 * t, _now())
             lin = tl.load(tile_linear_ptr + t)
             j = tl.load(tile_index_ptr + t).to(tl.int64)
-            meta = meta_ptr + lin * 9
+            meta = meta_ptr + lin * META_FIELDS
             # Every offset and size is a multiple of 16 elements (the host checks): without
             # the hints the loads are 2 bytes wide and Triton does not pipeline them.
             w_off = tl.multiple_of(tl.load(meta + 0), 16)
@@ -102,13 +104,21 @@ def _chain_kernel(
             y_ld = tl.multiple_of(tl.load(meta + 5), 16)
             up_rows = tl.load(meta + 6)  # 0: a plain linear; else where the up half's rows begin
             wait_for = tl.load(meta + 7)  # tiles of the linear before
+            # A linear split along K has `split` tiles per column block; they add their
+            # parts into a float32 output that the host zeroed.
+            split = tl.load(meta + 9)
+            part = j % split
+            j = j // split
+            k_len = tl.multiple_of(K // split, 16)
+            k_lo = tl.multiple_of(part * k_len, 16)
             first_row = tl.load(meta + 8) * j  # this tile's first row of the first half
             second_row = first_row + BH
             if up_rows > 0:
                 second_row = up_rows + first_row
-            w0_ptrs = w_ptr + w_off + (first_row + rh)[None, :] * K + rk[:, None]
-            w1_ptrs = w_ptr + w_off + (second_row + rh)[None, :] * K + rk[:, None]
-            x_ptrs = act_ptr + x_off + rm[:, None] * x_ld + rk[None, :]
+            w0_ptrs = w_ptr + w_off + (first_row + rh)[None, :] * K + (k_lo + rk)[:, None]
+            w1_ptrs = w_ptr + w_off + (second_row + rh)[None, :] * K + (k_lo + rk)[:, None]
+            x_ptrs = act_ptr + x_off + rm[:, None] * x_ld + (k_lo + rk)[None, :]
+            w_type = w_ptr.dtype.element_ty
             acc0 = tl.zeros((BM, BH), dtype=tl.float32)
             acc1 = tl.zeros((BM, BH), dtype=tl.float32)
             if L2_BYTES > 0:
@@ -141,21 +151,24 @@ def _chain_kernel(
             if TRACE:
                 tl.store(trace_ptr + 3 * t + 1, _now())
             if PREFETCH >= 1:
-                x = tl.load(x_ptrs, mask=x_mask, other=0.0, cache_modifier=".cg")
+                x = tl.load(x_ptrs, mask=x_mask, other=0.0, cache_modifier=".cg").to(w_type)
                 acc0 += tl.dot(x, a0)
                 acc1 += tl.dot(x, a1)
             if PREFETCH >= 2:
-                x = tl.load(x_ptrs + BK, mask=x_mask, other=0.0, cache_modifier=".cg")
+                x = tl.load(x_ptrs + BK, mask=x_mask, other=0.0, cache_modifier=".cg").to(w_type)
                 acc0 += tl.dot(x, b0)
                 acc1 += tl.dot(x, b1)
-            for k in range(PREFETCH * BK, K, BK):
-                x = tl.load(x_ptrs + k, mask=x_mask, other=0.0, cache_modifier=".cg")
+            for k in range(PREFETCH * BK, k_len, BK):
+                x = tl.load(x_ptrs + k, mask=x_mask, other=0.0, cache_modifier=".cg").to(w_type)
                 acc0 += tl.dot(x, tl.load(w0_ptrs + k))
                 acc1 += tl.dot(x, tl.load(w1_ptrs + k))
             y_ptrs = act_ptr + y_off + rm[:, None] * y_ld + rh[None, :]
             if up_rows > 0:
                 gated = acc0 * tl.sigmoid(acc0) * acc1
                 tl.store(y_ptrs + j * BH, gated.to(act_ptr.dtype.element_ty), mask=x_mask)
+            elif split > 1:
+                tl.atomic_add(y_ptrs + first_row, acc0, mask=x_mask, sem="relaxed")
+                tl.atomic_add(y_ptrs + second_row, acc1, mask=x_mask, sem="relaxed")
             else:
                 tl.store(y_ptrs + first_row, acc0.to(act_ptr.dtype.element_ty), mask=x_mask)
                 tl.store(y_ptrs + second_row, acc1.to(act_ptr.dtype.element_ty), mask=x_mask)
@@ -223,20 +236,35 @@ class Chain:
         for lin in self.linears:
             self.weight(lin).normal_(0.0, lin.k**-0.5)
         self.act = torch.zeros(act_off, device=device, dtype=dtype)
+        # Linears split along K add into float32 outputs; the other variants use `act`.
+        self.act32 = torch.zeros(act_off, device=device, dtype=torch.float32)
+        self.last_act = self.act
         self.x0 = torch.randn(tokens, h, device=device, dtype=dtype)
         self.weight_bytes = w_off * self.weights.element_size()
 
     def weight(self, lin: Linear) -> torch.Tensor:
         return self.weights[lin.w_off : lin.w_off + lin.n * lin.k].view(lin.n, lin.k)
 
-    def rows(self, offset: int, cols: int, ld: int) -> torch.Tensor:
-        return self.act[offset : offset + self.tokens * ld].view(self.tokens, ld)[:, :cols]
+    def rows(
+        self, offset: int, cols: int, ld: int, act: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        act = self.act if act is None else act
+        return act[offset : offset + self.tokens * ld].view(self.tokens, ld)[:, :cols]
 
     def output(self) -> torch.Tensor:
+        """The last run's output (torch's or the persistent kernel's)."""
         last = self.linears[-1]
-        return self.rows(last.y_off, last.y_ld, last.y_ld)
+        return self.rows(last.y_off, last.y_ld, last.y_ld, self.last_act)
+
+    def splits(self, bn: int, split: int) -> list[int]:
+        """Ways each linear is split along K: `split` for the plain linears with fewer
+        than 256 column tiles, 1 for the rest (a gated linear needs its whole sums)."""
+        return [
+            1 if lin.gated or lin.n // bn >= 256 else split for lin in self.linears
+        ]  # fmt: skip
 
     def torch_run(self) -> None:
+        self.last_act = self.act
         self.rows(0, self.x0.shape[1], self.x0.shape[1]).copy_(self.x0)
         for lin in self.linears:
             x = self.rows(lin.x_off, lin.k, lin.x_ld)
@@ -246,9 +274,11 @@ class Chain:
             else:
                 torch.mm(x, self.weight(lin).t(), out=y)
 
-    def tile_count(self, variant: str) -> int:
-        bn = int(variant.partition(":")[2].split("/")[0])
-        return sum((lin.n // 2) // (bn // 2) if lin.gated else lin.n // bn for lin in self.linears)
+    def tile_count(self, bn: int, split: int) -> int:
+        return sum(
+            (lin.n // 2) // (bn // 2) if lin.gated else lin.n // bn * ways
+            for lin, ways in zip(self.linears, self.splits(bn, split), strict=True)
+        )
 
     def persistent(
         self,
@@ -261,20 +291,23 @@ class Chain:
         poll_loads: bool = False,
         l2_bytes: int = 0,
         trace: torch.Tensor | None = None,
+        split: int = 1,
     ) -> Callable[[], None]:
         bh = bn // 2
         tile_linear, tile_index, meta = [], [], []
-        for index, lin in enumerate(self.linears):
-            if lin.k % bk or (lin.n // 2 if lin.gated else lin.n) % bh:
-                raise ValueError(f"BK={bk} / BN={bn} do not divide linear {index}")
+        splits = self.splits(bn, split)
+        act = self.act32 if split > 1 else self.act
+        for index, (lin, ways) in enumerate(zip(self.linears, splits, strict=True)):
+            if (lin.k // ways) % bk or (lin.n // 2 if lin.gated else lin.n) % bh:
+                raise ValueError(f"BK={bk} / BN={bn} / split {ways} do not fit linear {index}")
             if any(v % 16 for v in (lin.w_off, lin.k, lin.x_off, lin.x_ld, lin.y_off, lin.y_ld)):
                 raise ValueError(f"linear {index}: an offset is not a multiple of 16 elements")
-            tiles = (lin.n // 2) // bh if lin.gated else lin.n // bn
+            tiles = (lin.n // 2) // bh if lin.gated else lin.n // bn * ways
             before = len(tile_index) and tile_index[-1] + 1
             meta += [
                 lin.w_off, lin.k, lin.x_off, lin.x_ld, lin.y_off, lin.y_ld,
                 lin.n // 2 if lin.gated else 0, before if index else 0,
-                bh if lin.gated else bn,
+                bh if lin.gated else bn, ways,
             ]  # fmt: skip
             tile_linear += [index] * tiles
             tile_index += list(range(tiles))
@@ -285,10 +318,13 @@ class Chain:
         done = torch.zeros(len(self.linears), dtype=torch.int32, device=self.device)
 
         def run() -> None:
-            self.rows(0, self.x0.shape[1], self.x0.shape[1]).copy_(self.x0)
+            self.last_act = act
+            if split > 1:
+                act.zero_()  # the split linears add into their outputs
+            self.rows(0, self.x0.shape[1], self.x0.shape[1], act).copy_(self.x0)
             done.zero_()
             _chain_kernel[(programs,)](
-                self.weights, self.act, meta_t, linear_t, index_t, done,
+                self.weights, act, meta_t, linear_t, index_t, done,
                 self.tokens, len(tile_index), programs, -(-len(tile_index) // programs),
                 BM=self.bm, BH=bh, BK=bk, PREFETCH=prefetch, WAIT=wait, POLL_LOADS=poll_loads,
                 L2_BYTES=l2_bytes, TRACE=trace is not None,
@@ -345,11 +381,11 @@ def interpret_check() -> None:
         if lin.gated:
             y = F.silu(y[:, : lin.n // 2]) * y[:, lin.n // 2 :]
         x = y.half().float()  # each linear's output is stored in float16
-    for prefetch in (0, 1, 2):
+    for prefetch, split in ((0, 1), (1, 1), (2, 1), (1, 2)):
         chain.act.zero_()
-        chain.persistent(32, 32, 2, prefetch, programs=1)()
+        chain.persistent(32, 32, 2, prefetch, programs=1, split=split)()
         error = (chain.output().float() - x).abs().max().item()
-        print(f"{prefetch} blocks before the wait: max abs error {error:.3g} "
+        print(f"{prefetch} blocks before the wait, split {split}: max abs error {error:.3g} "
               f"(output max {x.abs().max().item():.3g})")  # fmt: skip
         if error > 1e-2:
             raise SystemExit("the persistent kernel's result is wrong")
@@ -368,16 +404,22 @@ def persistent_variant(
     wait = kind != "persistent-nowait"
     l2 = {"l2": 4096, "l2full": 1 << 20}
     l2_bytes = max([l2[f] for f in flags if f in l2], default=0)
+    split = max([int(f[5:]) for f in flags if f.startswith("split")], default=1)
     return chain.persistent(
-        bn, bk, stages, prefetch, programs, wait, "loads" in flags, l2_bytes, trace
+        bn, bk, stages, prefetch, programs, wait, "loads" in flags, l2_bytes, trace, split
     )
+
+
+def variant_split(variant: str) -> int:
+    flags = variant.partition(":")[0].split("+")[1:]
+    return max([int(f[5:]) for f in flags if f.startswith("split")], default=1)
 
 
 def trace_report(chain: Chain, variant: str) -> None:
     """Where one run of `variant` spends each linear, from every tile's global-timer
     readings (its start, the end of its wait, the end of its release): per kind of linear,
     medians over the layers, µs."""
-    tiles = chain.tile_count(variant)
+    tiles = chain.tile_count(int(variant.partition(":")[2].split("/")[0]), variant_split(variant))
     trace = torch.zeros(3 * tiles, dtype=torch.int64, device="cuda")
     run = persistent_variant(chain, variant, trace)
     for _ in range(3):
