@@ -43,6 +43,7 @@ import os
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -317,22 +318,44 @@ class Chain:
         index_t = torch.tensor(tile_index, dtype=torch.int32, device=self.device)
         done = torch.zeros(len(self.linears), dtype=torch.int32, device=self.device)
 
+        args = (
+            self.weights, act, meta_t, linear_t, index_t, done,
+            self.tokens, len(tile_index), programs, -(-len(tile_index) // programs),
+        )  # fmt: skip
+        options = dict(
+            BM=self.bm, BH=bh, BK=bk, PREFETCH=prefetch, WAIT=wait, POLL_LOADS=poll_loads,
+            L2_BYTES=l2_bytes, TRACE=trace is not None,
+            trace_ptr=trace if trace is not None else done, num_warps=4, num_stages=stages,
+        )  # fmt: skip
+        if self.device == "cuda":
+            check_resident(_chain_kernel.warmup(*args, grid=(programs,), **options), programs)
+
         def run() -> None:
             self.last_act = act
             if split > 1:
                 act.zero_()  # the split linears add into their outputs
             self.rows(0, self.x0.shape[1], self.x0.shape[1], act).copy_(self.x0)
             done.zero_()
-            _chain_kernel[(programs,)](
-                self.weights, act, meta_t, linear_t, index_t, done,
-                self.tokens, len(tile_index), programs, -(-len(tile_index) // programs),
-                BM=self.bm, BH=bh, BK=bk, PREFETCH=prefetch, WAIT=wait, POLL_LOADS=poll_loads,
-                L2_BYTES=l2_bytes, TRACE=trace is not None,
-                trace_ptr=trace if trace is not None else done,
-                num_warps=4, num_stages=stages,
-            )  # fmt: skip
+            _chain_kernel[(programs,)](*args, **options)
 
         return run
+
+
+def check_resident(kernel: Any, programs: int) -> None:
+    """Refuses a launch whose programs cannot all be on the GPU at once: a program waiting
+    for a tile that no SM has room to run would wait forever."""
+    kernel._init_handles()  # loads the binary, which reads its register count
+    props = torch.cuda.get_device_properties(0)
+    per_sm = -(-programs // props.multi_processor_count)
+    shared, registers = kernel.metadata.shared, kernel.n_regs * 32 * kernel.metadata.num_warps
+    if (
+        per_sm * shared > props.shared_memory_per_multiprocessor
+        or per_sm * registers > props.regs_per_multiprocessor
+    ):
+        raise ValueError(
+            f"{per_sm} programs of {shared} B shared memory and {registers} registers do not "
+            "fit one SM together"
+        )
 
 
 def graph_us(run: Callable[[], None], reps: int) -> float:
@@ -489,7 +512,11 @@ def main() -> None:
                 us = graph_us(chain.torch_run, args.reps)
                 chain.torch_run()
         else:
-            run = persistent_variant(chain, variant)
+            try:
+                run = persistent_variant(chain, variant)
+            except ValueError as refused:
+                print(f"{variant}: skipped ({refused})", flush=True)
+                continue
             run()
             torch.cuda.synchronize()
             print(f"{variant}: first run done", flush=True)
