@@ -9,30 +9,35 @@ cuBLASLt algorithm (`bench_lt_algos.py`) nor Triton kernels launched with PDL
 product does; so one kernel that stays on every SM can ask for the next linear's weight
 tile before the previous linear has finished, and wait only for the (small) activations.
 
-The kernel here: one program per SM; the stack's linears cut into tiles of `BN` output
-columns (a gated linear's tile is `BN/2` gate and `BN/2` up columns with SiLU(gate) * up
-in its epilogue); every program takes tiles in the stack's order, loads its first weight
-block, then waits (an acquire on the previous linear's counter of finished tiles) and
-reads its activations past L1; after its stores, a release adds one to its linear's
-counter. Programs take tiles in order and all are resident, so a wait always ends.
+The kernel here: one program per SM (or a few); the stack's linears cut into tiles of `BN`
+output columns (a gated linear's tile is `BN/2` gate and `BN/2` up columns with SiLU(gate) *
+up in its epilogue); every program takes tiles in the stack's order, loads its first weight
+blocks, then waits (an acquire on the previous linear's counter of finished tiles) and reads
+its activations past L1; after its stores, a release adds one to its linear's counter.
+Programs take tiles in order and all are resident (a variant whose programs cannot all fit
+is refused before launch), so a wait always ends.
 
 The chain is each layer's QKV, output projection (on the first columns of QKV), gate/up
 with the gated SiLU (a BERT shape: the up projection, no activation) and down projection,
 every layer its own weights; no norms, attention or residual (the same in both variants).
 Variants: `cublas` / `cublaslt` (torch.mm and the engine's Triton gated activation, one
-CUDA graph); `persistent:BN/BK/STAGES` (one weight block asked for before the wait),
-`persistent2:...` (two), `persistent-noprefetch:...` (none), `persistent-nowait:...` (no
-waits at all: a wrong result, the tiles' streaming alone); `+loads` after the name polls
-the counter with plain loads instead of atomics, `+l2` asks the TMA unit for the first
-4 KB of each of the tile's weight rows into L2 before the wait (`+l2full`: whole rows),
-`+splitN` splits the plain linears with fewer than 256 column tiles N ways along K (the
-parts added into float32 activations, which the host zeroes before each run); an
-optional fourth field runs
-that many programs on each SM (all must be resident at once, or a wait never ends). Prints
-µs per stack (weights TB/s) and the largest difference from `cublas`'s output. CUDA only;
-reports only. `TRITON_INTERPRET=1 python benchmarks/bench_query_persistent.py --interpret-check`
-checks the kernel's arithmetic on a CPU; `--trace VARIANT` reads the GPU's global timer in
-every tile of one run of a variant and prints where each kind of linear spends its time.
+CUDA graph); `persistent:BN/BK/STAGES[/PER_SM]` (one weight block asked for before the
+wait; PER_SM programs on each SM), `persistent2:...` (two blocks), `persistent-noprefetch:...`
+(none), `persistent-nowait:...` (no waits at all: a wrong result, the tiles' streaming
+alone). Flags after the name: `+loads` polls the counter with plain loads instead of
+atomics, `+l2` asks the TMA unit for the first 4 KB of each of the tile's weight rows into
+L2 before the wait (`+l2full`: whole rows), `+splitN` splits the plain linears with fewer
+than 256 column tiles N ways along K (the parts added into float32 activations, which the
+host zeroes before each run). Prints µs per stack (weights TB/s) and the largest
+difference from `cublas`'s output. CUDA only; reports only.
+
+`TRITON_INTERPRET=1 python benchmarks/bench_query_persistent.py --interpret-check` checks
+the kernel's arithmetic on a CPU; `--trace VARIANT` reads the GPU's global timer in every
+tile of one run of a variant and prints where each kind of linear spends its time.
+
+What it found on an H100 (benchmarks/RESULTS.md, sixteenth session): without waits the
+tiles stream 10 % faster than cuBLAS; in order, they lose it, because each tile starts its
+pipeline from empty and 128-192 narrow tiles in flight do not keep HBM busy.
 """
 
 from __future__ import annotations
