@@ -22,13 +22,12 @@ import argparse
 import ctypes
 import glob
 import os
-import statistics
 import sys
-from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 from bench_query_pdl import SHAPES
+from query_graphs import replay_us
 
 from trt_tei_runtime.runtime.blas import preferred_blas
 
@@ -178,29 +177,6 @@ class Lt:
         )
 
 
-def graph_us(run: Callable[[], None], gemms: int, reps: int) -> float:
-    """µs per GEMM of `run` (which launches `gemms` GEMMs) replayed as one CUDA graph."""
-    stream = torch.cuda.Stream()
-    with torch.cuda.stream(stream):
-        run()
-        stream.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, stream=stream):
-            run()
-    for _ in range(3):
-        graph.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / gemms)
-    return statistics.median(times)
-
-
 def time_gemm(lt: Lt, m: int, n: int, k: int, layers: int, args: argparse.Namespace) -> dict:
     """µs per GEMM of `m` rows against `layers` weights of [n, k], per variant; and the
     fastest cuBLASLt candidate's label under "best (which)"."""
@@ -215,9 +191,9 @@ def time_gemm(lt: Lt, m: int, n: int, k: int, layers: int, args: argparse.Namesp
         for w in weights:
             torch.mm(x, w.t(), out=out)
 
-    timed: dict = {"torch": graph_us(torch_run, layers, args.reps)}
+    timed: dict = {"torch": replay_us(torch_run, args.reps, warmup=3) / layers}
     with preferred_blas("cublaslt"):
-        timed["torch, cuBLASLt"] = graph_us(torch_run, layers, args.reps)
+        timed["torch, cuBLASLt"] = replay_us(torch_run, args.reps, warmup=3) / layers
     problem = lt.problem(m, n, k)
     candidates: list[tuple[str, Algo]] = []
     for index, algo in enumerate(lt.algorithms(problem, args.algorithms)):
@@ -239,7 +215,7 @@ def time_gemm(lt: Lt, m: int, n: int, k: int, layers: int, args: argparse.Namesp
             for w in weights:
                 lt.matmul(problem, algo, x, w, out)
 
-        results[label] = graph_us(lt_run, layers, args.reps)
+        results[label] = replay_us(lt_run, args.reps, warmup=3) / layers
     fastest = sorted(results.items(), key=lambda r: r[1])
     print(
         f"{n} x {k}: {len(candidates)} candidates; fastest "

@@ -45,7 +45,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
-import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -57,6 +56,7 @@ import triton
 import triton.language as tl
 from bench_query_pdl import SHAPES, Shape
 from bench_query_prefetch import l2_prefetch
+from query_graphs import replay_us
 
 from trt_tei_runtime.kernels import triton_kernels
 from trt_tei_runtime.runtime.blas import preferred_blas
@@ -245,6 +245,7 @@ class Chain:
         # Linears split along K add into float32 outputs; the other variants use `act`.
         self.act32 = torch.zeros(act_off, device=device, dtype=torch.float32)
         self.last_act = self.act
+        self.trace = torch.zeros(0, dtype=torch.int64, device=device)  # see `persistent`
         self.x0 = torch.randn(tokens, h, device=device, dtype=dtype)
         self.weight_bytes = w_off * self.weights.element_size()
 
@@ -280,12 +281,6 @@ class Chain:
             else:
                 torch.mm(x, self.weight(lin).t(), out=y)
 
-    def tile_count(self, bn: int, split: int) -> int:
-        return sum(
-            (lin.n // 2) // (bn // 2) if lin.gated else lin.n // bn * ways
-            for lin, ways in zip(self.linears, self.splits(bn, split), strict=True)
-        )
-
     def persistent(
         self,
         bn: int,
@@ -296,9 +291,11 @@ class Chain:
         wait: bool = True,
         poll_loads: bool = False,
         l2_bytes: int = 0,
-        trace: torch.Tensor | None = None,
+        trace: bool = False,
         split: int = 1,
     ) -> Callable[[], None]:
+        """The kernel's run for these settings; with `trace`, each run leaves three
+        global-timer readings per tile in `self.trace` (see `trace_report`)."""
         bh = bn // 2
         tile_linear, tile_index, meta = [], [], []
         splits = self.splits(bn, split)
@@ -322,6 +319,8 @@ class Chain:
         linear_t = torch.tensor(tile_linear, dtype=torch.int32, device=self.device)
         index_t = torch.tensor(tile_index, dtype=torch.int32, device=self.device)
         done = torch.zeros(len(self.linears), dtype=torch.int32, device=self.device)
+        if trace:
+            self.trace = torch.zeros(3 * len(tile_index), dtype=torch.int64, device=self.device)
 
         args = (
             self.weights, act, meta_t, linear_t, index_t, done,
@@ -329,8 +328,8 @@ class Chain:
         )  # fmt: skip
         options = dict(
             BM=self.bm, BH=bh, BK=bk, PREFETCH=prefetch, WAIT=wait, POLL_LOADS=poll_loads,
-            L2_BYTES=l2_bytes, TRACE=trace is not None,
-            trace_ptr=trace if trace is not None else done, num_warps=4, num_stages=stages,
+            L2_BYTES=l2_bytes, TRACE=trace,
+            trace_ptr=self.trace if trace else done, num_warps=4, num_stages=stages,
         )  # fmt: skip
         if self.device == "cuda":
             check_resident(_chain_kernel.warmup(*args, grid=(programs,), **options), programs)
@@ -361,28 +360,6 @@ def check_resident(kernel: Any, programs: int) -> None:
             f"{per_sm} programs of {shared} B shared memory and {registers} registers do not "
             "fit one SM together"
         )
-
-
-def graph_us(run: Callable[[], None], reps: int) -> float:
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        run()  # compiles outside the capture
-        stream.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, stream=stream):
-            run()
-    torch.cuda.synchronize()
-    times = []
-    for rep in range(reps + 5):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        if rep >= 5:
-            times.append(start.elapsed_time(end) * 1e3)
-    return statistics.median(times)
 
 
 def interpret_check() -> None:
@@ -419,9 +396,7 @@ def interpret_check() -> None:
             raise SystemExit("the persistent kernel's result is wrong")
 
 
-def persistent_variant(
-    chain: Chain, variant: str, trace: torch.Tensor | None = None
-) -> Callable[[], None]:
+def persistent_variant(chain: Chain, variant: str, trace: bool = False) -> Callable[[], None]:
     """The persistent kernel's run for a variant `name[+flag...]:BN/BK/STAGES[/PER_SM]`."""
     name, _, config = variant.partition(":")
     bn, bk, stages, *per_sm = (int(c) for c in config.split("/"))
@@ -438,22 +413,15 @@ def persistent_variant(
     )
 
 
-def variant_split(variant: str) -> int:
-    flags = variant.partition(":")[0].split("+")[1:]
-    return max([int(f[5:]) for f in flags if f.startswith("split")], default=1)
-
-
 def trace_report(chain: Chain, variant: str) -> None:
     """Where one run of `variant` spends each linear, from every tile's global-timer
     readings (its start, the end of its wait, the end of its release): per kind of linear,
     medians over the layers, µs."""
-    tiles = chain.tile_count(int(variant.partition(":")[2].split("/")[0]), variant_split(variant))
-    trace = torch.zeros(3 * tiles, dtype=torch.int64, device="cuda")
-    run = persistent_variant(chain, variant, trace)
+    run = persistent_variant(chain, variant, trace=True)
     for _ in range(3):
         run()
     torch.cuda.synchronize()
-    times = trace.view(-1, 3).cpu().numpy().astype(np.float64) / 1e3
+    times = chain.trace.view(-1, 3).cpu().numpy().astype(np.float64) / 1e3
     linear_of = np.array(chain.tile_linear)
     kinds = ("qkv", "o", "up", "down")
     rows: dict[str, list[tuple[float, ...]]] = {kind: [] for kind in kinds}
@@ -514,7 +482,7 @@ def main() -> None:
         name, _, config = variant.partition(":")
         if name in ("cublas", "cublaslt"):
             with preferred_blas("cublaslt" if name == "cublaslt" else None):
-                us = graph_us(chain.torch_run, args.reps)
+                us = replay_us(chain.torch_run, args.reps)
                 chain.torch_run()
         else:
             try:
@@ -525,7 +493,7 @@ def main() -> None:
             run()
             torch.cuda.synchronize()
             print(f"{variant}: first run done", flush=True)
-            us = graph_us(run, args.reps)
+            us = replay_us(run, args.reps)
             run()
         torch.cuda.synchronize()
         diff = (chain.output().float() - reference).abs().max().item()

@@ -1,9 +1,11 @@
 """Shared by the scripts that compare two backends' query graphs (`bench_query_blas.py`,
 `bench_query_tunable.py`): a query as the router sends it, a graph's GPU time, and
-variants timed in turn."""
+variants timed in turn; and by those that time a stack of kernels as one graph
+(`bench_lt_algos.py`, `bench_query_persistent.py`)."""
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Callable
 
 import torch
@@ -26,6 +28,32 @@ def router_arrays(backend: Backend, tokens: int = QUERY_TOKENS, seed: int = 2) -
         t.numpy().astype("<u4").tobytes()
         for t in (query.input_ids, query.token_type_ids, query.position_ids, query.cu_seqlens)
     )
+
+
+def replay_us(run: Callable[[], None], reps: int, warmup: int = 5) -> float:
+    """Median µs of one replay of what `run` launches, captured as one CUDA graph on a side
+    stream (after an eager call that compiles its kernels), timed between CUDA events after
+    `warmup` replays."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        run()
+        stream.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=stream):
+            run()
+    torch.cuda.synchronize()
+    for _ in range(warmup):
+        graph.replay()
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3)
+    return statistics.median(times)
 
 
 def graph_gpu_seconds(backend: Backend, tokens: int = QUERY_TOKENS) -> float:
