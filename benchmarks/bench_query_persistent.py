@@ -35,9 +35,10 @@ difference from `cublas`'s output. CUDA only; reports only.
 the kernel's arithmetic on a CPU; `--trace VARIANT` reads the GPU's global timer in every
 tile of one run of a variant and prints where each kind of linear spends its time.
 
-What it found on an H100 (benchmarks/RESULTS.md, sixteenth session): without waits the
-tiles stream 10 % faster than cuBLAS; in order, they lose it, because each tile starts its
-pipeline from empty and 128-192 narrow tiles in flight do not keep HBM busy.
+What it found (benchmarks/RESULTS.md, sixteenth session): without waits the tiles stream
+10 % faster than cuBLAS on an H100 and 10 % slower on an H200; in order they lose more,
+because each tile starts its pipeline from empty and 128-192 narrow tiles in flight do not
+keep HBM busy.
 """
 
 from __future__ import annotations
