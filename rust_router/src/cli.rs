@@ -198,6 +198,17 @@ pub struct Args {
     #[arg(long, env = "KEEP_ALIVE_TIMEOUT", default_value = "75", value_parser = seconds)]
     pub keep_alive_timeout: Duration,
 
+    /// Seconds an answer may wait for its client to read any of it; a client that reads
+    /// nothing for this long is disconnected. A slow download that keeps reading is not cut.
+    #[arg(long, env = "SEND_TIMEOUT", default_value = "30", value_parser = seconds)]
+    pub send_timeout: Duration,
+
+    /// Bytes of answers the server may hold for clients that have not read them yet, over all
+    /// connections; past it new POST requests get 503 until those are sent or cut
+    /// (`--send-timeout`).
+    #[arg(long, env = "RESPONSE_BUFFER_LIMIT", default_value_t = 512 * 1024 * 1024)]
+    pub response_buffer_limit: u64,
+
     /// Most open connections; past it a new connection gets 503 and is closed at once. Lowered
     /// at start to what the open-file limit allows.
     #[arg(long, env = "MAX_CONNECTIONS", default_value_t = 4096)]
@@ -274,6 +285,8 @@ impl Args {
         crate::connections::ConnectionLimits {
             header_read_timeout: self.header_read_timeout,
             keep_alive_timeout: self.keep_alive_timeout,
+            send_timeout: self.send_timeout,
+            response_buffer_limit: self.response_buffer_limit,
             max_connections: self.max_connections,
         }
     }

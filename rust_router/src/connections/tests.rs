@@ -1,10 +1,13 @@
 //! Tests of `connections`: deadlines, the connection cap and the drain.
 use super::*;
+use activity::{verdict, Activity, Close};
 
 fn limits() -> ConnectionLimits {
     ConnectionLimits {
         header_read_timeout: Duration::from_secs(10),
         keep_alive_timeout: Duration::from_secs(60),
+        send_timeout: Duration::from_secs(30),
+        response_buffer_limit: 1 << 20,
         max_connections: 4,
     }
 }
@@ -14,7 +17,7 @@ fn activity(in_handler: usize, head_started: Option<Instant>, idle_since: Instan
         in_handler,
         head_started,
         idle_since,
-        requests: 0,
+        ..Activity::new(idle_since)
     }
 }
 
@@ -22,8 +25,14 @@ fn activity(in_handler: usize, head_started: Option<Instant>, idle_since: Instan
 fn idle_connections_close_after_the_keep_alive_timeout() {
     let t0 = Instant::now();
     let a = activity(0, None, t0);
+    // Looked at again every header deadline, in case a head has started meanwhile.
     assert_eq!(
         verdict(&a, t0, &limits(), None, None),
+        Ok(t0 + Duration::from_secs(10))
+    );
+    let near = t0 + Duration::from_secs(55);
+    assert_eq!(
+        verdict(&a, near, &limits(), None, None),
         Ok(t0 + Duration::from_secs(60))
     );
     let late = t0 + Duration::from_secs(60);
@@ -189,4 +198,24 @@ async fn a_client_reconnecting_right_after_the_drain_is_answered_not_reset() {
         .expect("serve did not end once the listeners were quiet")
         .unwrap();
     assert!(TcpStream::connect(addr).await.is_err(), "still listening");
+}
+
+#[test]
+fn an_answer_being_sent_has_the_send_deadline_not_the_idle_or_drain_ones() {
+    let t0 = Instant::now();
+    let mut a = activity(0, None, t0);
+    a.unsent = 1000;
+    a.last_sent = t0;
+    let send = t0 + Duration::from_secs(30);
+    assert_eq!(verdict(&a, t0, &limits(), Some(t0), None), Ok(send));
+    assert_eq!(
+        verdict(&a, send, &limits(), Some(t0), None),
+        Err(Close::SendTimeout)
+    );
+    // Progress moves the deadline.
+    a.last_sent = t0 + Duration::from_secs(20);
+    assert_eq!(
+        verdict(&a, send, &limits(), None, None),
+        Ok(send + Duration::from_secs(20))
+    );
 }

@@ -1,32 +1,41 @@
-//! Accepting and serving HTTP/1.1 connections, with the limits that keep slow or idle clients
-//! from holding the server: a deadline for a request's headers, an idle keep-alive timeout, a
-//! cap on open connections (past it, a new connection gets a 503 and is closed at once), and
-//! the connection side of the shutdown sequence (see [`crate::shutdown`]): while draining,
-//! connections are still accepted and new requests answered 503 (by the HTTP layer) until no
-//! accepted request is left; then the listeners close, and each connection closes once it has
-//! nothing accepted to finish.
-//!
-//! hyper's own header timer also closes idle keep-alive connections (it starts whenever hyper
-//! waits for a request head), so the two deadlines are kept here instead, from what the
-//! connection reads and when its requests start and end. The body deadline belongs to the
-//! handler that reads the body (`http::error::Body`).
+//! Accepting and serving HTTP/1.1 connections, with the limits that keep slow, idle or absent
+//! clients from holding the server: a deadline for a request's headers, an idle keep-alive
+//! timeout, a send deadline for answers the client does not read and a cap on the answer
+//! bytes all connections hold ([`activity`]), a cap on open connections (past it, a new
+//! connection gets a 503 and is closed, [`closing`]), half-closed clients told from departed
+//! ones ([`peer`]), and the connection side of the shutdown sequence (see [`crate::shutdown`]):
+//! while draining, connections are still accepted and new requests answered 503 (by the HTTP
+//! layer) until no accepted request is left; then the listeners close, and each connection
+//! closes once it has nothing accepted to finish. The body deadline belongs to the handler
+//! that reads the body (`http::error::Body`).
 
+mod activity;
+mod closing;
+mod peer;
+
+pub use activity::UnsentBytes;
+
+use crate::http::error::ErrorType;
 use crate::http_thread::Handlers;
 use crate::metrics::Metrics;
 use crate::shutdown::{Phase, Shutdown};
+use activity::{answer_produced, head_bytes, lock, verdict, Activity, Close, SharedActivity, UnsentShare, Watched};
+use axum::body::HttpBody as _;
+use axum::response::{IntoResponse, Response};
 use axum::Router;
+use closing::{linger, refuse, Refusals, LINGER};
 use hyper::body::Incoming;
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
+use peer::{PeerState, PeerWatch, PROBE_POLL};
+use std::future::Future as _;
 use std::io;
-use std::pin::Pin;
+use std::os::fd::AsRawFd;
 use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll};
 use std::time::Duration;
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
@@ -51,79 +60,11 @@ pub const LISTEN_QUIET: Duration = Duration::from_millis(100);
 pub struct ConnectionLimits {
     pub header_read_timeout: Duration,
     pub keep_alive_timeout: Duration,
+    /// How long an answer may wait for the client to take any of its bytes.
+    pub send_timeout: Duration,
+    /// Answer bytes all connections may hold unsent before new work is refused.
+    pub response_buffer_limit: u64,
     pub max_connections: usize,
-}
-
-/// What a connection is doing, updated by its reads and by its requests' start and end.
-#[derive(Debug)]
-struct Activity {
-    /// Requests whose handler is running.
-    in_handler: usize,
-    /// When the first byte of a request head arrived, while no handler runs.
-    head_started: Option<Instant>,
-    /// When the connection opened or its last request ended.
-    idle_since: Instant,
-    requests: u64,
-}
-
-type SharedActivity = Arc<Mutex<Activity>>;
-
-fn lock(a: &SharedActivity) -> std::sync::MutexGuard<'_, Activity> {
-    a.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-/// A TCP stream that notes when bytes of a new request head arrive.
-struct Watched {
-    inner: TcpStream,
-    activity: SharedActivity,
-}
-
-impl AsyncRead for Watched {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        let before = buf.filled().len();
-        let poll = Pin::new(&mut self.inner).poll_read(cx, buf);
-        if buf.filled().len() > before {
-            let mut a = lock(&self.activity);
-            if a.in_handler == 0 && a.head_started.is_none() {
-                a.head_started = Some(Instant::now());
-            }
-        }
-        poll
-    }
-}
-
-impl AsyncWrite for Watched {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.inner).poll_write(cx, buf)
-    }
-
-    fn poll_write_vectored(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[io::IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        self.inner.is_write_vectored()
-    }
-
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_flush(cx)
-    }
-
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_shutdown(cx)
-    }
 }
 
 /// Requests in a handler across every connection: the drain ends when none is left.
@@ -152,11 +93,12 @@ struct InHandler {
 }
 
 impl InHandler {
-    fn begin(activity: &SharedActivity, in_flight: &Arc<InFlight>) -> Self {
+    fn begin(activity: &SharedActivity, in_flight: &Arc<InFlight>, http11: bool) -> Self {
         let mut a = lock(activity);
         a.in_handler += 1;
         a.head_started = None;
         a.requests += 1;
+        a.http11 = http11;
         drop(a);
         in_flight
             .count
@@ -216,62 +158,6 @@ impl ConnDeadline {
     }
 }
 
-/// Why a connection was closed by the server.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Close {
-    HeaderTimeout,
-    IdleTimeout,
-    Draining,
-    Deadline,
-}
-
-impl Close {
-    fn metric_label(self) -> &'static str {
-        match self {
-            Close::HeaderTimeout => "header",
-            Close::IdleTimeout => "idle",
-            Close::Draining => "draining",
-            Close::Deadline => "deadline",
-        }
-    }
-}
-
-/// When to look at the connection next, or why to close it now.
-fn verdict(
-    a: &Activity,
-    now: Instant,
-    limits: &ConnectionLimits,
-    drain_started: Option<Instant>,
-    deadline_at: Option<Instant>,
-) -> Result<Instant, Close> {
-    if let Some(at) = deadline_at {
-        let close_at = at + DEADLINE_FLUSH;
-        if now >= close_at {
-            return Err(Close::Deadline);
-        }
-        if a.in_handler > 0 {
-            return Ok(close_at);
-        }
-    }
-    if a.in_handler > 0 {
-        // The handler owns the body deadline; look again later in case it ends.
-        return Ok(now + limits.header_read_timeout.min(limits.keep_alive_timeout));
-    }
-    let (limit, reason) = match a.head_started {
-        Some(t) => (t + limits.header_read_timeout, Close::HeaderTimeout),
-        None => (a.idle_since + limits.keep_alive_timeout, Close::IdleTimeout),
-    };
-    let (limit, reason) = match drain_started {
-        Some(t) if t + DRAIN_GRACE < limit => (t + DRAIN_GRACE, Close::Draining),
-        _ => (limit, reason),
-    };
-    if now >= limit {
-        Err(reason)
-    } else {
-        Ok(limit)
-    }
-}
-
 /// Everything the accept loop and the connections share.
 struct Shared {
     app: Router,
@@ -279,8 +165,9 @@ struct Shared {
     shutdown: Shutdown,
     metrics: Arc<Metrics>,
     open: Arc<Semaphore>,
-    refusals: Mutex<RefusalLog>,
+    refusals: Refusals,
     in_flight: Arc<InFlight>,
+    unsent: Arc<UnsentBytes>,
     handlers: Handlers,
 }
 
@@ -293,27 +180,12 @@ impl Shared {
         self.metrics
             .gauge_set("te_connection_open", self.open_connections() as f64);
     }
+
+    fn set_unsent_gauge(&self) {
+        self.metrics
+            .gauge_set("te_response_unsent_bytes", self.unsent.total() as f64);
+    }
 }
-
-/// Logs refused connections at most every few seconds, with how many since the last line.
-#[derive(Debug, Default)]
-struct RefusalLog {
-    last: Option<Instant>,
-    unlogged: u64,
-}
-
-const REFUSAL_LOG_EVERY: Duration = Duration::from_secs(10);
-
-/// The answer to a connection past the cap: a complete HTTP response, so clients see why.
-static REFUSAL: std::sync::LazyLock<Vec<u8>> = std::sync::LazyLock::new(|| {
-    let body = r#"{"error":"Too many open connections (--max-connections), retry later","error_type":"overloaded"}"#;
-    format!(
-        "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n\
-         connection: close\r\ncontent-length: {}\r\n\r\n{body}",
-        body.len()
-    )
-    .into_bytes()
-});
 
 /// Serves `app` on every listener until the shutdown sequence ends: after `Draining` no
 /// connection is accepted and each one closes as soon as it has nothing accepted to finish;
@@ -333,8 +205,9 @@ pub async fn serve(
         shutdown: shutdown.clone(),
         metrics,
         open: Arc::new(Semaphore::new(limits.max_connections)),
-        refusals: Mutex::default(),
+        refusals: Refusals::default(),
         in_flight: Arc::default(),
+        unsent: Arc::new(UnsentBytes::new(limits.response_buffer_limit)),
         handlers,
     });
     let mut connections = JoinSet::new();
@@ -417,37 +290,45 @@ fn admit(stream: TcpStream, shared: &Arc<Shared>, connections: &mut JoinSet<()>)
     }
 }
 
-/// Past `--max-connections`: answer 503 without reading the request and close, never wait.
-fn refuse(stream: TcpStream, shared: &Shared) {
-    let _ = stream.try_write(&REFUSAL);
-    drop(stream);
-    shared.metrics.inc("te_connection_refused", &[]);
-    let mut log = shared.refusals.lock().unwrap_or_else(|p| p.into_inner());
-    log.unlogged += 1;
-    let now = Instant::now();
-    if log.last.is_none_or(|t| now - t >= REFUSAL_LOG_EVERY) {
-        tracing::warn!(
-            refused = log.unlogged,
-            max_connections = shared.limits.max_connections,
-            "refused connections: --max-connections are open"
-        );
-        log.last = Some(now);
-        log.unlogged = 0;
-    }
+/// The answer to new work while answers to other clients fill `--response-buffer-limit`.
+fn congested(openai: bool) -> Response {
+    crate::http::error::ApiError::new(
+        ErrorType::Congested,
+        "The server holds too many answers that their clients have not read \
+         (--response-buffer-limit); retry later",
+    )
+    .openai(openai)
+    .into_response()
+}
+
+/// The bytes hyper writes for `response` to a request of `method`.
+fn answer_bytes(response: &Response, method: &hyper::Method) -> u64 {
+    let status = response.status();
+    let bodyless = method == hyper::Method::HEAD
+        || status.is_informational()
+        || status == hyper::StatusCode::NO_CONTENT
+        || status == hyper::StatusCode::NOT_MODIFIED;
+    let body = if bodyless {
+        0
+    } else {
+        response.body().size_hint().lower()
+    };
+    head_bytes(response) + body
 }
 
 async fn serve_connection(stream: TcpStream, shared: Arc<Shared>, permit: OwnedSemaphorePermit) {
     // Responses are written whole; do not let Nagle hold their last segment.
     let _ = stream.set_nodelay(true);
-    let activity: SharedActivity = Arc::new(Mutex::new(Activity {
-        in_handler: 0,
-        head_started: None,
-        idle_since: Instant::now(),
-        requests: 0,
-    }));
+    let activity: SharedActivity = Arc::new(Mutex::new(Activity::new(Instant::now())));
+    let send_stalled = Arc::new(Notify::new());
+    let peer = PeerWatch::new(stream.as_raw_fd());
     let io = TokioIo::new(Watched {
         inner: stream,
-        activity: activity.clone(),
+        share: UnsentShare {
+            activity: activity.clone(),
+            all: shared.unsent.clone(),
+            stalled: send_stalled.clone(),
+        },
     });
     let app = shared.app.clone();
     let handlers = shared.handlers.clone();
@@ -455,64 +336,93 @@ async fn serve_connection(stream: TcpStream, shared: Arc<Shared>, permit: OwnedS
     let in_flight = shared.in_flight.clone();
     let deadline = Arc::new(ConnDeadline::default());
     let service_deadline = deadline.clone();
+    let service_shared = shared.clone();
     let service = service_fn(move |req: hyper::Request<Incoming>| {
-        let in_handler = InHandler::begin(&service_activity, &in_flight);
+        let http11 = req.version() == hyper::Version::HTTP_11;
+        let in_handler = InHandler::begin(&service_activity, &in_flight, http11);
         let app = app.clone();
         let handlers = handlers.clone();
         let deadline = service_deadline.clone();
-        async move {
+        let shared = service_shared.clone();
+        let activity = service_activity.clone();
+        // Boxed: the connection is taken apart once it ends (see below), which needs a
+        // future that can move.
+        Box::pin(async move {
             let openai = crate::http::is_openai_path(req.uri().path());
-            let answered = deadline
-                .race(handlers.respond(app, req.map(axum::body::Body::new), openai))
-                .await;
+            let method = req.method().clone();
+            let response = if method == hyper::Method::POST && shared.unsent.over_limit() {
+                shared.metrics.inc(
+                    "te_request_failure",
+                    &[("err", ErrorType::Congested.metric_label())],
+                );
+                congested(openai)
+            } else {
+                let answered = deadline
+                    .race(handlers.respond(app, req.map(axum::body::Body::new), openai))
+                    .await;
+                match answered {
+                    Some(response) => response,
+                    None => crate::http::shutting_down(
+                        openai,
+                        "The server is shutting down: the request did not finish within \
+                         --shutdown-timeout",
+                    ),
+                }
+            };
+            answer_produced(&activity, &shared.unsent, answer_bytes(&response, &method));
             drop(in_handler);
-            Ok::<_, std::convert::Infallible>(match answered {
-                Some(response) => response,
-                None => crate::http::shutting_down(
-                    openai,
-                    "The server is shutting down: the request did not finish within \
-                     --shutdown-timeout",
-                ),
-            })
-        }
+            Ok::<_, std::convert::Infallible>(response)
+        })
     });
-    // Boxed so that dropping it closes the socket before the connection's permit is released.
-    let mut conn = Box::pin(
-        http1::Builder::new()
-            .timer(TokioTimer::new())
-            .header_read_timeout(None)
-            .keep_alive(true)
-            .serve_connection(io, service),
-    );
+    let mut conn = http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(None)
+        .keep_alive(true)
+        // A client that half-closes after its request still gets the answer; `peer` tells
+        // it from one that left.
+        .half_close(true)
+        .serve_connection(io, service);
     let limits = shared.limits;
     let shutdown = &shared.shutdown;
     let mut drain_started = None;
     let mut deadline_at = None;
     let mut graceful = false;
+    let mut peer_closed = false;
+    let mut probed_request = None;
     let closed = loop {
-        let check = verdict(
+        let mut check = verdict(
             &lock(&activity),
             Instant::now(),
             &limits,
             drain_started,
             deadline_at,
         );
+        if peer_closed {
+            check = check.and_then(|at| watch_departure(&activity, peer.as_ref(), &mut probed_request, at));
+        }
         let next_check = match check {
             Ok(at) => at,
             Err(reason) => break Some(reason),
         };
         if drain_started.is_some() && !graceful && lock(&activity).in_handler > 0 {
             // Finish the request being served, then close instead of keeping alive.
-            conn.as_mut().graceful_shutdown();
+            std::pin::Pin::new(&mut conn).graceful_shutdown();
             graceful = true;
         }
         tokio::select! {
-            result = conn.as_mut() => {
+            biased;
+            // hyper flushes and sends the FIN; the socket is closed below, lingering.
+            result = std::future::poll_fn(|cx| std::pin::Pin::new(&mut conn).poll(cx)) => {
                 if let Err(e) = result {
                     tracing::debug!("connection ended: {e}");
                 }
                 break None;
             }
+            _ = async { peer.as_ref().expect("watched").read_closed().await },
+                if peer.is_some() && !peer_closed => {
+                peer_closed = true;
+            }
+            _ = send_stalled.notified() => {}
             _ = tokio::time::sleep_until(next_check) => {}
             _ = shutdown.reached(Phase::Draining), if drain_started.is_none() => {
                 drain_started = Some(Instant::now());
@@ -531,20 +441,63 @@ async fn serve_connection(stream: TcpStream, shared: Arc<Shared>, permit: OwnedS
             }
         }
     };
-    if let Some(reason) = closed {
-        let requests = lock(&activity).requests;
-        tracing::debug!(?reason, requests, "closing connection");
-        if matches!(reason, Close::HeaderTimeout | Close::IdleTimeout) {
-            shared
-                .metrics
-                .inc("te_connection_timeout", &[("phase", reason.metric_label())]);
+    drop(peer);
+    match closed {
+        Some(reason) => {
+            let requests = lock(&activity).requests;
+            tracing::debug!(?reason, requests, "closing connection");
+            if let Some(phase) = reason.timeout_phase() {
+                shared
+                    .metrics
+                    .inc("te_connection_timeout", &[("phase", phase)]);
+            }
+            drop(conn);
+        }
+        None => {
+            let Watched { inner, share } = conn.into_parts().io.into_inner();
+            drop(share);
+            shared.set_unsent_gauge();
+            tokio::select! {
+                _ = linger(inner, LINGER) => {}
+                _ = shutdown.reached(Phase::Deadline) => {}
+            }
         }
     }
-    drop(conn);
+    shared.set_unsent_gauge();
     drop(permit);
     shared.set_open_gauge();
 }
 
+/// While a client that closed its side has a request in a handler: probes it once (HTTP/1.1
+/// only; an HTTP/1.0 client must not be sent an interim answer) and looks at the socket
+/// every [`PROBE_POLL`] until the handler ends; `Err` once the client is gone.
+fn watch_departure(
+    activity: &SharedActivity,
+    peer: Option<&PeerWatch>,
+    probed_request: &mut Option<u64>,
+    next_check: Instant,
+) -> Result<Instant, Close> {
+    let Some(peer) = peer else {
+        return Ok(next_check);
+    };
+    let a = lock(activity);
+    if a.in_handler == 0 || a.unsent > 0 {
+        return Ok(next_check);
+    }
+    match peer.state() {
+        PeerState::Gone => return Err(Close::PeerGone),
+        PeerState::HalfClosed if a.http11 && *probed_request != Some(a.requests) => {
+            *probed_request = Some(a.requests);
+            peer.probe();
+        }
+        _ => {}
+    }
+    Ok(next_check.min(Instant::now() + PROBE_POLL))
+}
+
+
 #[cfg(test)]
-#[path = "connections_tests.rs"]
 mod tests;
+
+#[cfg(test)]
+mod tests_clients;
