@@ -6,6 +6,7 @@
 //! connection reads and writes and when its requests start and end.
 
 use super::{ConnectionLimits, DEADLINE_FLUSH, DRAIN_GRACE};
+use crate::metrics::Metrics;
 use std::io;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -27,7 +28,7 @@ pub(super) struct Activity {
     /// When the connection opened, or its last request ended and its answer was sent.
     pub idle_since: Instant,
     pub requests: u64,
-    /// Bytes of answers produced and not yet taken by the socket. A lower bound: the head is
+/// Bytes of answers produced and not yet taken by the socket. A lower bound: the head is
     /// counted without the `date` and `content-length` headers hyper adds, so it reaches 0
     /// when at most those few bytes are left in hyper's buffer.
     pub unsent: u64,
@@ -61,19 +62,25 @@ pub(super) fn lock(a: &SharedActivity) -> MutexGuard<'_, Activity> {
     a.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+const GAUGE: &str = "te_response_unsent_bytes";
+
 /// Bytes of answers produced and not yet taken by their sockets, over every connection:
 /// what slow or absent readers make the server hold. Past `limit`, new work is refused.
+/// Shown as the gauge `te_response_unsent_bytes`.
 #[derive(Debug)]
 pub struct UnsentBytes {
     total: AtomicU64,
     limit: u64,
+    metrics: Arc<Metrics>,
 }
 
 impl UnsentBytes {
-    pub fn new(limit: u64) -> Self {
+    pub fn new(limit: u64, metrics: Arc<Metrics>) -> Self {
+        metrics.gauge_set(GAUGE, 0.0);
         Self {
             total: AtomicU64::new(0),
             limit,
+            metrics,
         }
     }
 
@@ -86,11 +93,16 @@ impl UnsentBytes {
     }
 
     fn add(&self, bytes: u64) {
-        self.total.fetch_add(bytes, Ordering::Relaxed);
+        let total = self.total.fetch_add(bytes, Ordering::Relaxed) + bytes;
+        self.metrics.gauge_set(GAUGE, total as f64);
     }
 
     fn sub(&self, bytes: u64) {
-        self.total.fetch_sub(bytes, Ordering::Relaxed);
+        if bytes == 0 {
+            return;
+        }
+        let total = self.total.fetch_sub(bytes, Ordering::Relaxed) - bytes;
+        self.metrics.gauge_set(GAUGE, total as f64);
     }
 }
 

@@ -180,11 +180,6 @@ impl Shared {
         self.metrics
             .gauge_set("te_connection_open", self.open_connections() as f64);
     }
-
-    fn set_unsent_gauge(&self) {
-        self.metrics
-            .gauge_set("te_response_unsent_bytes", self.unsent.total() as f64);
-    }
 }
 
 /// Serves `app` on every listener until the shutdown sequence ends: after `Draining` no
@@ -203,11 +198,14 @@ pub async fn serve(
         app,
         limits,
         shutdown: shutdown.clone(),
+        unsent: Arc::new(UnsentBytes::new(
+            limits.response_buffer_limit,
+            metrics.clone(),
+        )),
         metrics,
         open: Arc::new(Semaphore::new(limits.max_connections)),
         refusals: Refusals::default(),
         in_flight: Arc::default(),
-        unsent: Arc::new(UnsentBytes::new(limits.response_buffer_limit)),
         handlers,
     });
     let mut connections = JoinSet::new();
@@ -456,14 +454,12 @@ async fn serve_connection(stream: TcpStream, shared: Arc<Shared>, permit: OwnedS
         None => {
             let Watched { inner, share } = conn.into_parts().io.into_inner();
             drop(share);
-            shared.set_unsent_gauge();
             tokio::select! {
                 _ = linger(inner, LINGER) => {}
                 _ = shutdown.reached(Phase::Deadline) => {}
             }
         }
     }
-    shared.set_unsent_gauge();
     drop(permit);
     shared.set_open_gauge();
 }
