@@ -5,6 +5,7 @@
 //! one OS thread owning the interpreter. Built by maturin as `trt_tei_runtime._router` (with
 //! the `pyo3` feature); `cargo test` builds and tests everything else without Python.
 
+pub mod allocator;
 pub mod backend;
 pub mod capped;
 pub mod cli;

@@ -231,6 +231,8 @@ impl Metrics {
                 let _ = writeln!(out, "{name}_count{labels} {count}");
             }
         }
+        // Read at the scrape, not kept in the registry (see `allocator`).
+        crate::allocator::render(&mut out);
         out
     }
 }

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import base64
 import json
+import os
+import platform
 import re
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -203,6 +206,36 @@ def test_headers_info_metrics_docs(server):
     assert "/embed" in spec["paths"] and "/v1/embeddings" in spec["paths"]
     assert "swagger" in server.get("/docs", follow_redirects=True).text.lower()
     assert server.get("/health").status_code == 200
+
+
+ALLOCATOR_GAUGES = (
+    "te_allocator_arenas",
+    "te_allocator_arena_bytes",
+    "te_allocator_in_use_bytes",
+    "te_allocator_free_bytes",
+    "te_allocator_mmap_bytes",
+)
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's mallinfo2 only")
+def test_allocator_gauges_are_the_processs(server):
+    """`te_allocator_*` (rust_router/src/allocator.rs): every gauge with help text, and
+    figures that can only be this process's: the model's weights in use, no more in use
+    than the process maps, the free bytes inside the arenas."""
+    assert server.post("/embed", {"inputs": TEXTS}).status_code == 200
+    text = server.get("/metrics").text
+    for name in ALLOCATOR_GAUGES:
+        assert f"# HELP {name} " in text and f"# TYPE {name} gauge" in text, name
+    got = {k: float(v) for k, v in re.findall(r"^te_allocator_(\w+) (\S+)$", text, re.M)}
+    status = Path(f"/proc/{server.proc.pid}/status").read_text()
+    vm_size = int(re.search(r"^VmSize:\s+(\d+) kB", status, re.M).group(1)) * 1024
+    mib = 1 << 20
+    # all-MiniLM-L6-v2's 22.7 M weights are 43 MiB in half precision, 87 MiB in float32.
+    assert 32 * mib < got["in_use_bytes"] < vm_size
+    assert got["mmap_bytes"] <= got["in_use_bytes"]
+    assert 0 <= got["free_bytes"] <= got["arena_bytes"] < vm_size
+    # One main arena plus at most glibc's default of 8 per core.
+    assert 1 <= got["arenas"] <= 8 * (os.cpu_count() or 1) + 1
 
 
 def test_root_dispatches_to_embed(server, reference):
