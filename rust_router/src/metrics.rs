@@ -6,6 +6,9 @@
 //! Every request updates several series on its way to the GPU, and a query's must never wait
 //! for a backfill's: values are atomics, and the registry's lock is taken exclusively only to
 //! add a series (once per name and label set), so updates share it and never block each other.
+//!
+//! Every family is rendered with `# HELP` (from [`help`]) and `# TYPE`: `promtool check
+//! metrics` and some scrapers refuse families without help text.
 
 use std::collections::BTreeMap;
 use std::fmt::Write;
@@ -62,6 +65,69 @@ impl Histogram {
         self.counts[bucket].fetch_add(1, Ordering::Relaxed);
         self.sum.add(value);
     }
+}
+
+/// The `# HELP` text of every family the router exposes (TEI's names; TEI's own exposition
+/// has no help text). A family missing here is rendered without it, which the exposition
+/// tests refuse.
+pub fn help(name: &str) -> Option<&'static str> {
+    Some(match name {
+        "te_request_count" => {
+            "Inference requests that reached admission (those refused with 429 included), by \
+             method: single (one input) or batch (a list); a /vertex request counts once"
+        }
+        "te_request_success" => "Inference requests answered with success, by method",
+        "te_request_failure" => {
+            "Requests answered with an error, by err (the error_type); err=dropped: requests \
+             whose client left before the answer, one per request"
+        }
+        "te_request_duration" => "Seconds from the start of a successful request to its answer",
+        "te_request_tokenization_duration" => {
+            "Seconds a successful request spent being tokenized (average over its inputs)"
+        }
+        "te_request_queue_duration" => {
+            "Seconds a successful request's inputs waited from queueing to their forward pass \
+             (average over its inputs)"
+        }
+        "te_request_inference_duration" => {
+            "Seconds of the forward passes that ran a successful request's inputs (average \
+             over its inputs)"
+        }
+        "te_request_input_length" => "Tokens of each input queued for inference",
+        "te_queue_size" => "Sequences waiting in the queue, both lanes",
+        "te_batch_next_size" => "Sequences in each batch packed for the backend, by lane",
+        "te_batch_next_tokens" => "Tokens in each batch packed for the backend, by lane",
+        "te_batch_inference_success" => "Forward passes that returned a result",
+        "te_batch_inference_failure" => "Forward passes that raised",
+        "te_batch_inference_duration" => "Seconds of each forward pass that returned a result",
+        "te_batch_inference_size" => "Sequences in each forward pass that returned a result",
+        "te_batch_isolation_pass" => {
+            "Extra forward passes run to find which request of a failed batch made it fail"
+        }
+        "te_inference_non_finite" => {
+            "Sequences whose output held NaN or infinite values (their request failed)"
+        }
+        "te_connection_open" => "HTTP connections open",
+        "te_connection_refused" => "Connections refused because --max-connections were open",
+        "te_connection_timeout" => {
+            "Connections closed by a timeout, by phase: header (a request head too slow), \
+             idle (no request) or send (an answer not taken in time)"
+        }
+        "te_response_unsent_bytes" => {
+            "Bytes of answers produced and not yet taken by their clients' sockets, over every \
+             connection"
+        }
+        _ => return None,
+    })
+}
+
+/// `# HELP` and `# TYPE` of the family `name` (help text escaped as the format asks).
+fn family_header(out: &mut String, name: &str, kind: &str) {
+    if let Some(help) = help(name) {
+        let help = help.replace('\\', "\\\\").replace('\n', "\\n");
+        let _ = writeln!(out, "# HELP {name} {help}");
+    }
+    let _ = writeln!(out, "# TYPE {name} {kind}");
 }
 
 /// Metric name, then rendered label set (`""` for none). Nested so that updating an existing
@@ -199,18 +265,19 @@ impl Metrics {
         let reg = self.read();
         let mut out = String::new();
         for (name, by_labels) in &reg.counters {
-            let _ = writeln!(out, "# TYPE {name} counter");
+            family_header(&mut out, name, "counter");
             for (labels, v) in by_labels {
                 let _ = writeln!(out, "{name}{labels} {}", v.load(Ordering::Relaxed));
             }
         }
         for (name, by_labels) in &reg.gauges {
+            family_header(&mut out, name, "gauge");
             for (labels, v) in by_labels {
-                let _ = writeln!(out, "# TYPE {name} gauge\n{name}{labels} {}", v.load());
+                let _ = writeln!(out, "{name}{labels} {}", v.load());
             }
         }
         for (name, by_labels) in &reg.histograms {
-            let _ = writeln!(out, "# TYPE {name} histogram");
+            family_header(&mut out, name, "histogram");
             for (labels, h) in by_labels {
                 // Splice `le` into the existing label set.
                 let with_le = |le: &str| {
@@ -263,6 +330,73 @@ mod tests {
         assert!(text.contains("te_request_input_length_count 1"));
         assert!(text.contains("te_request_duration_bucket{method=\"x\",le=\"+Inf\"} 1"));
         assert!(text.contains("te_request_duration_sum{method=\"x\"} 0.5"));
+    }
+
+    /// The `"te_..."` string literals of the crate's sources, tests left out: the names of
+    /// the families the router updates (directly or through a constant).
+    fn names_in_sources(dir: &std::path::Path, names: &mut Vec<(String, String)>) {
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            let file = path.file_name().unwrap().to_string_lossy().to_string();
+            if path.is_dir() {
+                names_in_sources(&path, names);
+                continue;
+            }
+            // Tests make up series; the allocator renders its gauges with their own help.
+            let skip = file.starts_with("test") || file.ends_with("_tests.rs");
+            if skip || file == "allocator.rs" || !file.ends_with(".rs") {
+                continue;
+            }
+            let text = std::fs::read_to_string(&path).unwrap();
+            for (at, _) in text.match_indices("\"te_") {
+                let name: String = text[at + 1..]
+                    .chars()
+                    .take_while(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == '_')
+                    .collect();
+                // `"te_"` alone is this scan's own pattern.
+                if name.len() > 3 && text[at + 1 + name.len()..].starts_with('"') {
+                    names.push((name, file.clone()));
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn every_family_the_router_updates_has_help() {
+        let mut names = vec![];
+        let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+        names_in_sources(&src, &mut names);
+        assert!(names.iter().any(|(n, _)| n == "te_request_failure"));
+        for (name, file) in names {
+            assert!(help(&name).is_some(), "{name} ({file}) has no help text");
+        }
+    }
+
+    #[test]
+    fn every_family_is_rendered_with_help_and_type_once() {
+        let m = Metrics::new(512);
+        m.inc("te_request_count", &[("method", "single")]);
+        m.inc("te_request_count", &[("method", "batch")]);
+        m.gauge_set("te_queue_size", 3.0);
+        m.observe("te_request_duration", &[("method", "x")], 0.5);
+        m.observe("te_request_duration", &[("method", "y")], 0.5);
+        let text = m.render();
+        for (name, kind) in [
+            ("te_request_count", "counter"),
+            ("te_queue_size", "gauge"),
+            ("te_request_duration", "histogram"),
+        ] {
+            let help = format!(
+                "# HELP {name} {}\n# TYPE {name} {kind}\n",
+                help(name).unwrap()
+            );
+            assert_eq!(text.matches(&help).count(), 1, "{name}: {text}");
+            assert_eq!(
+                text.matches(&format!("# TYPE {name} ")).count(),
+                1,
+                "{text}"
+            );
+        }
     }
 
     #[test]
