@@ -13,9 +13,13 @@
 //! malloc (Python's small-object arenas, thread stacks, the files mapped in) is not here: it
 //! is the rest of the process's `RssAnon`/`RssFile`.
 //!
-//! Cost: both calls lock each arena in turn and walk its free lists (well under a millisecond
-//! on this router's heaps; a thread that allocates from that arena meanwhile waits). Once per
-//! scrape, every few seconds at most, that is nothing.
+//! Cost: both calls lock each arena in turn and walk its free lists (a thread that allocates
+//! from that arena meanwhile waits); a whole scrape took under a millisecond during the soak
+//! (`benchmarks/soak_memory.py`). Once per scrape, every few seconds at most, that is nothing.
+//!
+//! The one allocator setting the router changes is here too: [`bound_fragmentation`] fixes
+//! malloc's mmap threshold at start, which keeps a CPU model's activations from growing the
+//! memory malloc holds free without bound.
 
 use std::fmt::Write;
 
@@ -86,9 +90,49 @@ pub fn stats() -> Option<Stats> {
     imp::stats()
 }
 
+/// From this size up, malloc gives an allocation a mapping of its own, unmapped when it is
+/// freed (see [`bound_fragmentation`]).
+pub const MMAP_THRESHOLD: usize = 1 << 20;
+
+/// What [`bound_fragmentation`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Threshold {
+    /// Fixed at this many bytes.
+    Fixed(usize),
+    /// Left as the environment set it (`MALLOC_MMAP_THRESHOLD_`, `GLIBC_TUNABLES`).
+    FromEnvironment,
+    /// Not glibc.
+    Unsupported,
+}
+
+/// Fixes malloc's mmap threshold at [`MMAP_THRESHOLD`], unless the environment chose one;
+/// called once at start, before the model loads.
+///
+/// glibc starts the threshold at 128 KiB and raises it to the size of every mapped block
+/// that is freed, up to 32 MiB. On a CPU the model's activations are blocks of a few MiB
+/// whose sizes change with every batch; once the threshold has passed them they come from
+/// the arenas, where the holes one batch leaves fit the next batch's sizes only in part, and
+/// the free memory the arenas hold grew without bound: 1 GiB after 300 random batches of
+/// all-MiniLM-L6-v2 and still rising, about 10 MiB with the threshold fixed at 1 MiB
+/// (`benchmarks/soak_backend.py`; through HTTP, `benchmarks/soak_memory.py`; figures in
+/// benchmarks/RESULTS.md). A fixed threshold also stops glibc from raising it. Each large
+/// block then costs a mapping and its page faults, a few percent of a CPU batch's time,
+/// nothing a GPU's host side notices (its large blocks are the CUDA allocator's).
+///
+/// `MALLOC_MMAP_THRESHOLD_=<bytes>` (or `GLIBC_TUNABLES=glibc.malloc.mmap_threshold=...`)
+/// chooses another value: glibc applied it when the process started, and it is kept.
+pub fn bound_fragmentation() -> Threshold {
+    let chosen = std::env::var_os("MALLOC_MMAP_THRESHOLD_").is_some()
+        || std::env::var("GLIBC_TUNABLES").is_ok_and(|t| t.contains("mmap_threshold"));
+    if chosen {
+        return Threshold::FromEnvironment;
+    }
+    imp::set_mmap_threshold(MMAP_THRESHOLD)
+}
+
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
 mod imp {
-    use super::Stats;
+    use super::{Stats, Threshold};
     use std::sync::OnceLock;
 
     type Mallinfo2 = unsafe extern "C" fn() -> libc::mallinfo2;
@@ -132,6 +176,15 @@ mod imp {
         }
     }
 
+    pub fn set_mmap_threshold(bytes: usize) -> Threshold {
+        let value = libc::c_int::try_from(bytes).expect("a threshold below 2 GiB");
+        // SAFETY: mallopt takes plain integers and may be called at any time.
+        match unsafe { libc::mallopt(libc::M_MMAP_THRESHOLD, value) } {
+            1 => Threshold::Fixed(bytes),
+            _ => Threshold::Unsupported,
+        }
+    }
+
     pub fn stats() -> Option<Stats> {
         // SAFETY: takes no arguments and only reads the allocator's state under its locks.
         let m = unsafe { mallinfo2()?() };
@@ -149,6 +202,10 @@ mod imp {
 mod imp {
     pub fn stats() -> Option<super::Stats> {
         None
+    }
+
+    pub fn set_mmap_threshold(_: usize) -> super::Threshold {
+        super::Threshold::Unsupported
     }
 }
 
@@ -205,5 +262,25 @@ mod tests {
         assert!(s.mmap_bytes >= SIZE, "{s:?}");
         assert!(s.in_use_bytes >= SIZE, "{s:?}");
         drop(block);
+    }
+
+    /// Whether glibc gave `block` a mapping of its own: the IS_MMAPPED bit (2) of the chunk
+    /// size glibc keeps in the word before the block.
+    fn has_own_mapping(block: &[u8]) -> bool {
+        // SAFETY: a malloc'd block of glibc's: its chunk header precedes it.
+        unsafe { *block.as_ptr().cast::<usize>().sub(1) & 2 != 0 }
+    }
+
+    #[test]
+    fn blocks_from_the_fixed_threshold_up_are_mapped_after_larger_ones_were_freed() {
+        // A freed 24 MiB block raises glibc's dynamic threshold past 4 MiB: the next 4 MiB
+        // block would come from an arena and stay there once freed.
+        drop(black_box(vec![1u8; 24 << 20]));
+        let threshold = bound_fragmentation();
+        if std::env::var_os("MALLOC_MMAP_THRESHOLD_").is_none() {
+            assert_eq!(threshold, Threshold::Fixed(MMAP_THRESHOLD));
+        }
+        assert!(has_own_mapping(&black_box(vec![1u8; 4 * MMAP_THRESHOLD])));
+        assert!(!has_own_mapping(&black_box(vec![1u8; MMAP_THRESHOLD / 4])));
     }
 }

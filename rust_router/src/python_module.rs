@@ -36,6 +36,9 @@ pub fn backend_options(args: &Args) -> PythonBackendOptions {
 /// Runs the server with `argv` (as `sys.argv`) and returns the exit code.
 #[pyfunction]
 fn run(py: Python<'_>, argv: Vec<String>) -> i32 {
+    // Before the model loads: a CPU model's activations would otherwise grow the heap's free
+    // memory without bound (see `allocator::bound_fragmentation`).
+    crate::allocator::bound_fragmentation();
     // Detach for the whole server life: the backend threads attach for each call, and
     // nothing else in the process needs the interpreter.
     py.detach(move || {
