@@ -28,7 +28,7 @@ pub(super) struct Activity {
     /// When the connection opened, or its last request ended and its answer was sent.
     pub idle_since: Instant,
     pub requests: u64,
-/// Bytes of answers produced and not yet taken by the socket. A lower bound: the head is
+    /// Bytes of answers produced and not yet taken by the socket. A lower bound: the head is
     /// counted without the `date` and `content-length` headers hyper adds, so it reaches 0
     /// when at most those few bytes are left in hyper's buffer.
     pub unsent: u64,

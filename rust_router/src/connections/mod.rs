@@ -19,7 +19,10 @@ use crate::http::error::ErrorType;
 use crate::http_thread::Handlers;
 use crate::metrics::Metrics;
 use crate::shutdown::{Phase, Shutdown};
-use activity::{answer_produced, head_bytes, lock, verdict, Activity, Close, SharedActivity, UnsentShare, Watched};
+use activity::{
+    answer_produced, head_bytes, lock, verdict, Activity, Close, SharedActivity, UnsentShare,
+    Watched,
+};
 use axum::body::HttpBody as _;
 use axum::response::{IntoResponse, Response};
 use axum::Router;
@@ -396,7 +399,8 @@ async fn serve_connection(stream: TcpStream, shared: Arc<Shared>, permit: OwnedS
             deadline_at,
         );
         if peer_closed {
-            check = check.and_then(|at| watch_departure(&activity, peer.as_ref(), &mut probed_request, at));
+            check = check
+                .and_then(|at| watch_departure(&activity, peer.as_ref(), &mut probed_request, at));
         }
         let next_check = match check {
             Ok(at) => at,
@@ -490,7 +494,6 @@ fn watch_departure(
     }
     Ok(next_check.min(Instant::now() + PROBE_POLL))
 }
-
 
 #[cfg(test)]
 mod tests;

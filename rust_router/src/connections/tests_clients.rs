@@ -137,7 +137,10 @@ async fn an_answer_the_client_does_not_read_is_cut_at_the_send_deadline() {
     assert!(closed, "the connection outlived the send deadline");
     assert!(received.len() < BIG, "the whole answer was sent");
     let metrics = rendered(&server.metrics);
-    assert!(metrics.contains(r#"te_connection_timeout{phase="send"} 1"#), "{metrics}");
+    assert!(
+        metrics.contains(r#"te_connection_timeout{phase="send"} 1"#),
+        "{metrics}"
+    );
     assert!(metrics.contains("te_response_unsent_bytes 0"), "{metrics}");
 }
 
@@ -166,7 +169,10 @@ async fn a_slow_reader_gets_the_whole_answer_past_the_keep_alive_timeout() {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     assert!(received > BIG, "cut after {received} bytes");
-    assert!(started.elapsed() > Duration::from_millis(200), "not slow enough to test");
+    assert!(
+        started.elapsed() > Duration::from_millis(200),
+        "not slow enough to test"
+    );
 }
 
 #[tokio::test]

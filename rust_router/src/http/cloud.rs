@@ -8,7 +8,7 @@ use super::error::{ApiError, Body, ErrorResponse, TeiJson};
 use super::model_routes::{not_served, require, Needs};
 use super::sparse::{embed_sparse, EmbedSparseRequest};
 use super::types::{EmbedRequest, PredictRequest};
-use super::AppState;
+use super::{as_one_request, AppState, ResponseMeta};
 use crate::backend::ModelType;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
@@ -16,6 +16,7 @@ use axum::Json;
 use futures_util::future::join_all;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+use std::time::Instant;
 use utoipa::openapi::schema::{AnyOfBuilder, Ref, Schema};
 use utoipa::openapi::RefOr;
 use utoipa::ToSchema;
@@ -179,7 +180,8 @@ pub async fn invocations(State(state): State<AppState>, req: TeiJson<Value>) -> 
 }
 
 /// Vertex AI's prediction route: each instance runs as `POST /` would run it (at the same
-/// time, so they batch together); the first failing instance's error is the answer.
+/// time, so they batch together); the first failing instance's error is the answer. The
+/// metrics count one request, however many instances it has.
 #[utoipa::path(
     post, path = "/vertex", tag = "Text Embeddings Inference",
     request_body = VertexRequest,
@@ -196,6 +198,7 @@ pub async fn invocations(State(state): State<AppState>, req: TeiJson<Value>) -> 
     )
 )]
 pub async fn vertex(State(state): State<AppState>, req: TeiJson<VertexRequest>) -> Response {
+    let start = Instant::now();
     let instances = req.0.instances;
     if let Err(e) = state.check_batch(instances.len(), "instances") {
         return e.into_response();
@@ -204,8 +207,8 @@ pub async fn vertex(State(state): State<AppState>, req: TeiJson<VertexRequest>) 
         instances
             .into_iter()
             .map(|body| dispatch(state.clone(), body)),
-    )
-    .await;
+    );
+    let (answers, metas) = as_one_request(&state, answers).await;
     let mut predictions = Vec::with_capacity(answers.len());
     for answer in answers {
         if !answer.status().is_success() {
@@ -226,5 +229,6 @@ pub async fn vertex(State(state): State<AppState>, req: TeiJson<VertexRequest>) 
             }
         }
     }
-    Json(VertexResponse { predictions }).into_response()
+    let headers = ResponseMeta::merged(start, &metas).finish(&state, "batch");
+    (headers, Json(VertexResponse { predictions })).into_response()
 }

@@ -28,13 +28,15 @@ mod tests_errors;
 #[cfg(test)]
 mod tests_hardening;
 #[cfg(test)]
+mod tests_metrics;
+#[cfg(test)]
 mod tests_sparse;
 #[cfg(test)]
 mod tests_types;
 
 use crate::infer::{Infer, InferMetadata};
 use crate::metrics::Metrics;
-use crate::shutdown::Shutdown;
+use crate::shutdown::{Phase, Shutdown};
 use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::http::{header, HeaderMap, HeaderValue, Method};
 use axum::middleware::{self, Next};
@@ -42,6 +44,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
 use error::{ApiError, ErrorType};
+use std::cell::RefCell;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tower_http::cors::{AllowOrigin, CorsLayer};
@@ -180,11 +183,34 @@ pub(crate) fn handler_failed(openai: bool) -> Response {
     .into_response()
 }
 
+tokio::task_local! {
+    /// Set while `/vertex` runs its instances through the routes' handlers: each instance's
+    /// timings land here instead of in the request metrics, and `/vertex` records the
+    /// request once ([`ResponseMeta::merged`]).
+    static INSTANCES: RefCell<Vec<ResponseMeta>>;
+}
+
+/// Runs `instances` (the handlers of `/vertex`'s instances) as one request: returns their
+/// output and their timings, which are not recorded one by one (see [`INSTANCES`]).
+pub(crate) async fn as_one_request<F: std::future::Future>(
+    state: &AppState,
+    instances: F,
+) -> (F::Output, Vec<ResponseMeta>) {
+    let run = async {
+        let output = instances.await;
+        (output, INSTANCES.with(|metas| metas.take()))
+    };
+    let counted = state.infer.one_request(true, run);
+    INSTANCES.scope(RefCell::default(), counted).await
+}
+
 /// Timings of one HTTP request, reported in headers, logs and metrics.
 #[derive(Debug, Clone)]
 pub(crate) struct ResponseMeta {
     pub compute_chars: usize,
     pub compute_tokens: usize,
+    /// The inputs (sequences) the times are averaged over.
+    pub sequences: usize,
     pub start: Instant,
     pub tokenization: Duration,
     pub queue: Duration,
@@ -203,6 +229,7 @@ impl ResponseMeta {
         Self {
             compute_chars,
             compute_tokens: metas.iter().map(|m| m.prompt_tokens).sum(),
+            sequences: metas.len(),
             start,
             tokenization: sum(|m| m.tokenization),
             queue: sum(|m| m.queue),
@@ -211,7 +238,37 @@ impl ResponseMeta {
         }
     }
 
+    /// One request of several parts (`/vertex`'s instances) that started at `start`: counts
+    /// add up, per-sequence times are averaged over every part's sequences.
+    pub fn merged(start: Instant, parts: &[ResponseMeta]) -> Self {
+        let sequences: usize = parts.iter().map(|p| p.sequences).sum();
+        let mean = |f: fn(&ResponseMeta) -> Duration| {
+            let total: Duration = parts.iter().map(|p| f(p) * p.sequences as u32).sum();
+            total / sequences.max(1) as u32
+        };
+        Self {
+            compute_chars: parts.iter().map(|p| p.compute_chars).sum(),
+            compute_tokens: parts.iter().map(|p| p.compute_tokens).sum(),
+            sequences,
+            start,
+            tokenization: mean(|p| p.tokenization),
+            queue: mean(|p| p.queue),
+            handover: mean(|p| p.handover),
+            inference: mean(|p| p.inference),
+        }
+    }
+
+    /// The answer's timing headers; records the request in the metrics (and the debug log),
+    /// unless it is an instance of a `/vertex` request, which records itself.
     pub fn finish(&self, state: &AppState, method: &str) -> HeaderMap {
+        let instance = INSTANCES.try_with(|metas| metas.borrow_mut().push(self.clone()));
+        if instance.is_err() {
+            self.record(state, method);
+        }
+        self.headers(state)
+    }
+
+    fn record(&self, state: &AppState, method: &str) {
         let total = self.start.elapsed();
         let m = &state.metrics;
         m.inc("te_request_success", &[("method", method)]);
@@ -236,6 +293,10 @@ impl ResponseMeta {
             compute_tokens = self.compute_tokens,
             "success"
         );
+    }
+
+    fn headers(&self, state: &AppState) -> HeaderMap {
+        let total = self.start.elapsed();
         let ms = |d: Duration| HeaderValue::from(d.as_millis() as u64);
         let mut h = HeaderMap::new();
         if let Ok(v) = HeaderValue::from_str(&state.config.compute_type) {
@@ -259,7 +320,8 @@ impl ResponseMeta {
 /// docs. Once the server is draining, a request that arrives is answered 503 at once: the
 /// work accepted before the signal finishes, nothing new starts (the client retries
 /// elsewhere, as the load balancer does once `/health` says 503). Then, with `--api-key`,
-/// `Authorization: Bearer <key>`.
+/// `Authorization: Bearer <key>`. A request let through whose client leaves before the
+/// answer is counted once in `te_request_failure{err="dropped"}` ([`Unanswered`]).
 async fn guard(State(state): State<AppState>, req: Request, next: Next) -> Response {
     if state.shutdown.is_draining() {
         return shutting_down(
@@ -268,7 +330,7 @@ async fn guard(State(state): State<AppState>, req: Request, next: Next) -> Respo
         );
     }
     let Some(key) = state.config.api_key.as_deref() else {
-        return next.run(req).await;
+        return Unanswered::run(&state, next, req).await;
     };
     let given = req
         .headers()
@@ -284,7 +346,7 @@ async fn guard(State(state): State<AppState>, req: Request, next: Next) -> Respo
                 == 0
     });
     if ok {
-        return next.run(req).await;
+        return Unanswered::run(&state, next, req).await;
     }
     let message = match given {
         None => "Unauthorized: missing `Authorization: Bearer <api key>` header",
@@ -294,6 +356,38 @@ async fn guard(State(state): State<AppState>, req: Request, next: Next) -> Respo
     ApiError::new(ErrorType::Unauthorized, message)
         .openai(openai)
         .into_response()
+}
+
+/// A request let through the gate, until it is answered. Dropped before that, its client
+/// left (the connection closed and the server dropped the handler): the request is counted
+/// once in `te_request_failure{err="dropped"}`, however many inputs it had (`/vertex`:
+/// however many instances). Not at the shutdown deadline, which drops the handlers it
+/// answers itself and counts them as `shutting_down`.
+struct Unanswered<'a> {
+    state: &'a AppState,
+    answered: bool,
+}
+
+impl Unanswered<'_> {
+    async fn run(state: &AppState, next: Next, req: Request) -> Response {
+        let mut unanswered = Unanswered {
+            state,
+            answered: false,
+        };
+        let response = next.run(req).await;
+        unanswered.answered = true;
+        response
+    }
+}
+
+impl Drop for Unanswered<'_> {
+    fn drop(&mut self) {
+        if !self.answered && self.state.shutdown.phase() < Phase::Deadline {
+            self.state
+                .metrics
+                .inc("te_request_failure", &[("err", "dropped")]);
+        }
+    }
 }
 
 /// Routes that answer errors in the OpenAI shape: OpenAI's, and the Cohere/Jina rerank.

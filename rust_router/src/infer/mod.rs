@@ -15,6 +15,7 @@ use crate::tokenization::{
     EncodeOptions, EncodingInput, Tokenization, TokenizationError, ValidEncoding, INLINE_MAX_BYTES,
 };
 use futures_util::future::try_join_all;
+use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -129,6 +130,22 @@ pub fn activate(scores: &mut [f32], activation: ScoreActivation) {
     }
 }
 
+tokio::task_local! {
+    /// Set while inference calls run as parts of one client request ([`Infer::one_request`]).
+    /// A task-local rather than an argument: the calls are made by the routes' handlers,
+    /// which `/vertex` runs as they are.
+    static PART_OF_A_REQUEST: ();
+}
+
+/// The `method` label of the request metrics: whether the client sent a list.
+fn method(batched: bool) -> &'static str {
+    if batched {
+        "batch"
+    } else {
+        "single"
+    }
+}
+
 /// Takes a request's sequences out of the queue when its handler is dropped before they ran
 /// (the client went away, or the shutdown deadline answered it), so they cost no compute and
 /// `te_queue_size` stops counting them at once.
@@ -208,10 +225,22 @@ impl Infer {
         &self.tokenization
     }
 
+    /// Runs `calls`, several inference calls that answer one client request together
+    /// (`/vertex`'s instances), counting that request once in `te_request_count`: each call
+    /// is admitted and run as usual, but not counted.
+    pub async fn one_request<F: Future>(&self, batched: bool, calls: F) -> F::Output {
+        self.metrics
+            .inc("te_request_count", &[("method", method(batched))]);
+        PART_OF_A_REQUEST.scope((), calls).await
+    }
+
     /// Admission control: refuse (429) rather than queue without bound.
     fn admit(&self, batched: bool) -> Result<OwnedSemaphorePermit, InferError> {
-        let method = if batched { "batch" } else { "single" };
-        self.metrics.inc("te_request_count", &[("method", method)]);
+        // Outside [`Infer::one_request`], a call is a client request of its own.
+        if PART_OF_A_REQUEST.try_with(|_| ()).is_err() {
+            self.metrics
+                .inc("te_request_count", &[("method", method(batched))]);
+        }
         self.permits
             .clone()
             .try_acquire_owned()

@@ -361,7 +361,8 @@ async fn a_request_whose_client_left_leaves_the_queue_at_once() {
     gone.abort();
     until("its entries are gone", || h.infer.queue.is_empty()).await;
     assert!(counter(&h, "te_queue_size 0"), "{}", h.metrics.render());
-    assert!(counter(&h, "te_request_failure{err=\"dropped\"} 2"));
+    // Not counted per sequence here: the HTTP layer counts the request, once.
+    assert!(!h.metrics.render().contains("dropped"));
     h.gate.open();
     for task in held {
         task.await.unwrap().unwrap();

@@ -281,7 +281,9 @@ impl State {
         before - self.len()
     }
 
-    /// Entries skipped because their client went away, since the last call.
+    /// Entries skipped because their client went away, since the last call. They are not
+    /// failures to count here: a request is many entries, and the HTTP layer counts the
+    /// request once (`te_request_failure{err="dropped"}`).
     pub fn take_dropped(&mut self) -> u64 {
         std::mem::take(&mut self.dropped)
     }
@@ -519,9 +521,7 @@ impl Queue {
             (removed, state.len())
         };
         if removed > 0 {
-            let m = &self.inner.metrics;
-            m.gauge_set("te_queue_size", len as f64);
-            m.counter_add("te_request_failure", &[("err", "dropped")], removed as u64);
+            self.inner.metrics.gauge_set("te_queue_size", len as f64);
         }
     }
 
@@ -561,12 +561,8 @@ impl Queue {
         let len = state.len();
         self.tell_tokenization(&state);
         drop(state);
-        let m = &self.inner.metrics;
-        if dropped > 0 {
-            m.counter_add("te_request_failure", &[("err", "dropped")], dropped);
-        }
         if dropped > 0 || next.is_some() {
-            m.gauge_set("te_queue_size", len as f64);
+            self.inner.metrics.gauge_set("te_queue_size", len as f64);
         }
         if let Some(next) = &next {
             self.record_next_batch(next.size(), device);
