@@ -5,6 +5,7 @@ mod classify;
 mod cloud;
 mod embed;
 pub mod error;
+mod info;
 mod meta;
 pub mod model_routes;
 mod openai;

@@ -11,9 +11,8 @@
 //! are sure to lie in.
 
 use super::error::ApiError;
-use super::types::{Embedding, EncodingFormat};
 use base64::Engine;
-use serde::{de, Deserialize, Deserializer};
+use serde::{de, Deserialize, Deserializer, Serialize};
 use serde_json::Value;
 use utoipa::ToSchema;
 
@@ -90,6 +89,84 @@ pub struct SharedRangeDoc(Vec<f32>);
 #[derive(ToSchema)]
 #[schema(min_items = 2, max_items = 2)]
 pub struct PerDimensionRangesDoc(Vec<Vec<f32>>);
+
+/// How embeddings are returned. The quantized formats follow sentence-transformers'
+/// `quantize_embeddings`, applied after `dimensions` and normalization.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum EncodingFormat {
+    /// float32 numbers.
+    #[default]
+    Float,
+    /// Little-endian float32 bytes, base64-encoded.
+    Base64,
+    /// One integer from -128 to 127 per dimension: the `uint8` bucket minus 128.
+    Int8,
+    /// One integer from 0 to 255 per dimension: `floor((x - min) / ((max - min) / 255))`,
+    /// clipped, with `min`/`max` from `quantization_ranges` (default `[-1, 1]`).
+    Uint8,
+    /// One bit per dimension (set where the value is > 0), packed 8 to a byte, first dimension
+    /// in the high bit, as integers from -128 to 127 (the byte minus 128).
+    Binary,
+    /// As `binary`, the bytes as integers from 0 to 255.
+    Ubinary,
+}
+
+impl EncodingFormat {
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Float => "float",
+            Self::Base64 => "base64",
+            Self::Int8 => "int8",
+            Self::Uint8 => "uint8",
+            Self::Binary => "binary",
+            Self::Ubinary => "ubinary",
+        }
+    }
+}
+
+/// One vector as `encoding_format` asks (its schema is written out below).
+#[derive(Debug, Serialize)]
+#[serde(untagged)]
+pub enum Embedding {
+    Float(Vec<f32>),
+    Base64(String),
+    /// `int8` and `binary`.
+    Int8(Vec<i8>),
+    /// `uint8` and `ubinary`.
+    Uint8(Vec<u8>),
+}
+
+impl utoipa::PartialSchema for Embedding {
+    /// `anyOf`, not the `oneOf` a derived untagged enum gets: a list of small integers is
+    /// also a list of numbers, and `oneOf` forbids a value that fits two branches.
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        use utoipa::openapi::schema::{AnyOfBuilder, ArrayBuilder, ObjectBuilder, Type};
+        let floats = ArrayBuilder::new()
+            .items(ObjectBuilder::new().schema_type(Type::Number))
+            .description(Some("`float`: float32 numbers"));
+        let base64 = ObjectBuilder::new()
+            .schema_type(Type::String)
+            .description(Some("`base64`: little-endian float32 bytes"));
+        let codes = ArrayBuilder::new()
+            .items(
+                ObjectBuilder::new()
+                    .schema_type(Type::Integer)
+                    .minimum(Some(-128))
+                    .maximum(Some(255)),
+            )
+            .description(Some(
+                "`int8`/`binary`: integers from -128 to 127; `uint8`/`ubinary`: from 0 to 255",
+            ));
+        AnyOfBuilder::new()
+            .item(floats)
+            .item(base64)
+            .item(codes)
+            .into()
+    }
+}
+
+impl ToSchema for Embedding {}
 
 /// Turns float embeddings into the requested format; built (and validated) before inference.
 #[derive(Debug, Clone)]

@@ -1,11 +1,14 @@
 //! Wire types: TEI's request and response bodies, field for field, plus OpenAI embeddings.
 
 use super::quantize::{Ranges, RangesDoc};
-use crate::backend::DeviceStatus;
+// Defined beside their code, named here with the other wire types.
+pub use super::info::{
+    ClassifierModel, DeviceInfo, DeviceRef, EmbeddingModel, HealthDegraded, Info, ModelTypeInfo,
+};
+pub use super::quantize::{Embedding, EncodingFormat};
 use crate::tokenization::{EncodingInput, TruncationDirection};
 use serde::{de, Deserialize, Deserializer, Serialize};
 use serde_json::Value;
-use std::collections::BTreeMap;
 use utoipa::ToSchema;
 
 /// One input: text, or token ids the client already produced.
@@ -522,41 +525,6 @@ pub struct DecodeRequest {
 #[schema(example = json!(["test"]))]
 pub struct DecodeResponse(pub Vec<String>);
 
-/// How embeddings are returned. The quantized formats follow sentence-transformers'
-/// `quantize_embeddings`, applied after `dimensions` and normalization.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, ToSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum EncodingFormat {
-    /// float32 numbers.
-    #[default]
-    Float,
-    /// Little-endian float32 bytes, base64-encoded.
-    Base64,
-    /// One integer from -128 to 127 per dimension: the `uint8` bucket minus 128.
-    Int8,
-    /// One integer from 0 to 255 per dimension: `floor((x - min) / ((max - min) / 255))`,
-    /// clipped, with `min`/`max` from `quantization_ranges` (default `[-1, 1]`).
-    Uint8,
-    /// One bit per dimension (set where the value is > 0), packed 8 to a byte, first dimension
-    /// in the high bit, as integers from -128 to 127 (the byte minus 128).
-    Binary,
-    /// As `binary`, the bytes as integers from 0 to 255.
-    Ubinary,
-}
-
-impl EncodingFormat {
-    pub fn name(self) -> &'static str {
-        match self {
-            Self::Float => "float",
-            Self::Base64 => "base64",
-            Self::Int8 => "int8",
-            Self::Uint8 => "uint8",
-            Self::Binary => "binary",
-            Self::Ubinary => "ubinary",
-        }
-    }
-}
-
 #[derive(Debug, Deserialize, ToSchema)]
 pub struct OpenAICompatRequest {
     #[schema(value_type = InputDoc, example = "What is Deep Learning?")]
@@ -580,49 +548,6 @@ pub struct OpenAICompatRequest {
     pub user: Option<String>,
 }
 
-/// One vector as `encoding_format` asks (its schema is written out below).
-#[derive(Debug, Serialize)]
-#[serde(untagged)]
-pub enum Embedding {
-    Float(Vec<f32>),
-    Base64(String),
-    /// `int8` and `binary`.
-    Int8(Vec<i8>),
-    /// `uint8` and `ubinary`.
-    Uint8(Vec<u8>),
-}
-
-impl utoipa::PartialSchema for Embedding {
-    /// `anyOf`, not the `oneOf` a derived untagged enum gets: a list of small integers is
-    /// also a list of numbers, and `oneOf` forbids a value that fits two branches.
-    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
-        use utoipa::openapi::schema::{AnyOfBuilder, ArrayBuilder, ObjectBuilder, Type};
-        let floats = ArrayBuilder::new()
-            .items(ObjectBuilder::new().schema_type(Type::Number))
-            .description(Some("`float`: float32 numbers"));
-        let base64 = ObjectBuilder::new()
-            .schema_type(Type::String)
-            .description(Some("`base64`: little-endian float32 bytes"));
-        let codes = ArrayBuilder::new()
-            .items(
-                ObjectBuilder::new()
-                    .schema_type(Type::Integer)
-                    .minimum(Some(-128))
-                    .maximum(Some(255)),
-            )
-            .description(Some(
-                "`int8`/`binary`: integers from -128 to 127; `uint8`/`ubinary`: from 0 to 255",
-            ));
-        AnyOfBuilder::new()
-            .item(floats)
-            .item(base64)
-            .item(codes)
-            .into()
-    }
-}
-
-impl ToSchema for Embedding {}
-
 #[derive(Debug, Serialize, ToSchema)]
 pub struct OpenAICompatEmbedding {
     pub object: &'static str,
@@ -642,98 +567,4 @@ pub struct OpenAICompatResponse {
     pub data: Vec<OpenAICompatEmbedding>,
     pub model: String,
     pub usage: OpenAICompatUsage,
-}
-
-#[derive(Debug, Clone, Serialize, ToSchema)]
-pub struct EmbeddingModel {
-    #[schema(example = "mean")]
-    pub pooling: String,
-}
-
-#[derive(Debug, Clone, Serialize, ToSchema)]
-pub struct ClassifierModel {
-    pub id2label: BTreeMap<String, String>,
-    pub label2id: BTreeMap<String, usize>,
-}
-
-#[derive(Debug, Clone, Serialize, ToSchema)]
-#[serde(rename_all = "lowercase")]
-pub enum ModelTypeInfo {
-    Classifier(ClassifierModel),
-    Embedding(EmbeddingModel),
-    Reranker(ClassifierModel),
-}
-
-/// `/info`: TEI's fields, plus the prompts the model defines.
-#[derive(Debug, Clone, Serialize, ToSchema)]
-pub struct Info {
-    pub model_id: String,
-    pub model_sha: Option<String>,
-    pub model_dtype: String,
-    pub model_type: ModelTypeInfo,
-    pub served_model_name: String,
-    pub max_concurrent_requests: usize,
-    pub max_input_length: usize,
-    pub max_batch_tokens: usize,
-    pub max_batch_requests: Option<usize>,
-    pub max_client_batch_size: usize,
-    pub auto_truncate: bool,
-    pub tokenization_workers: usize,
-    pub hidden_size: usize,
-    pub prompts: BTreeMap<String, String>,
-    pub version: &'static str,
-    pub sha: Option<&'static str>,
-    pub docker_label: Option<&'static str>,
-    /// Every device the server runs on, filled in when `/info` is asked.
-    pub devices: Vec<DeviceInfo>,
-}
-
-/// One device in `/info`.
-#[derive(Debug, Clone, Serialize, ToSchema)]
-pub struct DeviceInfo {
-    /// Its position in the runtime's `info()["devices"]`: the `device=` it is called with and,
-    /// with several devices, the `device` label of the `te_batch_*` metrics.
-    pub index: usize,
-    /// The runtime's name for it; names may repeat (`cpu`, `cpu`).
-    #[schema(example = "cuda:0")]
-    pub name: String,
-    /// `false` once the device failed (the runtime raised `DeviceError`): it takes no more
-    /// batches.
-    pub healthy: bool,
-    /// Forward passes that returned a result.
-    pub batches: u64,
-    /// Forward passes that raised.
-    pub failed_batches: u64,
-    /// Why the device failed.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub error: Option<String>,
-}
-
-impl From<DeviceStatus> for DeviceInfo {
-    fn from(d: DeviceStatus) -> Self {
-        Self {
-            index: d.index,
-            name: d.name,
-            healthy: d.healthy,
-            batches: d.batches,
-            failed_batches: d.failed_batches,
-            error: d.error,
-        }
-    }
-}
-
-/// `/health`'s 200 body while some device fails and another serves (with every device
-/// healthy the body is empty). Only names: the errors are in the log and in `/info`.
-#[derive(Debug, Serialize, ToSchema)]
-pub struct HealthDegraded {
-    #[schema(example = "degraded")]
-    pub status: &'static str,
-    pub unhealthy_devices: Vec<DeviceRef>,
-}
-
-#[derive(Debug, Serialize, ToSchema)]
-pub struct DeviceRef {
-    pub index: usize,
-    #[schema(example = "cuda:1")]
-    pub name: String,
 }
