@@ -51,9 +51,16 @@ def test_api_key(server):
     assert server.get("/metrics").status_code == 200
 
 
-@pytest.mark.parametrize("body", [{"inputs": ""}, {"inputs": []}, {"inputs": ["a", ""]}])
-def test_empty_input_is_400(server, body):
-    tei_error(post(server, "/embed", body), 400, "empty", "`inputs` cannot be empty")
+@pytest.mark.parametrize(
+    ("body", "needle"),
+    [
+        ({"inputs": ""}, "`inputs` cannot be empty"),
+        ({"inputs": []}, "`inputs` cannot be empty"),
+        ({"inputs": ["a", ""]}, "`inputs[1]` cannot be empty"),
+    ],
+)
+def test_empty_input_is_400(server, body, needle):
+    tei_error(post(server, "/embed", body), 400, "empty", needle)
 
 
 def test_too_long_is_422_with_limit_and_length(server):

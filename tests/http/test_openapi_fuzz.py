@@ -54,6 +54,7 @@ RUNTIME_LIMITS = re.compile(
             r"`quantization_ranges` applies to the `int8` and `uint8` encodings only",
             r"`quantization_ranges` has \d+ minimums and \d+ maximums; the output has \d+",
             r"`quantization_ranges` minimum .* is over its maximum",
+            r"`quantization_ranges` is empty in every dimension",
             r"`quantization_ranges` must be .* of finite numbers",
         ]
     ),
@@ -84,12 +85,10 @@ def _error_message(response) -> tuple[str, str]:
 
 
 def _not_a_rust_integer(value: object) -> bool:
-    """JSON Schema's `integer` admits `2.0` and integers of any size; serde's `usize`/`u32`
-    take neither. JSON Schema has no keyword for "spelled without a fraction"."""
+    """JSON Schema's `integer` admits integers of any size; the server reads them into 64-bit
+    integers (`2.0` too: it is an integer for JSON Schema and for the server alike)."""
     if isinstance(value, bool):
         return False
-    if isinstance(value, float):
-        return value.is_integer()
     if isinstance(value, int):
         return value > U64_MAX
     if isinstance(value, list):
@@ -104,7 +103,7 @@ def valid_data_served(ctx, response, case) -> None:
     get a 2xx, or 429 (load), unless it runs into one of the limits the spec documents in
     words (`RUNTIME_LIMITS`, `dimensions` over the model's `hidden_size`), the route does not
     fit the loaded model (424 `model_type`, documented), or a documented integer field holds
-    a value serde cannot read (`_not_a_rust_integer`: refused with 422, never a 5xx). A 400 or
+    one past 64 bits (`_not_a_rust_integer`: refused with 422, never a 5xx). A 400 or
     another 422 on valid data means the spec misses a constraint the server enforces."""
     meta = case.meta
     if meta is None or not meta.generation.mode.is_positive:

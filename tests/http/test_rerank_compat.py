@@ -139,7 +139,7 @@ def test_long_documents_are_truncated_unless_asked_not_to(reranker):
         ({"query": QUERY, "documents": DOCS, "top_n": 0}, 422, "`top_n` must be at least 1"),
         ({"query": QUERY, "documents": DOCS, "top_n": -1}, 422, "`top_n` must be at least 1"),
         ({"query": QUERY, "documents": []}, 400, "`documents` cannot be empty"),
-        ({"query": QUERY, "documents": ["a", ""]}, 400, "`documents` cannot be empty"),
+        ({"query": QUERY, "documents": ["a", ""]}, 400, "`documents[1]` cannot be empty"),
         ({"query": "", "documents": DOCS}, 400, "`query` cannot be empty"),
         ({"query": QUERY, "documents": [1, 2]}, 422, "`documents[0]` must be a string or"),
         ({"query": QUERY, "documents": "a"}, 422, "`documents` must be a list"),

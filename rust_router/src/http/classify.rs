@@ -1,6 +1,6 @@
 //! Classification routes: `/predict` and `/rerank`.
 
-use super::error::{ApiError, ErrorResponse, TeiJson};
+use super::error::{ApiError, ErrorResponse, InputNames, TeiJson, TRUNCATE_HINT};
 use super::model_routes::Needs;
 use super::types::{
     PredictInput, PredictRequest, PredictResponse, Prediction, Rank, RerankRequest, RerankResponse,
@@ -45,12 +45,13 @@ pub async fn predict(State(state): State<AppState>, req: TeiJson<PredictRequest>
             PredictInput::Batch(b) => (true, b),
         };
         state.check_batch(sequences.len(), "inputs")?;
+        let names = InputNames::new("inputs", batched);
         let empty = |s: &Sequence| match s {
             Sequence::Single(a) => a.is_empty(),
             Sequence::Pair(a, b) => a.is_empty() || b.is_empty(),
         };
-        if sequences.iter().any(empty) {
-            return Err(ApiError::empty("inputs"));
+        if let Some(index) = sequences.iter().position(empty) {
+            return Err(ApiError::empty_input(names, index));
         }
         let inputs: Vec<EncodingInput> = sequences.into_iter().map(Into::into).collect();
         let chars = inputs.iter().map(EncodingInput::count_chars).sum();
@@ -64,7 +65,11 @@ pub async fn predict(State(state): State<AppState>, req: TeiJson<PredictRequest>
             opts,
             batched,
         };
-        let results = state.infer.predict(request, req.raw_scores).await?;
+        let results = state
+            .infer
+            .predict(request, req.raw_scores)
+            .await
+            .map_err(|e| ApiError::inference(e, names, TRUNCATE_HINT))?;
         let info = state.infer.info();
         let (predictions, metas): (Vec<Vec<Prediction>>, Vec<_>) = results
             .into_iter()
@@ -116,6 +121,7 @@ pub async fn rerank(State(state): State<AppState>, req: TeiJson<RerankRequest>) 
         let req = req.0;
         let start = Instant::now();
         state.require(Needs::Reranker, "/rerank")?;
+        let top_n = top_n(req.top_n)?;
         let opts = EncodeOptions {
             truncate: req.truncate.unwrap_or(state.config.auto_truncate),
             direction: req.truncation_direction,
@@ -130,23 +136,34 @@ pub async fn rerank(State(state): State<AppState>, req: TeiJson<RerankRequest>) 
             req.raw_scores,
         )
         .await?;
-        let mut ranks: Vec<Rank> = ranked
+        let ranks: Vec<Rank> = ranked
             .scores
             .into_iter()
+            .take(top_n)
             .map(|(index, score)| Rank {
                 index,
                 text: req.return_text.then(|| req.texts[index].clone()),
                 score,
             })
             .collect();
-        if let Some(n) = req.top_n {
-            ranks.truncate(n);
-        }
         let meta = ResponseMeta::new(start, ranked.chars, &ranked.metas);
         Ok((meta.finish(&state, "batch"), Json(RerankResponse(ranks))))
     }
     .await;
     state.finish(result)
+}
+
+/// How many of the best results a rerank request asks for: `top_n`, all without it. At
+/// least 1 on every rerank route (`0`, an answer with no results, is a client's mistake);
+/// past the number of texts, all. Signed, so that a negative one gets this message.
+pub(crate) fn top_n(top_n: Option<i64>) -> Result<usize, ApiError> {
+    match top_n {
+        Some(n) if n < 1 => Err(ApiError::validation(format!(
+            "Input validation error: `top_n` must be at least 1, got {n}"
+        ))),
+        Some(n) => Ok(usize::try_from(n).unwrap_or(usize::MAX)),
+        None => Ok(usize::MAX),
+    }
 }
 
 /// Scores of `texts` against `query`, best first.
@@ -171,8 +188,8 @@ pub(crate) async fn rank(
         return Err(ApiError::empty("query"));
     }
     state.check_batch(texts.len(), field)?;
-    if texts.iter().any(String::is_empty) {
-        return Err(ApiError::empty(field));
+    if let Some(index) = texts.iter().position(String::is_empty) {
+        return Err(ApiError::empty_input(InputNames::List(field), index));
     }
     let query_chars = query.chars().count();
     let chars = texts.iter().map(|t| query_chars + t.chars().count()).sum();
@@ -185,7 +202,11 @@ pub(crate) async fn rank(
         opts,
         batched: true,
     };
-    let results = state.infer.predict(request, raw_scores).await?;
+    let results = state
+        .infer
+        .predict(request, raw_scores)
+        .await
+        .map_err(|e| ApiError::inference(e, InputNames::Pairs(field), TRUNCATE_HINT))?;
     let (scores, metas): (Vec<f32>, Vec<InferMetadata>) = results
         .into_iter()
         .map(|(scores, meta)| (scores[0], meta))

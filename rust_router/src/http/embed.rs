@@ -1,6 +1,6 @@
 //! Embedding routes: `/embed`, `/embed_all`, `/similarity` (`/embed_sparse`: `sparse.rs`).
 
-use super::error::{ApiError, ErrorResponse, TeiJson};
+use super::error::{ApiError, ErrorResponse, InputNames, TeiJson, TRUNCATE_HINT};
 use super::model_routes::Needs;
 use super::types::{
     EmbedAllRequest, EmbedAllResponse, EmbedRequest, EmbedResponse, InputType, SimilarityRequest,
@@ -14,15 +14,16 @@ use axum::response::Response;
 use axum::Json;
 use std::time::Instant;
 
-/// Validates a list of inputs and counts its characters.
+/// Validates a list of inputs (`names`: as the route's body names them) and counts its
+/// characters.
 pub(crate) fn check_inputs(
     state: &AppState,
     inputs: &[InputType],
-    field: &str,
+    names: InputNames,
 ) -> Result<usize, ApiError> {
-    state.check_batch(inputs.len(), field)?;
-    if inputs.iter().any(InputType::is_empty) {
-        return Err(ApiError::empty(field));
+    state.check_batch(inputs.len(), names.field())?;
+    if let Some(index) = inputs.iter().position(InputType::is_empty) {
+        return Err(ApiError::empty_input(names, index));
     }
     Ok(inputs.iter().map(InputType::count_chars).sum())
 }
@@ -86,7 +87,8 @@ pub async fn embed(State(state): State<AppState>, req: TeiJson<EmbedRequest>) ->
         let start = Instant::now();
         state.require(Needs::Embedding, "/embed")?;
         let (batched, inputs) = req.inputs.into_vec();
-        let chars = check_inputs(&state, &inputs, "inputs")?;
+        let names = InputNames::new("inputs", batched);
+        let chars = check_inputs(&state, &inputs, names)?;
         state.check_dimensions(req.dimensions)?;
         let encoder = state.encoder(
             req.encoding_format,
@@ -101,7 +103,9 @@ pub async fn embed(State(state): State<AppState>, req: TeiJson<EmbedRequest>) ->
             req.prompt_name,
         );
         let (embeddings, metas) =
-            embed_inputs(&state, inputs, batched, opts, req.normalize, req.dimensions).await?;
+            embed_inputs(&state, inputs, batched, opts, req.normalize, req.dimensions)
+                .await
+                .map_err(|e| ApiError::inference(e, names, TRUNCATE_HINT))?;
         let meta = ResponseMeta::new(start, chars, &metas);
         let method = if batched { "batch" } else { "single" };
         let embeddings = embeddings.into_iter().map(|e| encoder.encode(e)).collect();
@@ -133,7 +137,8 @@ pub async fn embed_all(State(state): State<AppState>, req: TeiJson<EmbedAllReque
         let start = Instant::now();
         state.require(Needs::Embedding, "/embed_all")?;
         let (batched, inputs) = req.inputs.into_vec();
-        let chars = check_inputs(&state, &inputs, "inputs")?;
+        let names = InputNames::new("inputs", batched);
+        let chars = check_inputs(&state, &inputs, names)?;
         let opts = encode_options(
             &state,
             req.truncate,
@@ -145,7 +150,11 @@ pub async fn embed_all(State(state): State<AppState>, req: TeiJson<EmbedAllReque
             opts,
             batched,
         };
-        let results = state.infer.embed_all(request).await?;
+        let results = state
+            .infer
+            .embed_all(request)
+            .await
+            .map_err(|e| ApiError::inference(e, names, TRUNCATE_HINT))?;
         let (embeddings, metas): (Vec<_>, Vec<_>) = results.into_iter().unzip();
         let meta = ResponseMeta::new(start, chars, &metas);
         let method = if batched { "batch" } else { "single" };
@@ -187,7 +196,8 @@ pub async fn similarity(
         }
         let mut inputs = vec![InputType::String(req.inputs.source_sentence)];
         inputs.extend(req.inputs.sentences.into_iter().map(InputType::String));
-        let chars = check_inputs(&state, &inputs, "inputs")?;
+        let names = InputNames::Similarity;
+        let chars = check_inputs(&state, &inputs, names)?;
         let params = req.parameters.unwrap_or_default();
         let opts = encode_options(
             &state,
@@ -195,7 +205,9 @@ pub async fn similarity(
             params.truncation_direction,
             params.prompt_name,
         );
-        let (embeddings, metas) = embed_inputs(&state, inputs, true, opts, true, None).await?;
+        let (embeddings, metas) = embed_inputs(&state, inputs, true, opts, true, None)
+            .await
+            .map_err(|e| ApiError::inference(e, names, TRUNCATE_HINT))?;
         // Normalized vectors: cosine similarity is the dot product.
         let source = &embeddings[0];
         let scores = embeddings[1..]

@@ -26,6 +26,8 @@ pub enum ErrorType {
     PayloadTooLarge,
     Unauthorized,
     NotFound,
+    /// The route exists, not for this method (the `Allow` header lists those it takes).
+    MethodNotAllowed,
     /// The route does not fit the loaded model.
     ModelType,
     /// The request body did not arrive within `--body-read-timeout`.
@@ -51,6 +53,7 @@ impl ErrorType {
             Self::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             Self::Unauthorized => StatusCode::UNAUTHORIZED,
             Self::NotFound => StatusCode::NOT_FOUND,
+            Self::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             Self::Timeout => StatusCode::REQUEST_TIMEOUT,
             Self::ShuttingDown => StatusCode::SERVICE_UNAVAILABLE,
         }
@@ -68,6 +71,7 @@ impl ErrorType {
             Self::PayloadTooLarge => "payload_too_large",
             Self::Unauthorized => "unauthorized",
             Self::NotFound => "not_found",
+            Self::MethodNotAllowed => "method_not_allowed",
             Self::ModelType => "model_type",
             Self::Timeout => "timeout",
             Self::ShuttingDown => "shutting_down",
@@ -138,13 +142,88 @@ impl ApiError {
     }
 }
 
+/// How a route's body names its inputs, for a message about one of them.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum InputNames<'a> {
+    /// One input sent alone: the field itself (`inputs`).
+    One(&'a str),
+    /// A list: the field and the index (`inputs[2]`).
+    List(&'a str),
+    /// Each item of the list paired with `query` (the reranker's inputs).
+    Pairs(&'a str),
+    /// `/similarity`: the source sentence, then each of `sentences`.
+    Similarity,
+}
+
+impl<'a> InputNames<'a> {
+    /// `field` as the client sent it: a list (`batched`) or one input.
+    pub fn new(field: &'a str, batched: bool) -> Self {
+        if batched {
+            InputNames::List(field)
+        } else {
+            InputNames::One(field)
+        }
+    }
+
+    /// The list field (`inputs`, `texts`, `sentences`).
+    pub fn field(self) -> &'a str {
+        match self {
+            Self::One(field) | Self::List(field) | Self::Pairs(field) => field,
+            Self::Similarity => "sentences",
+        }
+    }
+
+    /// The request's `index`-th input, quoted as the route's body names it.
+    pub fn of(self, index: usize) -> String {
+        match self {
+            Self::One(field) => format!("`{field}`"),
+            Self::List(field) => format!("`{field}[{index}]`"),
+            Self::Pairs(field) => format!("`{field}[{index}]` (paired with `query`)"),
+            Self::Similarity if index == 0 => "`inputs.source_sentence`".to_string(),
+            Self::Similarity => format!("`inputs.sentences[{}]`", index - 1),
+        }
+    }
+}
+
+impl ApiError {
+    /// 400 for the request's `index`-th input, which is empty.
+    pub(crate) fn empty_input(names: InputNames, index: usize) -> Self {
+        Self::new(
+            ErrorType::Empty,
+            format!("{} cannot be empty", names.of(index)),
+        )
+    }
+
+    /// An inference failure, its input named as the route's body names it. `hint` says what
+    /// helps with an input over the model's limit on this route.
+    pub(crate) fn inference(err: InferError, names: InputNames, hint: &str) -> Self {
+        match err {
+            InferError::Input {
+                index,
+                error: TokenizationError::TooLong { max, given },
+            } => Self::validation(format!(
+                "Input validation error: {} must have at most {max} tokens (the model's \
+                 limit). Given: {given}. {hint}",
+                names.of(index)
+            )),
+            other => other.into(),
+        }
+    }
+}
+
+/// What helps with an over-long input on TEI's routes.
+pub(crate) const TRUNCATE_HINT: &str = "Send `truncate: true` to truncate it";
+
 impl From<InferError> for ApiError {
-    /// TEI's shape; OpenAI routes reword what differs there (see `openai.rs`).
+    /// TEI's shape, the input named as TEI's `/embed` names it; routes name their own inputs
+    /// with [`ApiError::inference`].
     fn from(err: InferError) -> Self {
         let kind = match &err {
-            InferError::Tokenization(TokenizationError::Tokenizer(_)) => ErrorType::Tokenizer,
-            InferError::Tokenization(TokenizationError::Stopped) => ErrorType::Unhealthy,
-            InferError::Tokenization(_) => ErrorType::Validation,
+            InferError::Tokenization(e) | InferError::Input { error: e, .. } => match e {
+                TokenizationError::Tokenizer(_) => ErrorType::Tokenizer,
+                TokenizationError::Stopped => ErrorType::Unhealthy,
+                _ => ErrorType::Validation,
+            },
             InferError::Overloaded(_) => ErrorType::Overloaded,
             // A device failure is no fault of the request: 503 tells the client to retry,
             // and another device answers.
@@ -157,8 +236,14 @@ impl From<InferError> for ApiError {
             InferError::Backend(_) => ErrorType::Backend,
         };
         let mut message = err.to_string();
-        if let InferError::Tokenization(TokenizationError::TooLong { .. }) = err {
-            message.push_str(". Send `truncate: true` to truncate it");
+        if let InferError::Tokenization(TokenizationError::TooLong { .. })
+        | InferError::Input {
+            error: TokenizationError::TooLong { .. },
+            ..
+        } = err
+        {
+            message.push_str(". ");
+            message.push_str(TRUNCATE_HINT);
         }
         Self::new(kind, message)
     }
@@ -212,15 +297,20 @@ pub struct Body<T, const OPENAI: bool>(pub T);
 pub type TeiJson<T> = Body<T, false>;
 pub type OpenAIJson<T> = Body<T, true>;
 
+/// 413, closing the connection: the rest of the body is never read.
+fn payload_too_large() -> ApiError {
+    ApiError::new(
+        ErrorType::PayloadTooLarge,
+        "Payload too large: the request body is over the server's limit (--payload-limit)",
+    )
+    .close_connection()
+}
+
 /// Why a body could not be read: over `--payload-limit` (413, and the connection closes), or
 /// the connection failed.
 fn body_rejection(rejection: axum::extract::rejection::BytesRejection) -> ApiError {
     if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
-        ApiError::new(
-            ErrorType::PayloadTooLarge,
-            "Payload too large: the request body is over the server's limit (--payload-limit)",
-        )
-        .close_connection()
+        payload_too_large()
     } else {
         ApiError::validation(format!("cannot read the request body: {rejection}"))
     }
@@ -241,6 +331,16 @@ where
     /// is draining, within [`DRAIN_GRACE`] (503 otherwise): a half-sent request must not hold
     /// a connection, or the shutdown, open.
     async fn from_request(req: Request, state: &AppState) -> Result<Self, Self::Rejection> {
+        // A body declared over the limit is refused before any of it is read, instead of
+        // being read up to the limit (or the body deadline, for a client that never sends it).
+        let declared = req
+            .headers()
+            .get(header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<u64>().ok());
+        if declared.is_some_and(|n| n > state.config.payload_limit as u64) {
+            return Err(payload_too_large().openai(OPENAI));
+        }
         let read = Bytes::from_request(req, state);
         let mut read = std::pin::pin!(read);
         // A small body usually arrives with the head and is complete at the first poll; the
@@ -310,6 +410,7 @@ mod tests {
             (ErrorType::ModelType, false, 424),
             (ErrorType::ModelType, true, 400),
             (ErrorType::NotFound, true, 404),
+            (ErrorType::MethodNotAllowed, false, 405),
             (ErrorType::Timeout, false, 408),
             (ErrorType::ShuttingDown, true, 503),
         ];

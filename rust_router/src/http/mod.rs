@@ -5,6 +5,7 @@ mod classify;
 mod cloud;
 mod embed;
 pub mod error;
+mod fields;
 mod info;
 mod meta;
 pub mod model_routes;
@@ -34,6 +35,8 @@ mod tests_metrics;
 mod tests_sparse;
 #[cfg(test)]
 mod tests_types;
+#[cfg(test)]
+mod tests_validation;
 
 use crate::infer::{Infer, InferMetadata};
 use crate::metrics::Metrics;
@@ -337,7 +340,7 @@ async fn guard(State(state): State<AppState>, req: Request, next: Next) -> Respo
         .headers()
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "));
+        .and_then(bearer_token);
     // Compare without an early exit so response time does not leak the key's prefix.
     let ok = given.is_some_and(|g| {
         g.len() == key.len()
@@ -357,6 +360,16 @@ async fn guard(State(state): State<AppState>, req: Request, next: Next) -> Respo
     ApiError::new(ErrorType::Unauthorized, message)
         .openai(openai)
         .into_response()
+}
+
+/// The token of an `Authorization: Bearer <token>` value. The scheme is case-insensitive
+/// (RFC 9110, 11.1: `bearer` and `BEARER` too), and one or more spaces separate it from the
+/// token.
+fn bearer_token(value: &str) -> Option<&str> {
+    let (scheme, token) = value.split_once(' ')?;
+    scheme
+        .eq_ignore_ascii_case("bearer")
+        .then(|| token.trim_start_matches(' '))
 }
 
 /// A request let through the gate, until it is answered. Dropped before that, its client
@@ -394,6 +407,22 @@ impl Drop for Unanswered<'_> {
 /// Routes that answer errors in the OpenAI shape: OpenAI's, and the Cohere/Jina rerank.
 pub(crate) fn is_openai_path(path: &str) -> bool {
     path.starts_with("/v1/") || path == "/embeddings" || path == "/v2/rerank"
+}
+
+/// A route asked with a method it does not take: 405 in the route's error shape. axum adds
+/// the `Allow` header, which lists the methods it takes.
+async fn method_not_allowed(req: Request) -> Response {
+    let path = req.uri().path();
+    ApiError::new(
+        ErrorType::MethodNotAllowed,
+        format!(
+            "Method not allowed: {path} does not take {} (the `Allow` header lists the \
+             methods it takes)",
+            req.method()
+        ),
+    )
+    .openai(is_openai_path(path))
+    .into_response()
 }
 
 async fn not_found(req: Request) -> Response {
@@ -453,6 +482,7 @@ pub fn app(state: AppState) -> Router {
     let cors = cors_layer(state.config.cors_allow_origin.as_deref());
     protected
         .merge(public)
+        .method_not_allowed_fallback(method_not_allowed)
         .fallback(not_found)
         .layer(middleware::from_fn_with_state(
             state.metrics.clone(),

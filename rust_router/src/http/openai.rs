@@ -1,33 +1,21 @@
 //! OpenAI-compatible `POST /v1/embeddings`.
 
 use super::embed::{check_inputs, embed_inputs, encode_options};
-use super::error::{ApiError, OpenAIErrorResponse, OpenAIJson};
+use super::error::{ApiError, InputNames, OpenAIErrorResponse, OpenAIJson};
 use super::model_routes::Needs;
 use super::types::{
     OpenAICompatEmbedding, OpenAICompatRequest, OpenAICompatResponse, OpenAICompatUsage,
 };
 use super::{AppState, ResponseMeta};
-use crate::infer::InferError;
-use crate::tokenization::TokenizationError;
 use crate::tokenization::TruncationDirection;
 use axum::extract::State;
 use axum::response::Response;
 use axum::Json;
 use std::time::Instant;
 
-/// OpenAI's request has no `truncate` field and names its field `input`: say what helps here.
-fn openai_error(err: InferError) -> ApiError {
-    match err {
-        InferError::Tokenization(TokenizationError::TooLong { max, given }) => {
-            ApiError::validation(format!(
-                "Input validation error: `input` must have at most {max} tokens (the model's \
-                 limit). Given: {given}. Shorten the input, or start the server with \
-                 `--auto-truncate` to truncate over-long inputs"
-            ))
-        }
-        other => other.into(),
-    }
-}
+/// OpenAI's request has no `truncate` field: what helps with an over-long input here.
+const AUTO_TRUNCATE_HINT: &str =
+    "Shorten the input, or start the server with `--auto-truncate` to truncate over-long inputs";
 
 /// OpenAI compatible embeddings: normalized, optionally shortened with `dimensions`.
 #[utoipa::path(
@@ -54,7 +42,8 @@ pub async fn embeddings(
         let start = Instant::now();
         state.require(Needs::Embedding, "/v1/embeddings")?;
         let (batched, inputs) = req.input.into_vec();
-        let chars = check_inputs(&state, &inputs, "input")?;
+        let names = InputNames::new("input", batched);
+        let chars = check_inputs(&state, &inputs, names)?;
         state.check_dimensions(req.dimensions)?;
         let encoder = state.encoder(
             req.encoding_format,
@@ -65,7 +54,7 @@ pub async fn embeddings(
         let opts = encode_options(&state, None, TruncationDirection::Right, None);
         let (embeddings, metas) = embed_inputs(&state, inputs, batched, opts, true, req.dimensions)
             .await
-            .map_err(openai_error)?;
+            .map_err(|e| ApiError::inference(e, names, AUTO_TRUNCATE_HINT))?;
         let meta = ResponseMeta::new(start, chars, &metas);
         let data = embeddings
             .into_iter()

@@ -230,6 +230,15 @@ impl Encoder {
                 lo[i], hi[i]
             )));
         }
+        // An empty range (min = max) puts every value of its dimension in one code, as
+        // sentence-transformers does: a calibration set can hold a dimension that never
+        // varies. Every dimension empty is no calibration at all: every code would be 0.
+        if (0..dim).all(|i| lo[i] == hi[i]) {
+            return Err(ApiError::validation(
+                "Input validation error: `quantization_ranges` is empty in every dimension \
+                 (each minimum equals its maximum): every value would get the same code",
+            ));
+        }
         // sentence-transformers: steps = (max - min) / 255, and 1 where that is 0.
         let steps = lo
             .iter()
@@ -386,6 +395,21 @@ mod tests {
             2,
         );
         assert!(m.contains("`int8` and `uint8`"), "{m}");
+        // An empty range in every dimension would give one code for every value.
+        let m = err(
+            EncodingFormat::Uint8,
+            Some(Ranges::Shared(0.0, 0.0)),
+            true,
+            2,
+        );
+        assert!(m.contains("empty in every dimension"), "{m}");
+        let m = err(
+            EncodingFormat::Int8,
+            Some(Ranges::PerDimension(vec![1.0, 2.0], vec![1.0, 2.0])),
+            true,
+            2,
+        );
+        assert!(m.contains("empty in every dimension"), "{m}");
         let m = err(EncodingFormat::Uint8, None, false, 2);
         assert!(m.contains("unnormalized"), "{m}");
         // Binary needs no bound.

@@ -89,7 +89,7 @@ pub struct CompatRerankRequest {
     )]
     pub documents: Documents,
     /// Return only the `top_n` best documents (at least 1; default all).
-    #[serde(default)]
+    #[serde(default, deserialize_with = "super::fields::top_n")]
     #[schema(minimum = 1)]
     pub top_n: Option<i64>,
     /// Return each document's text as `document: {text}` (default false, as Cohere; Jina's
@@ -210,16 +210,7 @@ async fn rerank(
     let result = async {
         let start = Instant::now();
         state.require(Needs::Reranker, route)?;
-        // Signed, so that a negative one gets this message rather than serde's.
-        let top_n = match req.top_n {
-            Some(n) if n < 1 => {
-                return Err(ApiError::validation(format!(
-                    "Input validation error: `top_n` must be at least 1, got {n}"
-                )))
-            }
-            Some(n) => usize::try_from(n).unwrap_or(usize::MAX),
-            None => usize::MAX,
-        };
+        let top_n = classify::top_n(req.top_n)?;
         if let Some(fields) = &req.rank_fields {
             if fields.iter().any(|f| f != "text") {
                 return Err(ApiError::validation(format!(

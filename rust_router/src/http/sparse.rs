@@ -1,7 +1,7 @@
 //! `/embed_sparse`: SPLADE sparse vectors, as TEI serves them.
 
 use super::embed::{check_inputs, encode_options};
-use super::error::{ApiError, ErrorResponse, TeiJson};
+use super::error::{ApiError, ErrorResponse, InputNames, TeiJson, TRUNCATE_HINT};
 use super::model_routes::Needs;
 use super::types::{InputDoc, InputType};
 use super::{AppState, ResponseMeta};
@@ -67,7 +67,8 @@ pub async fn embed_sparse(
         let start = Instant::now();
         state.require(Needs::Sparse, "/embed_sparse")?;
         let (batched, inputs): (bool, Vec<InputType>) = req.inputs.into_vec();
-        let chars = check_inputs(&state, &inputs, "inputs")?;
+        let names = InputNames::new("inputs", batched);
+        let chars = check_inputs(&state, &inputs, names)?;
         let opts = encode_options(
             &state,
             req.truncate,
@@ -79,7 +80,11 @@ pub async fn embed_sparse(
             opts,
             batched,
         };
-        let results = state.infer.embed_sparse(request).await?;
+        let results = state
+            .infer
+            .embed_sparse(request)
+            .await
+            .map_err(|e| ApiError::inference(e, names, TRUNCATE_HINT))?;
         let (vectors, metas): (Vec<_>, Vec<_>) = results.into_iter().unzip();
         let vectors = vectors
             .into_iter()

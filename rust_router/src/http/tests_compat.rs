@@ -96,7 +96,7 @@ async fn compat_rerank_bad_inputs() {
         (
             json!({"query": "q", "documents": ["a", ""]}),
             400,
-            "`documents` cannot be empty",
+            "`documents[1]` cannot be empty",
         ),
         (
             json!({"query": "", "documents": ["a"]}),

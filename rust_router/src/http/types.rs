@@ -1,5 +1,6 @@
 //! Wire types: TEI's request and response bodies, field for field, plus OpenAI embeddings.
 
+use super::fields;
 use super::quantize::{Ranges, RangesDoc};
 // Defined beside their code, named here with the other wire types.
 pub use super::info::{
@@ -277,12 +278,13 @@ pub struct EmbedRequest {
     pub normalize: bool,
     /// Keep the first `dimensions` values (Matryoshka), before normalization: from 1 to the
     /// model's `hidden_size` (`/info`); more is refused with 422.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "fields::dimensions")]
     #[schema(minimum = 1)]
     pub dimensions: Option<usize>,
     /// `float` (default) returns numbers; `base64`, `int8`, `uint8`, `binary`, `ubinary` as on
-    /// `/v1/embeddings` (each vector a base64 string or a list of integers).
-    #[serde(default)]
+    /// `/v1/embeddings` (each vector a base64 string or a list of integers); `null` is `float`.
+    #[serde(default, deserialize_with = "fields::null_is_default")]
+    #[schema(nullable)]
     pub encoding_format: EncodingFormat,
     /// Calibration ranges of the `int8`/`uint8` encodings: needed when `normalize` is false,
     /// `[-1, 1]` by default otherwise; refused with 422 with any other encoding.
@@ -361,9 +363,10 @@ pub struct RerankRequest {
     pub raw_scores: bool,
     #[serde(default)]
     pub return_text: bool,
-    /// Return only the `top_n` best texts (0 returns none).
-    #[serde(default)]
-    pub top_n: Option<usize>,
+    /// Return only the `top_n` best texts (at least 1; default all).
+    #[serde(default, deserialize_with = "fields::top_n")]
+    #[schema(minimum = 1)]
+    pub top_n: Option<i64>,
 }
 
 #[derive(Debug, Serialize, ToSchema)]
@@ -532,7 +535,9 @@ pub struct OpenAICompatRequest {
     /// Accepted for compatibility; the served model answers whatever is asked.
     #[serde(default)]
     pub model: Option<String>,
-    #[serde(default)]
+    /// `float` (default, also for `null`), `base64`, or a quantized encoding as on `/embed`.
+    #[serde(default, deserialize_with = "fields::null_is_default")]
+    #[schema(nullable)]
     pub encoding_format: EncodingFormat,
     /// Calibration ranges of the `int8`/`uint8` encodings (default `[-1, 1]`); refused with
     /// 422 with any other encoding.
@@ -541,7 +546,7 @@ pub struct OpenAICompatRequest {
     pub quantization_ranges: Option<Ranges>,
     /// Keep the first `dimensions` values: from 1 to the model's `hidden_size` (`/info`); more
     /// is refused with 422.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "fields::dimensions")]
     #[schema(minimum = 1)]
     pub dimensions: Option<usize>,
     #[serde(default)]

@@ -31,6 +31,13 @@ use stalls::HandoverWatch;
 pub enum InferError {
     #[error(transparent)]
     Tokenization(#[from] TokenizationError),
+    /// The request's `index`-th input could not be tokenized: the HTTP layer names it as the
+    /// route's body does (`texts[3]`).
+    #[error("{error}")]
+    Input {
+        index: usize,
+        error: TokenizationError,
+    },
     #[error(transparent)]
     Backend(#[from] BackendError),
     #[error("Model is overloaded: more than {0} requests are in flight, retry later")]
@@ -284,12 +291,16 @@ impl Infer {
         let start = Instant::now();
         let mut opts = request.opts;
         opts.inline = self.inline_ok(request.inputs.iter().map(EncodingInput::byte_len).sum());
-        let encodings = try_join_all(
-            request
-                .inputs
-                .into_iter()
-                .map(|input| self.tokenization.encode(input, opts.clone())),
-        )
+        let encodings = try_join_all(request.inputs.into_iter().enumerate().map(
+            |(index, input)| {
+                let encoded = self.tokenization.encode(input, opts.clone());
+                async move {
+                    encoded
+                        .await
+                        .map_err(|error| InferError::Input { index, error })
+                }
+            },
+        ))
         .await?;
         let total_tokens = encodings.iter().map(|e| e.input_ids.len()).sum();
         let lane = lane_for(total_tokens, self.interactive_max_tokens);
