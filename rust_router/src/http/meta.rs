@@ -231,9 +231,12 @@ pub async fn openapi() -> Json<utoipa::openapi::OpenApi> {
 }
 
 /// Swagger UI at `/docs`, served from the assets built into the binary (a pinned Swagger UI
-/// release vendored by `utoipa-swagger-ui`): it works with no internet access.
+/// release vendored by `utoipa-swagger-ui`): it works with no internet access. Its spec
+/// validator is off: opened from any host but localhost, Swagger UI would send the spec's URL
+/// to `validator.swagger.io` for a badge, telling an outside service where the server is.
 pub fn swagger_ui() -> axum::Router<AppState> {
     utoipa_swagger_ui::SwaggerUi::new("/docs")
         .url("/api-doc/openapi.json", ApiDoc::openapi())
+        .config(utoipa_swagger_ui::Config::default().validator_url("none"))
         .into()
 }

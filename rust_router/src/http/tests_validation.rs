@@ -1,6 +1,6 @@
 //! The small contracts of request validation: integers written as floats, `null` for a
 //! default, messages that name the field and index at fault, 405 answers, the API key's
-//! scheme.
+//! scheme, and the docs page calling no outside service.
 
 use super::test_util::*;
 use crate::backend::fake::FakeBackend;
@@ -260,4 +260,14 @@ async fn the_bearer_scheme_is_case_insensitive() {
             .await;
         assert_eq!(r.status, 401, "{auth}: {}", r.text);
     }
+}
+
+#[tokio::test]
+async fn the_docs_page_calls_no_outside_validator() {
+    let app = test_app(Options::default());
+    let r = app.get("/docs/swagger-initializer.js").await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    assert!(r.text.contains("\"validatorUrl\": \"none\""), "{}", r.text);
+    // And the page still loads the server's own spec.
+    assert!(r.text.contains("/api-doc/openapi.json"), "{}", r.text);
 }
