@@ -48,7 +48,9 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
 use error::{ApiError, ErrorType};
+use futures_util::FutureExt as _;
 use std::cell::RefCell;
+use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tower_http::cors::{AllowOrigin, CorsLayer};
@@ -376,7 +378,8 @@ fn bearer_token(value: &str) -> Option<&str> {
 /// left (the connection closed and the server dropped the handler): the request is counted
 /// once in `te_request_failure{err="dropped"}`, however many inputs it had (`/vertex`:
 /// however many instances). Not at the shutdown deadline, which drops the handlers it
-/// answers itself and counts them as `shutting_down`.
+/// answers itself and counts them as `shutting_down`, nor when the handler panics (the
+/// panic goes on to the HTTP layer, which answers it).
 struct Unanswered<'a> {
     state: &'a AppState,
     answered: bool,
@@ -388,9 +391,9 @@ impl Unanswered<'_> {
             state,
             answered: false,
         };
-        let response = next.run(req).await;
+        let response = AssertUnwindSafe(next.run(req)).catch_unwind().await;
         unanswered.answered = true;
-        response
+        response.unwrap_or_else(|panic| std::panic::resume_unwind(panic))
     }
 }
 

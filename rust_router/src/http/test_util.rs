@@ -65,6 +65,8 @@ impl Default for Options {
 #[derive(Clone)]
 pub struct TestApp {
     pub router: Router,
+    /// What the router's handlers share, for tests that build routes of their own.
+    pub state: AppState,
     pub seen: Arc<Mutex<Vec<SeenBatch>>>,
     pub metrics: Arc<Metrics>,
     /// Each device's switch to fail as a lost GPU would (`DeviceError`).
@@ -127,7 +129,8 @@ pub fn test_app(opts: Options) -> TestApp {
         shutdown: opts.shutdown.clone(),
     });
     TestApp {
-        router: app(state),
+        router: app(state.clone()),
+        state,
         seen,
         metrics: metrics_handle,
         broken,

@@ -89,6 +89,33 @@ async fn a_request_whose_client_left_counts_once_however_many_inputs() {
 }
 
 #[tokio::test]
+async fn a_handler_that_panics_is_not_a_client_that_left() {
+    use axum::body::Body;
+    use axum::http::Request;
+    use futures_util::FutureExt as _;
+    use tower::ServiceExt;
+    let app = test_app(Options::default());
+    let state = app.state.clone();
+    let router = axum::Router::new()
+        .route(
+            "/boom",
+            axum::routing::post(|| async { panic!("a bug") as &'static str }),
+        )
+        .route_layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            super::guard,
+        ))
+        .with_state(state);
+    let req = Request::post("/boom").body(Body::empty()).unwrap();
+    // The panic reaches the caller, as it reaches the HTTP layer that answers it.
+    let answered = std::panic::AssertUnwindSafe(router.oneshot(req))
+        .catch_unwind()
+        .await;
+    assert!(answered.is_err());
+    assert_eq!(sample(&app, "te_request_failure{err=\"dropped\"}"), 0.0);
+}
+
+#[tokio::test]
 async fn vertex_counts_one_request_however_many_instances() {
     let app = test_app(Options::default());
     let body = json!({"instances": [
