@@ -1,6 +1,6 @@
 """all-MiniLM-L6-v2 on the CPU in float32 and bfloat16: a query and a backfill batch.
 
-    python benchmarks/bench_cpu_dtype.py [--threads 2]
+    python benchmarks/experiments/bench_cpu_dtype.py [--threads 2]
 
 The engine's CPU path (`load_executor(device="cpu", dtype=...)`) on a 24-token query and on
 one batch of 24 documents of 64–256 tokens (seed 0), milliseconds per call (median) and

@@ -1,13 +1,20 @@
 """The Python API's tokenization (`TextTokenizer.encode_ids`, what `Model.embed` and corpus
 jobs use) on the realistic corpus and queries. CPU only.
 
-    python benchmarks/bench_text_tokenize.py [--model-id DIR] [--docs 2048] [--max-length 512]
+    python benchmarks/experiments/bench_text_tokenize.py \
+        [--model-id DIR] [--docs 2048] [--max-length 512]
 
 Prints tokens per second (best of `--reps`), for whichever build of `trt_tei_runtime` is
 first on the path: run it under two builds to compare them.
 """
 
 from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+# The helpers these experiments share with the maintained scripts live in benchmarks/.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import argparse
 import json

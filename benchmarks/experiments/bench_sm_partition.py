@@ -1,6 +1,6 @@
 """A large model's query beside its backfill on part of the SMs, against the query alone.
 
-    python benchmarks/bench_sm_partition.py --shape qwen3-8b --free-sms 8,16,32
+    python benchmarks/experiments/bench_sm_partition.py --shape qwen3-8b --free-sms 8,16,32
 
 Today a query runs alone on the GPU: the bulk lane stops at its next step (gate) and waits
 while the query is in flight. A qwen3-8b query reads 13.9 GB of weights (~4.4 ms on an

@@ -1,6 +1,7 @@
 """The router's tokenization time on realistic text, with a backend that answers instantly.
 
-    python benchmarks/bench_router_tokenize.py [--model-id DIR] [--queries 2000] [--docs 512]
+    python benchmarks/experiments/bench_router_tokenize.py \
+        [--model-id DIR] [--queries 2000] [--docs 512]
 
 Starts `text-embeddings-router` on loopback with `bench_router_overhead.InstantBackend` (the
 model's info, no forward pass), then sends, on one connection and one at a time:
@@ -14,6 +15,12 @@ Run it under two builds with `ab_wheels.sh` to compare them. CPU is enough.
 """
 
 from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+# The helpers these experiments share with the maintained scripts live in benchmarks/.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import argparse
 import http.client

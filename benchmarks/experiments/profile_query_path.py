@@ -1,6 +1,6 @@
 """Where a single query's time goes between the router's Python call and its result.
 
-    python benchmarks/profile_query_path.py --shapes minilm,bert-large [--model-dir DIR]
+    python benchmarks/experiments/profile_query_path.py --shapes minilm,bert-large [--model-dir DIR]
 
 The router's inference time for one 24-token query is more than the GPU time of its CUDA
 graph. This splits it, with the Backend the router uses (interactive lane included):
@@ -13,6 +13,12 @@ Medians of `--reps` calls made in turn, in µs. Reports only; CUDA only.
 """
 
 from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+# The helpers these experiments share with the maintained scripts live in benchmarks/.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import argparse
 import statistics

@@ -1,6 +1,6 @@
 """The residual add: in the norm after the GEMM, or in the GEMM itself (cuBLAS beta = 1).
 
-    python benchmarks/bench_residual_gemm.py [--tokens 16384]
+    python benchmarks/experiments/bench_residual_gemm.py [--tokens 16384]
 
 A layer's output projection and the norm after it, over a backfill batch, two ways:
 - "add in the norm" (the engine before): the GEMM writes its output, and the fused
@@ -15,6 +15,12 @@ Reports only; CUDA only.
 """
 
 from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+# The helpers these experiments share with the maintained scripts live in benchmarks/.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import argparse
 

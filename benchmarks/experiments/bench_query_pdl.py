@@ -1,6 +1,6 @@
 """A query's layers as overlapping kernels: cuBLAS against `skinny_linear` with PDL.
 
-    python benchmarks/bench_query_pdl.py --shapes bert-large,qwen3-0.6b [--tokens 24]
+    python benchmarks/experiments/bench_query_pdl.py --shapes bert-large,qwen3-0.6b [--tokens 24]
 
 A 24-token query's graph is a chain of ~7 kernels a layer that each read a few MB of
 weights; cuBLAS's skinny GEMMs reach ≤ 1.5 TB/s because each starts from nothing when the

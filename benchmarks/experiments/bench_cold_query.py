@@ -1,9 +1,10 @@
 """What keeps a query's host path fast between queries that come every 20 ms.
 
-    python benchmarks/bench_cold_query.py --shapes minilm,bert-large --tokenizer ../.carry/minilm-xz
+    python benchmarks/experiments/bench_cold_query.py \
+        --shapes minilm,bert-large --tokenizer ../.carry/minilm-xz
 
 A query after a 20 ms pause costs the host several times what it costs back to back
-(benchmarks/RESULTS.md: tokenization ~0.13 against ~0.03 ms, the runtime's direct path
+(docs/journal/results-log.md: tokenization ~0.13 against ~0.03 ms, the runtime's direct path
 ~0.37 against ~0.18 ms for MiniLM). The router's interactive thread already spins between
 queries, so its core never halts; what is still cold is the code and data a query touches.
 This script times a 24-token query, tokenization (`tokenizers`, the crate the router
@@ -27,6 +28,12 @@ CUDA only; reports only.
 """
 
 from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+# The helpers these experiments share with the maintained scripts live in benchmarks/.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import argparse
 import gc

@@ -2,7 +2,8 @@
 direct path (`runtime.query_path`: numpy and CUDA driver calls, no torch operation) saves
 against torch's path through the same CUDA graph.
 
-    python benchmarks/bench_query_launch.py --shapes minilm,bert-large,qwen3-0.6b --reps 200
+    python benchmarks/experiments/bench_query_launch.py \
+        --shapes minilm,bert-large,qwen3-0.6b --reps 200
 
 Part 1, `Backend.embed(..., interactive=True)` of one 24-token query as the router calls
 it (uint32 buffers in, float32 rows out), by torch's path (`TRT_TEI_QUERY_PATH=torch`'s)
@@ -23,6 +24,12 @@ the two launches alternate rep by rep. Prints p50 / p99 ms last. CUDA only; repo
 """
 
 from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+# The helpers these experiments share with the maintained scripts live in benchmarks/.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import argparse
 import ctypes

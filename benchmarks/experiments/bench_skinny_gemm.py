@@ -1,6 +1,6 @@
 """Linear layers at query sizes (M = 16 or 32 tokens): cuBLAS against a Triton sweep.
 
-    python benchmarks/bench_skinny_gemm.py
+    python benchmarks/experiments/bench_skinny_gemm.py
 
 A single query's forward is a chain of skinny GEMMs that each read a whole weight matrix
 once: they should run at HBM bandwidth. This prints, for the linear shapes of bert-large

@@ -1,7 +1,7 @@
 """The attention of the bulk lane's CUDA graphs: the persistent block-table kernel against
 the grid kernel, on backfill batches.
 
-    python benchmarks/bench_table_attention.py [--shapes bert-large,qwen3-0.6b,qwen3-8b]
+    python benchmarks/experiments/bench_table_attention.py [--shapes bert-large,qwen3-0.6b,qwen3-8b]
 
 An eager bulk pass launches the grid kernel sized to its own batch (`cu_seqlens` of its
 sequences only, its longest sequence). A CUDA graph cannot: its launch is fixed at capture,
@@ -15,6 +15,12 @@ Reports only; CUDA only.
 """
 
 from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+# The helpers these experiments share with the maintained scripts live in benchmarks/.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import argparse
 

@@ -3,11 +3,17 @@ loop, to be sampled by py-spy (its threads: the caller, the tokenizing/packing f
 one worker per device).
 
     py-spy record --threads --format raw -o stacks.txt -- \\
-        python3 benchmarks/profile_corpus.py --tokenizer-from DIR --seconds 20
-    python3 benchmarks/profile_corpus.py --summarize stacks.txt
+        python3 benchmarks/experiments/profile_corpus.py --tokenizer-from DIR --seconds 20
+    python3 benchmarks/experiments/profile_corpus.py --summarize stacks.txt
 """
 
 from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+# The helpers these experiments share with the maintained scripts live in benchmarks/.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import argparse
 import collections

@@ -1,6 +1,6 @@
 """What the server's wake-up on a request's arrival costs: loopback round trips, no HTTP.
 
-    python benchmarks/bench_wake.py [--gap-ms 20] [--reps 300] [--payload 300]
+    python benchmarks/experiments/bench_wake.py [--gap-ms 20] [--reps 300] [--payload 300]
 
 A client process sends a small request (about the size of a 24-token query's HTTP request)
 every `--gap-ms` on one TCP connection and reads a small reply; the server process answers

@@ -5,6 +5,12 @@ variants timed in turn; and by those that time a stack of kernels as one graph
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
+# The helpers these experiments share with the maintained scripts live in benchmarks/.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
 import statistics
 from collections.abc import Callable
 

@@ -2,7 +2,7 @@
 (`runtime.blas`, `TRT_TEI_QUERY_BLAS`): a 24-token query's GPU time and its
 `Backend.embed(..., interactive=True)` as the router calls it.
 
-    python benchmarks/bench_query_blas.py --shapes minilm,bert-large,qwen3-0.6b,qwen3-8b
+    python benchmarks/experiments/bench_query_blas.py --shapes minilm,bert-large,qwen3-0.6b,qwen3-8b
 
 Per shape, one checkpoint and two backends in this process, one per library; their calls
 alternate rep by rep. GPU time: the query's graph replayed back to back between two CUDA
@@ -13,6 +13,12 @@ CUDA only; reports only.
 """
 
 from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+# The helpers these experiments share with the maintained scripts live in benchmarks/.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import argparse
 import functools

@@ -1,6 +1,6 @@
 """Is there a faster cuBLASLt algorithm for a query's skinny GEMMs than the one torch runs?
 
-    python benchmarks/bench_lt_algos.py --shape qwen3-8b --tokens 24
+    python benchmarks/experiments/bench_lt_algos.py --shape qwen3-8b --tokens 24
 
 A qwen3-8b query's graph is ~4.4 ms on an H200, almost all of it 144 skinny GEMMs that
 stream 13.9 GB of weights at ~65-73 % of HBM's bandwidth. torch asks cuBLASLt's heuristic

@@ -1,6 +1,6 @@
 """A query's chain of linears as one persistent kernel that streams weights across them.
 
-    python benchmarks/bench_query_persistent.py --shape qwen3-8b --tokens 24
+    python benchmarks/experiments/bench_query_persistent.py --shape qwen3-8b --tokens 24
 
 A qwen3-8b query's graph is 144 skinny GEMMs that each start from nothing when the one
 before ends: cuBLAS streams their 13.9 GB at ~73 % of HBM's bandwidth, and neither another
@@ -31,11 +31,11 @@ than 256 column tiles N ways along K (the parts added into float32 activations, 
 host zeroes before each run). Prints µs per stack (weights TB/s) and the largest
 difference from `cublas`'s output. CUDA only; reports only.
 
-`TRITON_INTERPRET=1 python benchmarks/bench_query_persistent.py --interpret-check` checks
-the kernel's arithmetic on a CPU; `--trace VARIANT` reads the GPU's global timer in every
+`TRITON_INTERPRET=1 python benchmarks/experiments/bench_query_persistent.py --interpret-check`
+checks the kernel's arithmetic on a CPU; `--trace VARIANT` reads the GPU's global timer in every
 tile of one run of a variant and prints where each kind of linear spends its time.
 
-What it found (benchmarks/RESULTS.md, sixteenth session): without waits the tiles stream
+What it found (docs/journal/results-log.md, sixteenth session): without waits the tiles stream
 10 % faster than cuBLAS on an H100 and 10 % slower on an H200; in order they lose more,
 because each tile starts its pipeline from empty and 128-192 narrow tiles in flight do not
 keep HBM busy.

@@ -1,7 +1,7 @@
 """A gated MLP's up-projection and activation as one Triton GEMM, against the engine's
 cuBLAS GEMM followed by its fused activation kernel, over a backfill batch.
 
-    python benchmarks/bench_gated_gemm.py --tokens 16384
+    python benchmarks/experiments/bench_gated_gemm.py --tokens 16384
 
 The engine computes `gate_up = x @ W^T` (`W = [W_gate; W_up]`, one cuBLAS GEMM writing
 `[T, 2F]`), then `silu(gate) * up` (one Triton pass reading `[T, 2F]`, writing `[T, F]`).

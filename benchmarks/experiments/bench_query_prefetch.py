@@ -1,6 +1,7 @@
 """Does a query run faster when the next layer's weights are already in L2?
 
-    python benchmarks/bench_query_prefetch.py --shapes bert-large,qwen3-0.6b [--reps 300]
+    python benchmarks/experiments/bench_query_prefetch.py \
+        --shapes bert-large,qwen3-0.6b [--reps 300]
 
 A 24-token query's graph is a chain of small kernels; its GEMMs each read a weight matrix
 of a few MB from HBM at ≤ 1.5 TB/s (bench_skinny_gemm.py), well short of the bandwidth,
@@ -20,6 +21,12 @@ same graph without the branch. Random weights in bf16. Reports only; CUDA.
 """
 
 from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+# The helpers these experiments share with the maintained scripts live in benchmarks/.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import argparse
 import tempfile

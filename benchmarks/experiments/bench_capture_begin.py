@@ -1,6 +1,6 @@
 """What starting and ending one CUDA graph segment costs on the host.
 
-    python benchmarks/bench_capture_begin.py [--segments 300]
+    python benchmarks/experiments/bench_capture_begin.py [--segments 300]
 
 `profile_startup.py` found `CUDAGraph.capture_begin` at ~1.35 ms per call while the bulk
 graphs were captured (541 segments, one per layer and bucket). This captures `--segments`

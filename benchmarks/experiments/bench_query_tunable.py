@@ -1,9 +1,9 @@
 """Does torch's TunableOp find faster GEMMs for a query than cuBLAS's heuristics?
 
-    python benchmarks/bench_query_tunable.py --shapes bert-large,qwen3-0.6b
+    python benchmarks/experiments/bench_query_tunable.py --shapes bert-large,qwen3-0.6b
 
 A 24-token query's graph is mostly skinny GEMMs that read a few MB of weights each at a
-fraction of HBM's bandwidth (benchmarks/RESULTS.md). torch's TunableOp
+fraction of HBM's bandwidth (docs/journal/results-log.md). torch's TunableOp
 (`torch.cuda.tunable`) times the candidate implementations of a GEMM's shape the first time
 it runs and keeps the fastest; the graphs' eager pass before each capture is that first
 time. On CUDA (torch 2.11) its only candidate is torch's default call (hipBLASLt's
@@ -18,6 +18,12 @@ time p50 / p99 ms and the rows' largest difference. CUDA only; reports only.
 """
 
 from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+# The helpers these experiments share with the maintained scripts live in benchmarks/.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import argparse
 import functools
