@@ -559,11 +559,11 @@ mod tests {
     }
 
     #[test]
-    fn the_readmes_flag_table_lists_every_flag_and_no_other() {
+    fn the_server_docs_flag_table_lists_every_flag_and_no_other() {
         use clap::CommandFactory;
         use std::collections::BTreeSet;
-        let readme = include_str!("../../README.md");
-        let documented: BTreeSet<&str> = readme
+        let server_docs = include_str!("../../docs/server.md");
+        let documented: BTreeSet<&str> = server_docs
             .lines()
             .filter_map(|line| line.strip_prefix("| `--"))
             .filter_map(|rest| rest.split('`').next())
@@ -574,6 +574,6 @@ mod tests {
             .filter_map(|arg| arg.get_long())
             .filter(|long| !matches!(*long, "help" | "version"))
             .collect();
-        assert_eq!(documented, flags, "README's flag table against --help");
+        assert_eq!(documented, flags, "docs/server.md's flag table against --help");
     }
 }
