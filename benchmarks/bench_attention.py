@@ -4,7 +4,7 @@ where it is installed) against our Triton kernel.
 
     python benchmarks/bench_attention.py [--no-cudnn]
 
-For the attention shapes of BENCHMARKS.md's models (bert-large, qwen3-0.6b, qwen3-8b) and
+For the attention shapes of docs/performance.md's models (bert-large, qwen3-0.6b, qwen3-8b) and
 batches from a single 24-token query to a 16k-token backfill batch, prints the time of one
 call of each implementation and the Triton tile sweep. cuDNN runs through
 `aten._cudnn_attention_forward` with ragged offsets, the path torch's `varlen_attn` takes

@@ -19,7 +19,7 @@ whole corpus, interleaved):
 `--bulk-graphs on,off` builds the backend twice per shape, with and without the bulk
 lane's CUDA graphs above 2,048 tokens (TRT_TEI_BULK_GRAPHS), and also prints each build's
 start-up time and the GPU memory it holds. Batches are packed in arrival order up to
-16,384 tokens, as the router's queue packs them; document lengths are BENCHMARKS.md's
+16,384 tokens, as the router's queue packs them; document lengths are docs/performance.md's
 backfill (64–512 tokens, seed 0). Random weights in bf16. Reports only; needs a CUDA GPU.
 """
 

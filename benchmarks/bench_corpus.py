@@ -6,7 +6,7 @@ varied English text (`corpus_text.py`, seed 0, 64–512 tokens):
 - engine: the texts tokenized beforehand, packed into 16k-token batches and run through the
   executor's bulk lane back to back (what `bench_engine.py` measures);
 - Model.embed: `Model.embed(texts)` from strings to normalized host vectors, tokenization
-  included (BENCHMARKS.md's target: ≥ 95 % of the engine);
+  included (docs/performance.md's target: ≥ 95 % of the engine);
 - trt-tei-embed: the corpus job on a Parquet file of the same texts repeated
   `--job-repeat` times (a job's steady state, not its start), its own tokens/s
   (`--devices` as given), when this build has it.

@@ -10,7 +10,7 @@
 #   - bench_router.py with --devices: idle query p50/p99, backfill tok/s through HTTP,
 #     query p50/p99 under the backfill (its table);
 #   - bench_corpus.py --devices: trt-tei-embed tokens/s against one device's engine.
-# Target (BENCHMARKS.md): n GPUs >= 0.9 x n x one GPU. On a one-GPU machine it runs the
+# Target (docs/performance.md): n GPUs >= 0.9 x n x one GPU. On a one-GPU machine it runs the
 # count 1 only, which shows the script works.
 set -euo pipefail
 

@@ -1,4 +1,4 @@
-"""Engine benchmark: BENCHMARKS.md's backfill and query workloads, ours against the
+"""Engine benchmark: docs/performance.md's backfill and query workloads, ours against the
 `transformers` baseline in the same run. Prints a table last.
 
     python benchmarks/bench_engine.py --shapes bert-large --dtype bfloat16
@@ -28,7 +28,7 @@ from trt_tei_runtime.layers import triton_attention
 from trt_tei_runtime.layers.fp8 import quantize_linears
 from trt_tei_runtime.runtime import Executor, load_model
 
-H200_BF16_GEMM_TFLOPS = 795.0  # BENCHMARKS.md's ceiling, which the limits assume
+H200_BF16_GEMM_TFLOPS = 795.0  # docs/performance.md's ceiling, which the limits assume
 
 
 def bf16_gemm_ceiling_tflops() -> float:

@@ -1,4 +1,4 @@
-"""BENCHMARKS.md's mixed workload at the engine level: a saturating backfill plus one
+"""docs/performance.md's mixed workload at the engine level: a saturating backfill plus one
 24-token query every 20 ms on the same model. Prints a table last.
 
     python benchmarks/bench_mixed.py --shapes bert-large,qwen3-0.6b --batch-tokens 16384,4096

@@ -1,4 +1,4 @@
-"""BENCHMARKS.md's workloads end to end through the HTTP router, per shape.
+"""docs/performance.md's workloads end to end through the HTTP router, per shape.
 
     python benchmarks/bench_router.py --shapes bert-large,qwen3-0.6b --tokenizer-from DIR
 
@@ -14,7 +14,8 @@ router process is started on loopback, then:
   under load and the backfill's tokens per second meanwhile.
 Reports only; CUDA only.
 
-`--realistic` runs BENCHMARKS.md's realistic traffic instead (benchmarks/realistic_traffic.py):
+`--realistic` runs docs/performance.md's realistic traffic instead
+(benchmarks/realistic_traffic.py):
 varied English text cut to 64-512 tokens by the model's tokenizer, the backfill sent by
 `baseten-performance-client` (8 connections, 32 documents per request, base64), a 24-token
 query every 20 ms on its own connection from a process of its own (a raw keep-alive socket,
@@ -326,7 +327,11 @@ def main() -> None:
     parser.add_argument(
         "--minilm-dir", type=Path, help="realistic: all-MiniLM-L6-v2's folder for minilm-real"
     )
-    parser.add_argument("--docs", type=int, help="realistic: documents (BENCHMARKS.md's count)")
+    parser.add_argument(
+        "--docs",
+        type=int,
+        help="realistic: documents (docs/performance.md's count)",
+    )
     parser.add_argument("--min-tokens", type=int, default=64, help="realistic: document length")
     parser.add_argument("--max-tokens", type=int, default=512, help="realistic: document length")
     parser.add_argument("--query-interval-ms", type=float, default=20.0, help="realistic")

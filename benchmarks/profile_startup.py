@@ -1,4 +1,4 @@
-"""Where a server's start-up time goes, per shape (BENCHMARKS.md: process start to `/health`
+"""Where a server's start-up time goes, per shape (docs/performance.md: process start to `/health`
 200 ≤ 10 s for bert-large, ≤ 20 s for qwen3-8b, from a local folder).
 
     python benchmarks/profile_startup.py --shapes bert-large,qwen3-0.6b --tokenizer-from DIR \

@@ -1,4 +1,4 @@
-"""Realistic traffic for `bench_router.py --realistic` (BENCHMARKS.md, "Realistic traffic"):
+"""Realistic traffic for `bench_router.py --realistic` (docs/performance.md, "Realistic traffic"):
 a deterministic corpus of varied English text (benchmarks/corpus_text.py, seed 0) cut to
 token lengths uniform in [min, max] by the served model's own tokenizer; a backfill sent by
 `baseten-performance-client` (a Rust client, so the client is not the bottleneck) as

@@ -1,4 +1,4 @@
-"""The model shapes of BENCHMARKS.md, as `transformers` configs with random weights."""
+"""The model shapes of docs/performance.md, as `transformers` configs with random weights."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ from pathlib import Path
 
 import torch
 
-# bf16 tokens/s physical limits on an H200 (BENCHMARKS.md): 2 x non-embedding params FLOP/token.
+# bf16 tokens/s physical limits on an H200 (docs/performance.md): 2 x non-embedding params
+# FLOP per token.
 BF16_LIMIT_TOKENS_PER_S = {
     "bert-large": 1.31e6,
     "qwen3-0.6b": 0.90e6,

@@ -28,7 +28,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 from trt_tei_runtime.kernels import fused
 from trt_tei_runtime.kernels.triton_kernels import grouped_tile
 
-# (hidden, intermediate) of gated MLPs: BENCHMARKS.md's decoder shapes, nomic-embed-text-v1.5.
+# (hidden, intermediate) of gated MLPs: docs/performance.md's decoder shapes, nomic-embed-text-v1.5.
 SHAPES = {
     "qwen3-0.6b": (1024, 3072),
     "qwen3-8b": (4096, 12288),

@@ -19,7 +19,7 @@ Part 3, the direct path taken apart: check (the arrays, the model's limits, the 
 fill (the pinned staging buffer), enter (the gate, the CUDA context), run (the copies, the
 launch and the wait: the GPU's time), leave, copy (the rows out of the pinned buffer).
 
-Each rep runs after a 20 ms sleep (the query stream of BENCHMARKS.md) or back to back;
+Each rep runs after a 20 ms sleep (the query stream of docs/performance.md) or back to back;
 the two launches alternate rep by rep. Prints p50 / p99 ms last. CUDA only; reports only.
 """
 

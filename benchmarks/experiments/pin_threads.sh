@@ -3,7 +3,7 @@
 # every 0.5 s (routers that benchmarks start later are caught too). An experiment's tool:
 # does a query wait because tokenizer threads share a core with the thread that serves it?
 #
-#   benchmarks/pin_threads.sh TOKENIZER_CPUS BULK_CPUS INTERACTIVE_CPUS [OTHER_CPUS] &
+#   benchmarks/experiments/pin_threads.sh TOKENIZER_CPUS BULK_CPUS INTERACTIVE_CPUS [OTHER_CPUS] &
 #   # e.g. 0-13 14 15; or "0-14 0-14 15 0-14": the interactive thread alone on CPU 15
 #   ... run a benchmark ...; kill %1
 #
