@@ -291,8 +291,8 @@ def mixed(
     The queries run in a process of their own (`in_process`), as another user's would: the
     backfill client turns each call's answers into Python objects in this process with the
     interpreter's lock held, and a query thread here waits for the lock after its answer
-    has come, which counted the client's time as the server's (RESULTS.md, fifteenth
-    session). `in_process=False` runs them on a thread here, as earlier tables did."""
+    has come, which counted the client's time as the server's (docs/journal/results-log.md,
+    fifteenth session). `in_process=False` runs them on a thread here, as earlier tables did."""
     if not in_process:
         stop = threading.Event()
         query_thread = threading.Thread(target=lambda: (time.sleep(settle_s), queries.run(stop)))

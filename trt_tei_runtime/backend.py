@@ -1,6 +1,6 @@
 """The object the Rust router calls, through PyO3.
 
-Contract (see README "Architecture"): every batch is packed with no padding. Array
+Contract (see docs/architecture.md): every batch is packed with no padding. Array
 arguments are little-endian uint32 `bytes` (what the router sends) or array-likes; results
 are C-contiguous float32 numpy arrays (the router reads them with `.tobytes()`).
 Normalization, Matryoshka truncation and score activations happen in the router.
@@ -163,7 +163,7 @@ class Backend:
         without the model: the router's interactive thread calls it while it waits for the
         next query, so that one finds this code and data in the CPU's caches. After 20 ms
         of idling a query's host steps took twice as long as back to back
-        (benchmarks/RESULTS.md). Nothing before the first such query."""
+        (docs/journal/results-log.md). Nothing before the first such query."""
         arrays = self._last_queries.get(device)
         if arrays is not None:
             self.executors[device].warm_query(HostArrays.check(*arrays))

@@ -186,7 +186,7 @@ class HostArrays:
         if cu.size < 2 or cu[0] != 0:
             raise InputError("cu_seqlens must start at 0 and hold at least one sequence")
         # A query is often one sequence: its length needs no array operation (after an
-        # idle spell each numpy call costs tens of microseconds; benchmarks/RESULTS.md).
+        # idle spell each numpy call costs tens of microseconds; docs/journal/results-log.md).
         if cu.size == 2:
             longest = int(cu[1])
             empty = longest == 0

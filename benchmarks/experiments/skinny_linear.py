@@ -1,5 +1,6 @@
 """A linear layer for a handful of tokens (a query), as a chain of kernels that overlap
-(`bench_query_pdl.py`; measured against cuBLAS, not adopted: RESULTS.md, tenth session).
+(`bench_query_pdl.py`; measured against cuBLAS, not adopted: docs/journal/results-log.md,
+tenth session).
 
 A 24-token query reads every weight once and does little else: each linear is a skinny GEMM
 whose few microseconds are mostly its own start (launch, the first loads from HBM) and its

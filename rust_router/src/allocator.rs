@@ -115,7 +115,7 @@ pub enum Threshold {
 /// the free memory the arenas hold grew without bound: 1 GiB after 300 random batches of
 /// all-MiniLM-L6-v2 and still rising, about 10 MiB with the threshold fixed at 1 MiB
 /// (`benchmarks/soak_backend.py`; through HTTP, `benchmarks/soak_memory.py`; figures in
-/// benchmarks/RESULTS.md). A fixed threshold also stops glibc from raising it. Each large
+/// docs/journal/results-log.md). A fixed threshold also stops glibc from raising it. Each large
 /// block then costs a mapping and its page faults, a few percent of a CPU batch's time,
 /// nothing a GPU's host side notices (its large blocks are the CUDA allocator's).
 ///

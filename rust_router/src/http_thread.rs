@@ -5,13 +5,12 @@
 //! (see [`Handlers`]). Two reasons, both a query's:
 //!
 //! - A thread asleep in `epoll_wait` is slow to wake when a request arrives after a pause:
-//!   on an H200 guest (`benchmarks/bench_wake.py`, benchmarks/RESULTS.md) a loopback round
-//!   trip every 20 ms took 152 µs p50 with the server asleep and 42 µs with it polling. A
-//!   current-thread runtime whose task yields checks its sockets with a zero timeout before
-//!   it polls that task again, so while requests keep arriving (within
-//!   [`HotPoll::window`] of the last one) this thread polls its sockets and never sleeps.
-//!   A multi-thread runtime cannot do this: its sockets are polled by whichever worker
-//!   parks first, asleep.
+//!   on an H200 guest (`benchmarks/experiments/bench_wake.py`, docs/journal/results-log.md) a
+//!   loopback round trip every 20 ms took 152 µs p50 with the server asleep and 42 µs with it
+//!   polling. A current-thread runtime whose task yields checks its sockets with a zero timeout
+//!   before it polls that task again, so while requests keep arriving (within [`HotPoll::window`]
+//!   of the last one) this thread polls its sockets and never sleeps. A multi-thread runtime cannot
+//!   do this: its sockets are polled by whichever worker parks first, asleep.
 //! - A backfill's large bodies are parsed by the other workers, so a query's bytes are not
 //!   read after them.
 

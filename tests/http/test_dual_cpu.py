@@ -8,7 +8,7 @@ thresholds are generous for a noisy shared machine, but a query that waited for 
 bulk batch (seconds on a CPU) fails them: the test compares the queries' latency under the
 backfill with the time that batch takes at the speed measured here.
 
-A query's batch is topped up with bulk entries (README, "Interactive lane"), so the queries
+A query's batch is topped up with bulk entries (docs/latency.md, "Interactive lane"), so the queries
 cost the backfill their tokens rather than a forward pass each (~10-15 ms for a few tokens):
 the backfill keeps most of its solo speed, measured here at 92-94 % (a query every 50 ms).
 """

@@ -279,7 +279,7 @@ def _seconds(duration: str) -> float:
 
 
 def test_debug_log_gives_each_requests_times(start_server, minilm_dir):
-    """At debug level every answered request logs its times (README, Logs); the part of
+    """At debug level every answered request logs its times (docs/server.md, "Logs"); the part of
     its queue time before its batch reached a backend thread is within the queue time."""
     logged = start_server(
         minilm_dir, "--json-output", env={"LOG_LEVEL": "info,trt_tei_router::http=debug"}

@@ -12,7 +12,7 @@ architecture or task of `trt_tei_runtime.models` has no snapshot.
 
 To add an architecture: one `ROWS` entry (a config factory, the tokenizer style, the
 pooling for embedding rows), then `make snapshots`. A new task also needs a
-`TASK_REFERENCES` entry. See the README's "Snapshot tests".
+`TASK_REFERENCES` entry. See docs/testing.md, "Snapshot tests".
 """
 
 from __future__ import annotations

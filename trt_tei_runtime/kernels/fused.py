@@ -59,7 +59,7 @@ def gated_activation(gate_up: torch.Tensor, activation: str) -> torch.Tensor:
 
 
 # Bulk batches only: the gated GEMM's tiles are 128 rows tall, and it was measured on
-# backfill batches (benchmarks/RESULTS.md, twelfth session).
+# backfill batches (docs/journal/results-log.md, twelfth session).
 GATED_MATMUL_MIN_TOKENS = 4096
 # (device, dtype, weight shape, activation) -> whether one gated GEMM beat cuBLAS's GEMM and
 # the activation pass on that device, measured the first time such a batch ran.

@@ -222,7 +222,7 @@ def _gated_matmul_kernel(
 
 
 # Tiles of the gated GEMM: measured on an H200 over 16k tokens of qwen3-0.6b's MLP
-# (benchmarks/bench_gated_gemm.py), the best of 18 variants.
+# (benchmarks/experiments/bench_gated_gemm.py), the best of 18 variants.
 GATED_MATMUL_TILE = {"BM": 128, "BN": 64, "BK": 64, "GROUP_M": 8, "num_warps": 4, "num_stages": 3}
 
 
@@ -363,8 +363,8 @@ def _rotate_qk_kernel(
 def rotary_warps(q_elements: int) -> int:
     """Warps per token's program: few. A token's q heads are a few thousand elements, and
     more warps per program only cut how many programs an SM keeps in flight; measured on
-    an H200 (RESULTS.md), 15,971 tokens x (16 + 8) heads x 128: 1 warp 57 µs, 4 warps 97 µs,
-    a plain copy of the same bytes 51 µs."""
+    an H200 (docs/journal/results-log.md), 15,971 tokens x (16 + 8) heads x 128: 1 warp
+    57 µs, 4 warps 97 µs, a plain copy of the same bytes 51 µs."""
     return 1 if q_elements <= 2048 else 2
 
 

@@ -3,8 +3,8 @@
 The implementations, chosen here and nowhere else:
 - CUDA, fp16/bf16: our Triton varlen FlashAttention kernel (`triton_attention.py`) on the
   packed tokens. Measured against torch's FlashAttention 2 (`varlen_attn`) on an H100
-  (benchmarks/bench_attention.py, RESULTS.md): 2.2–2.7x faster on a 24-token query,
-  1.5–1.8x on a 16k-token backfill batch, and it also does soft-capping (Gemma 2).
+  (benchmarks/bench_attention.py, docs/journal/results-log.md): 2.2–2.7x faster on a
+  24-token query, 1.5–1.8x on a 16k-token backfill batch, and it also does soft-capping (Gemma 2).
 - CUDA without Triton: FlashAttention 2 through `torch.nn.attention.varlen.varlen_attn`.
 - Everything else (CPU, fp32): scatter the packed tokens into a padded
   `[n_seqs, heads, max_len, head_dim]` tensor and run `scaled_dot_product_attention` with a

@@ -19,7 +19,7 @@ passes, and small graphs whose every slot a batch may fill). With a block table
 (`fill_block_table`), a fixed set of persistent programs takes the batch's real query
 blocks in turn: the bulk lane's CUDA graphs, whose launch must serve any batch of their
 bucket, where a grid sized for the longest possible sequence in every slot took a
-decoder's attention 5.5x as long (benchmarks/bench_table_attention.py).
+decoder's attention 5.5x as long (benchmarks/experiments/bench_table_attention.py).
 """
 
 from __future__ import annotations
@@ -41,7 +41,8 @@ _LOG2E = 1.4426950408889634
 # tokens or more, at every head size.
 TABLE_BLOCK_M = 64
 # Persistent programs per SM of the block-table kernel: with 32, as fast as the grid kernel
-# on the batch's own grid, or faster (benchmarks/bench_table_attention.py, RESULTS.md).
+# on the batch's own grid, or faster (benchmarks/experiments/bench_table_attention.py,
+# docs/journal/results-log.md).
 PROGRAMS_PER_SM = 32
 
 
@@ -60,8 +61,9 @@ class Blocks:
 
 
 def default_blocks(max_seqlen: int, head_dim: int) -> Blocks:
-    """Tiles from the H100 sweep of benchmarks/bench_attention.py (RESULTS.md): query and
-    key tiles no larger than the longest sequence needs (at least 16, what `tl.dot` takes),
+    """Tiles from the H100 sweep of benchmarks/bench_attention.py
+    (docs/journal/results-log.md): query and key tiles no larger than the longest sequence
+    needs (at least 16, what `tl.dot` takes),
     else 64 queries by 64 keys in 3 stages for head_dim 64, by 32 keys in 2 stages for
     head_dim 128 (and 256, to stay in registers); 4 warps beat 8 at every size swept."""
     block_d = _block_d(head_dim)

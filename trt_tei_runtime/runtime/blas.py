@@ -3,7 +3,7 @@
 torch runs a linear without a bias through cuBLAS, and with `preferred_blas_library
 ("cublaslt")` through cuBLASLt, whose kernels for a few rows (a query's GEMMs) are faster:
 measured on an H200, a qwen3-8b 24-token query took 4.54–4.60 ms against 4.76–4.81 ms
-(benchmarks/RESULTS.md). Process-wide, the same switch left the bf16 backfills as they were
+(docs/journal/results-log.md). Process-wide, the same switch left the bf16 backfills as they were
 but once ran a bert-large FP8 backfill 20 % slower. A graph keeps the kernels it was captured
 with, so the switch is set only while the interactive lane's graphs are captured: queries
 get cuBLASLt, bulk batches keep torch's choice. `TRT_TEI_QUERY_BLAS=torch` leaves the

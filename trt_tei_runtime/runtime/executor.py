@@ -40,7 +40,7 @@ TYPICAL_DOCUMENT_TOKENS = 512
 # Bulk batches replay CUDA graphs where a layer over a full batch takes at most this long.
 # Graphs save the launches between kernels, ~0.1 ms a layer; a longer layer has nothing to
 # save and pays its bucket's padding (H100, qwen3-8b's 10 ms layers: -1.8 % backfill;
-# bert-large's 0.8 ms: +7.6 %, benchmarks/RESULTS.md).
+# bert-large's 0.8 ms: +7.6 %, docs/journal/results-log.md).
 BULK_GRAPHS_MAX_LAYER_MS = 2.0
 
 

@@ -8,7 +8,7 @@ share one memory pool, captured largest first.
 
 A query's time is mostly the host's: every small operation around the replay costs a
 few microseconds, several times that on a host whose caches went cold while it idled
-(benchmarks/RESULTS.md). So a batch's inputs travel in one host-to-device copy, and an
+(docs/journal/results-log.md). So a batch's inputs travel in one host-to-device copy, and an
 embedding model's pooling (and Dense layers) run inside the graph, over every sequence
 slot; the caller keeps the rows of the real sequences. Other heads run on the real
 `cu_seqlens` afterwards.
@@ -17,7 +17,7 @@ Each bucket's graph sees only as many sequence slots as a batch of its size can 
 (`bucket_slots`): attention launches a program per (query block, sequence slot, head),
 and programs of empty slots still cost scheduling time. With 258 slots in every graph, a
 24-token query's attention took 114 µs of bert-large's GPU time and 181 µs of
-qwen3-0.6b's; with 34 slots, 78 and 110 µs (H200, benchmarks/RESULTS.md).
+qwen3-0.6b's; with 34 slots, 78 and 110 µs (H200, docs/journal/results-log.md).
 
 Bulk batches above `MAX_GRAPH_TOKENS` replay graphs of their own (`bulk_ladder`), built
 for two things the small ones need not do:
@@ -50,14 +50,14 @@ from .staging import InputStaging
 log = logging.getLogger(__name__)
 
 # Graphs pay off where launches dominate: small batches. Above this many tokens a batch
-# runs eagerly — measured on an H200 (benchmarks/RESULTS.md): with graphs up to 16k tokens,
+# runs eagerly — measured on an H200 (docs/journal/results-log.md): with graphs up to 16k tokens,
 # qwen3-0.6b backfill fell from 352k to 272k tok/s, because one graph's attention must be
 # launched for the bucket's worst-case sequence length, not the batch's.
 MAX_GRAPH_TOKENS = 2048
 # Bulk buckets above MAX_GRAPH_TOKENS, this many tokens apart, and closer in the top
 # step: a router's bulk batch is filled to within a document of its token limit, and a
 # batch of 16k tokens padded to the next 1,024 gave back most of what its graphs saved
-# (H100, bert-large: +0.8 % backfill; benchmarks/RESULTS.md).
+# (H100, bert-large: +0.8 % backfill; docs/journal/results-log.md).
 BULK_BUCKET_STEP = 1024
 BULK_TOP_STEP = 128
 

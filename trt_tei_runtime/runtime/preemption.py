@@ -1,7 +1,7 @@
 """Layer-boundary preemption: an interactive query runs alone on the GPU even while a large
 bulk batch is part-way through its layers.
 
-Why a stream priority is not enough (measured on an H200, benchmarks/RESULTS.md): with the
+Why a stream priority is not enough (measured on an H200, docs/journal/results-log.md): with the
 query on its own highest-priority stream, a 16k-token bert-large backfill batch still took a
 24-token query from 1.06 ms to 9 ms p50 / 17 ms p99, the same as with a normal-priority
 stream. The bulk batch's GEMMs are persistent kernels that hold every SM until they finish,
@@ -24,7 +24,7 @@ gate stands before every linear inside the layers instead, and where
 the largest linear is still longer, the bulk lane runs its batches in parts of whole
 sequences, one after the other, about equal in size. Gates inside layers cost nothing on the GPU;
 parts cost GEMM efficiency, so they are only as small as needed. Measured on an H100 with
-qwen3-8b under a realistic backfill (benchmarks/RESULTS.md): whole layers gave a query p99
+qwen3-8b under a realistic backfill (docs/journal/results-log.md): whole layers gave a query p99
 of 3.3x its idle p50; 6 ms steps (gates between linears, batches whole) 1.9x; 4 ms steps
 (two parts of a 16k batch) 1.4-1.6x for 2-4 % less backfill; 2 ms steps (parts of ~5k
 tokens) 1.3x for 5 % less.
@@ -57,7 +57,7 @@ DEFAULT_DEPTH = 1
 # query under 2x its idle latency, within the 3x the product promises for large models.
 DEFAULT_MAX_STEP_MS = 6.0
 # Gates between a layer's linears cost the GPU nothing, so they stand there wherever a layer
-# is longer than this, whatever the step limit. Measured on an H200 (benchmarks/RESULTS.md,
+# is longer than this, whatever the step limit. Measured on an H200 (docs/journal/results-log.md,
 # fourteenth session): bert-large's and qwen3-0.6b's 16k-token layers (~0.6-1 ms) gated
 # between linears took their queries' p99 under a realistic backfill from 2.3-2.8x to
 # 1.6-1.8x their idle p50, the backfill within 1.3 %.

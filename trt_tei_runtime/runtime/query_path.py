@@ -2,10 +2,10 @@
 
 After the 20 ms a query stream idles between queries, the host's code is cold, and every
 step of a query costs several times what it does back to back. Measured on an H200
-(`benchmarks/bench_query_launch.py`, benchmarks/RESULTS.md), a 24-token MiniLM query on the
-interactive lane took 0.69 ms after a 20 ms sleep: entering torch's device and stream
-contexts 0.21 ms and the input copy 0.25 ms (0.03 and 0.04 ms back to back), the graph's
-launch 0.03 ms; its GPU work ~0.15 ms. The cost follows the amount of code a step runs.
+(`benchmarks/experiments/bench_query_launch.py`, docs/journal/results-log.md), a 24-token MiniLM
+query on the interactive lane took 0.69 ms after a 20 ms sleep: entering torch's device and stream
+contexts 0.21 ms and the input copy 0.25 ms (0.03 and 0.04 ms back to back), the graph's launch 0.03
+ms; its GPU work ~0.15 ms. The cost follows the amount of code a step runs.
 
 So an embedding query that fits the lane's CUDA graphs takes this path, with no torch
 operation in it: the router's arrays are checked and written into the pinned staging

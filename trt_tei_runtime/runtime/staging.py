@@ -6,7 +6,7 @@ device buffer, and a pinned host buffer of the same layout is filled through
 numpy views; one non-blocking copy moves it. A copy from pageable memory instead waits
 for the stream's earlier work and keeps the launching thread until the data has landed:
 four of them per bulk batch left the GPU idle ~0.4 ms of a 19 ms bert-large backfill batch
-(H100, `benchmarks/profile_engine.py`, benchmarks/RESULTS.md).
+(H100, `benchmarks/profile_engine.py`, docs/journal/results-log.md).
 
 One staging serves one stream: the device buffer is rewritten by the next `send`, in
 stream order after the work that read the previous batch. The host buffer is reused once

@@ -2,14 +2,14 @@
 //!
 //! A thread that sleeps between batches wakes on a cold core, and the next batch's host-side
 //! work (the Python call, graph launch, result copy) then runs slower. Measured on the GPU
-//! machine (benchmarks/RESULTS.md): `Backend.embed` of a 24-token bert-large query took
+//! machine (docs/journal/results-log.md): `Backend.embed` of a 24-token bert-large query took
 //! 1.26 ms after a 0.7 ms sleep and 0.98 ms after a 0.7 ms busy-wait. Spinning keeps the
 //! core awake for the next query, at the price of a busy core while traffic keeps arriving
 //! within the window.
 //!
 //! An awake core still loses a query's code and data from its caches in the 20 ms between
-//! queries: measured on an H200 (`benchmarks/bench_cold_query.py`), tokenizing a query and
-//! its direct path through the runtime took 0.48 ms after a 20 ms busy-wait, 0.32 ms when
+//! queries: measured on an H200 (`benchmarks/experiments/bench_cold_query.py`), tokenizing a
+//! query and its direct path through the runtime took 0.48 ms after a 20 ms busy-wait, 0.32 ms when
 //! the busy-wait repeated their host steps every millisecond, and 0.29 ms back to back. So
 //! a spinning interactive thread also re-runs them every `warm_every` (the caller's `warm`:
 //! the backend's `warm` and the [`WarmHook`]).
@@ -122,7 +122,8 @@ pub(super) struct Warming {
     pub(super) hook: WarmHook,
     /// How long the device's bulk thread has waited for work. Warming needs the interpreter
     /// and a core, which a bulk thread running batches needs too; and under a backfill
-    /// queries reach a host that is awake anyway. Measured on an H200 (benchmarks/RESULTS.md),
+    /// queries reach a host that is awake anyway. Measured on an H200
+    /// (docs/journal/results-log.md),
     /// warming while a backfill ran cost all-MiniLM-L6-v2's backfill 5-10 % of its speed and
     /// bert-large's query p99 ~0.5-1 ms.
     pub(super) bulk_idle: Option<Arc<IdleSince>>,
@@ -155,7 +156,7 @@ pub struct LaneWaits {
 impl LaneWaits {
     /// How long an interactive thread spins by default: a query stream of at least
     /// 40 queries/s then always finds its thread awake. Measured on an H100
-    /// (benchmarks/RESULTS.md): a 24-token all-MiniLM-L6-v2 query every 20 ms went from
+    /// (docs/journal/results-log.md): a 24-token all-MiniLM-L6-v2 query every 20 ms went from
     /// 2.50 to 1.94 ms p50, and its time waiting for the thread under a backfill from 3.4
     /// to 0.17 ms p99.
     pub const DEFAULT_INTERACTIVE_SPIN_US: u64 = 25_000;

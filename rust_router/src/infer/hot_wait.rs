@@ -3,7 +3,7 @@
 //! A handler that awaits its result parks its tokio worker; the backend thread's reply then
 //! wakes a worker, and the kernel must find that thread a core. Under a backfill that keeps
 //! every core busy (tokenizer threads, the clients), that took 1.1–1.7 ms at p99 on a GPU
-//! machine ("the rest of the server total" in benchmarks/RESULTS.md) for a query whose
+//! machine ("the rest of the server total" in docs/journal/results-log.md) for a query whose
 //! forward pass took 0.7 ms. A handler that polls its result instead keeps its worker
 //! running, yielding to the worker's other tasks between polls, and finds the result as soon
 //! as it is there. The price is that worker's core for the query's time, bounded by `spin`.

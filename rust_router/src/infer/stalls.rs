@@ -2,11 +2,11 @@
 //! the calling thread went through meanwhile (`getrusage(RUSAGE_THREAD)`, Linux only).
 //!
 //! A query's hand-over to its backend thread takes no lock that a backfill holds and runs for
-//! a few microseconds, yet one in fifty took 1-3 ms under a GPU backfill (benchmarks/
-//! RESULTS.md). Only the kernel can take that time: by preempting the thread (an involuntary
-//! switch), by putting it to sleep (a voluntary one: a contended lock, or a page fault that
-//! waits for the address space's lock), or by a page fault's own work. A debug event names
-//! which, for every slow hand-over.
+//! a few microseconds, yet one in fifty took 1-3 ms under a GPU backfill
+//! (docs/journal/results-log.md). Only the kernel can take that time: by preempting the thread
+//! (an involuntary switch), by putting it to sleep (a voluntary one: a contended lock, or a
+//! page fault that waits for the address space's lock), or by a page fault's own work. A debug
+//! event names which, for every slow hand-over.
 
 use std::time::{Duration, Instant};
 

@@ -225,7 +225,7 @@ enum Job {
 ///
 /// The pool has one thread per core by default, and a backfill keeps them all busy. A query's
 /// own threads (its connection's task, the backend thread, the response) then wake up behind
-/// them and may wait for a core: milliseconds at the p99 (benchmarks/RESULTS.md).
+/// them and may wait for a core: milliseconds at the p99 (docs/journal/results-log.md).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum PoolPriority {
     /// The operating system's default class, shared equally with every other thread.
@@ -242,7 +242,7 @@ impl PoolPriority {
     /// passes run on an accelerator and the host's cores serve tokenization and queries, so
     /// queries come first. Without one (a CPU), the forward pass's own threads would take
     /// every core from an idle-class pool: measured on the 2-core CI machine, the backfill
-    /// lost 7 % and queries gained nothing (benchmarks/RESULTS.md).
+    /// lost 7 % and queries gained nothing (docs/journal/results-log.md).
     pub fn for_runtime(interactive_lane: bool) -> Self {
         if interactive_lane {
             Self::Idle

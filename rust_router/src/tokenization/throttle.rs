@@ -4,7 +4,7 @@
 //! the backfill, that speed buys nothing (the tokens wait in the bulk queue), and it costs the
 //! queries: with a thread busy on every core, even at idle priority, a query's threads (the
 //! result's way back from its backend thread) waited for a core, one query in fifty by 1-3
-//! ms (benchmarks/RESULTS.md; likely Linux cutting short its search for an idle core for a
+//! ms (docs/journal/results-log.md; likely Linux cutting short its search for an idle core for a
 //! waking thread when every core looks busy). So while bulk batches are full and leave entries waiting, only the first
 //! `keep` threads take jobs; the others wait until a bulk batch takes everything queued.
 //! Where tokenization bounds the backfill (a small model), every batch takes everything
