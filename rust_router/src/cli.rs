@@ -574,6 +574,9 @@ mod tests {
             .filter_map(|arg| arg.get_long())
             .filter(|long| !matches!(*long, "help" | "version"))
             .collect();
-        assert_eq!(documented, flags, "docs/server.md's flag table against --help");
+        assert_eq!(
+            documented, flags,
+            "docs/server.md's flag table against --help"
+        );
     }
 }
