@@ -32,6 +32,9 @@ pub enum ErrorType {
     ModelType,
     /// The request body did not arrive within `--body-read-timeout`.
     Timeout,
+    /// Answers that their clients have not read fill `--response-buffer-limit`: new work
+    /// waits until they are sent, or cut at `--send-timeout`.
+    Congested,
     /// The server is shutting down: the request was half-sent when draining began, or was
     /// still running at the `--shutdown-timeout` deadline.
     ShuttingDown,
@@ -55,6 +58,7 @@ impl ErrorType {
             Self::NotFound => StatusCode::NOT_FOUND,
             Self::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             Self::Timeout => StatusCode::REQUEST_TIMEOUT,
+            Self::Congested => StatusCode::SERVICE_UNAVAILABLE,
             Self::ShuttingDown => StatusCode::SERVICE_UNAVAILABLE,
         }
     }
@@ -74,6 +78,7 @@ impl ErrorType {
             Self::MethodNotAllowed => "method_not_allowed",
             Self::ModelType => "model_type",
             Self::Timeout => "timeout",
+            Self::Congested => "congested",
             Self::ShuttingDown => "shutting_down",
         }
     }
@@ -413,6 +418,7 @@ mod tests {
             (ErrorType::MethodNotAllowed, false, 405),
             (ErrorType::Timeout, false, 408),
             (ErrorType::ShuttingDown, true, 503),
+            (ErrorType::Congested, false, 503),
         ];
         for (kind, openai, status) in cases {
             assert_eq!(
