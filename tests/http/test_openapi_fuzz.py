@@ -10,6 +10,7 @@ The seed is fixed, so a run is reproducible; a failure prints a curl command.
 from __future__ import annotations
 
 import importlib
+import pkgutil
 import re
 
 import httpx
@@ -27,10 +28,27 @@ from schemathesis.specs.openapi.checks import (  # noqa: E402
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-# schemathesis imports its OpenAPI loader lazily, inside `from_url`, under pytest's assertion
-# rewriting: there CPython 3.11's `ast.parse` failed once in CI ("AST constructor recursion
-# depth mismatch"). Imported here, at collection, it is parsed on a shallow stack.
-importlib.import_module("schemathesis.specs.openapi.schemas")
+
+def _import_tree(package: str) -> None:
+    """Imports every module under `package` now, at collection.
+
+    hypothesis and schemathesis import many modules lazily, in the middle of a test, and
+    pytest rewrites their asserts on import (`ast.parse`). CPython 3.11.7 keeps the AST
+    converter's recursion depth in per-interpreter state, so a parse that overlaps another
+    thread's fails with "AST constructor recursion depth mismatch" (CPython gh-106905): CI
+    saw it twice, once from `schemathesis.specs.openapi.schemas`, once from hypothesis'
+    `st.randoms()`. Imported up front, nothing is parsed while the server's threads run."""
+    root = importlib.import_module(package)
+    for module in pkgutil.walk_packages(root.__path__, f"{package}."):
+        importlib.import_module(module.name)
+
+
+for _package in (
+    "hypothesis.strategies._internal",
+    "schemathesis.specs.openapi",
+    "schemathesis.generation",
+):
+    _import_tree(_package)
 
 # Cases per operation in the fuzzing phase; the examples and coverage phases add their own
 # (one per documented example, and the boundary values of every constraint).
