@@ -1,17 +1,19 @@
 #!/usr/bin/env bash
-# Scaling over the GPUs of one machine (issue 14): the same workloads with the server and
-# the corpus job on 1, 2, ... N devices, in one call.
+# Scaling over the GPUs of one machine: the same workloads with the server and the corpus
+# job on 1, 2, ... N devices, in one call.
 #
 #   benchmarks/bench_devices.sh TOKENIZER_DIR [SHAPES] [COUNTS]
 #
 # SHAPES: comma-separated (default bert-large,qwen3-0.6b); COUNTS: device counts to run
-# (default: 1 and every visible GPU, e.g. "1 2 4"). For each count n the devices are
+# (default: 1 and every visible GPU, e.g. "1 4"). For each count n the devices are
 # cuda:0 ... cuda:n-1:
-#   - bench_router.py with --devices: idle query p50/p99, backfill tok/s through HTTP,
-#     query p50/p99 under the backfill (its table);
+#   - bench_router.py --realistic with --devices and 8 x n backfill connections: idle query
+#     p50/p99, backfill tok/s through HTTP, query p50/p99 under the backfill, and the router's
+#     CPU by thread during the solo backfill (thread_cpu.py);
 #   - bench_corpus.py --devices: trt-tei-embed tokens/s against one device's engine.
-# Target (docs/performance.md): n GPUs >= 0.9 x n x one GPU. On a one-GPU machine it runs the
-# count 1 only, which shows the script works.
+# Every window is a steady state of $SECONDS_PER_WINDOW seconds (default 20); the corpus job
+# runs about as long (its corpus repeated 30 x n times). Target (docs/performance.md): n GPUs
+# >= 0.9 x n x one GPU. On a one-GPU machine it runs the count 1 only, which shows it works.
 set -euo pipefail
 
 tokenizer=${1:?usage: bench_devices.sh TOKENIZER_DIR [SHAPES] [COUNTS]}
@@ -19,6 +21,7 @@ shapes=${2:-bert-large,qwen3-0.6b}
 gpus=$(python3 -c 'import torch; print(torch.cuda.device_count())')
 counts=${3:-$( [ "$gpus" -gt 1 ] && echo "1 $gpus" || echo 1 )}
 here=$(cd "$(dirname "$0")" && pwd)
+seconds=${SECONDS_PER_WINDOW:-20}
 
 device_list() {
     python3 -c "import sys; print(','.join(f'cuda:{i}' for i in range(int(sys.argv[1]))))" "$1"
@@ -28,9 +31,10 @@ echo "GPUs visible: $gpus; counts: $counts; shapes: $shapes; commit ${TRT_TEI_CO
 for n in $counts; do
     devices=$(device_list "$n")
     echo "=== $n device(s): $devices — server"
-    python3 "$here/bench_router.py" --shapes "$shapes" --tokenizer-from "$tokenizer" \
-        --router-args "--devices $devices" --clients $((8 * n)) 2>&1 | grep -A 20 '^router flags'
+    python3 "$here/bench_router.py" --realistic --shapes "$shapes" --tokenizer-from "$tokenizer" \
+        --router-args "--devices $devices" --clients $((8 * n)) --seconds "$seconds" --passes 1 \
+        2>&1 | grep -A 30 '^device:'
     echo "=== $n device(s): $devices — trt-tei-embed"
     python3 "$here/bench_corpus.py" --shapes "$shapes" --tokenizer-from "$tokenizer" \
-        --devices "$devices" 2>&1 | grep -E '^\|'
+        --devices "$devices" --job-repeat $((30 * n)) 2>&1 | grep -E '^\|'
 done

@@ -55,6 +55,7 @@ import realistic_traffic as rt
 import torch
 from bench_engine import backfill_lengths, percentiles
 from shapes import BF16_LIMIT_TOKENS_PER_S, with_tokenizer, write_random_checkpoint
+from thread_cpu import ThreadCpu
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "http"))
 from loadgen import run as load  # noqa: E402
@@ -216,8 +217,9 @@ def realistic_row(
         # small model runs the whole corpus in a fraction of a second.
         estimate = backfill.run(1)
         passes = max(args.passes, math.ceil((args.settle + args.seconds) * estimate / tokens))
-        before = rt.BulkCounters.read(port)
+        before, threads_before = rt.BulkCounters.read(port), ThreadCpu.read(proc.pid)
         solo = backfill.run(passes)
+        threads = ThreadCpu.read(proc.pid).since(threads_before)
         busy, batch_tokens = rt.BulkCounters.read(port).since(before, tokens * passes / solo)
         loaded = rt.Queries(port, bodies, interval, raw)
         under = rt.mixed(
@@ -244,6 +246,7 @@ def realistic_row(
         "solo": solo,
         "busy": busy,
         "batch_tokens": batch_tokens,
+        "threads": threads,
         "mixed": under,
     }
 
@@ -305,12 +308,14 @@ def realistic(args: argparse.Namespace) -> None:
         + ":"
     )
     for r in rows:
-        print(
-            f"  {r['shape']}{' ' + r['flags'].strip() if variants else ''}: "
-            f"{r['busy']:.1%} busy, {r['batch_tokens']:,.0f} tokens per batch"
-        )
+        label = f"  {r['shape']}{' ' + r['flags'].strip() if variants else ''}"
+        print(f"{label}: {r['busy']:.1%} busy, {r['batch_tokens']:,.0f} tokens per batch")
         if r["errors"]:
             print(f"  {r['shape']}: {r['errors']} queries failed")
+    print("Solo backfill, the router's CPU by thread (CPU seconds per wall second):")
+    for r in rows:
+        label = f"  {r['shape']}{' ' + r['flags'].strip() if variants else ''}"
+        print(f"{label}: {r['threads'].summary()}")
 
 
 def main() -> None:
