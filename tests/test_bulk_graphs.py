@@ -8,8 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from decoder_checkpoints import make_decoder_checkpoint
-from tiny_checkpoints import make_checkpoint
+from checkpoints import make_checkpoint, make_decoder_checkpoint
 
 from trt_tei_runtime.batch import PackedBatch
 from trt_tei_runtime.layers.linear import Linear

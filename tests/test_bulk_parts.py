@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from tiny_checkpoints import make_checkpoint
+from checkpoints import make_checkpoint
 
 from trt_tei_runtime.batch import PackedBatch
 from trt_tei_runtime.layers.linear import Linear
