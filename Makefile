@@ -80,7 +80,8 @@ test_gpu: setup
 
 # Regenerates tests/snapshots/ (tiny checkpoints + transformers/sentence-transformers
 # outputs + manifest.json) from the references; NAMES="BertModel ..." for some rows only.
-# Run it after adding an architecture or task, or changing generate.py; commit the result.
+# Run it after adding an architecture or task, or changing the generator (tests/snapshots/*.py
+# or the tests/checkpoints/ modules it builds with); commit the result.
 snapshots: setup
 	$(PY) tests/snapshots/generate.py $(NAMES)
 

@@ -29,7 +29,7 @@ REGENERATE = "run `make snapshots` (tests/snapshots/generate.py) and commit the 
 class SnapshotCheck:
     name: str  # the folder under tests/snapshots
     task: str | None
-    kind: str  # "embed", "scores" or "sparse" (see tests/snapshots/generate.py's Check)
+    kind: str  # "embed", "scores" or "sparse" (see tests/snapshots/references.py's Check)
     inputs: list[Any]
     expected: np.ndarray
     # Embeddings stored normalized (a Normalize module), compared normalized.

@@ -1,15 +1,14 @@
 """What the bulk lane's CUDA graphs above `MAX_GRAPH_TOKENS` are built from, on the CPU:
 their bucket ladder, the attention's block table and where their segments are cut. The
 graphs themselves (replays equal eager passes, queries pass between segments) are in
-test_gpu_engine.py; the block-table kernel against the grid one in test_gpu_kernels.py."""
+test_engine_gpu.py; the block-table kernel against the grid one in test_kernels_gpu.py."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 import torch
-from decoder_checkpoints import make_decoder_checkpoint
-from tiny_checkpoints import make_checkpoint
+from checkpoints import make_checkpoint, make_decoder_checkpoint
 
 from trt_tei_runtime.batch import PackedBatch
 from trt_tei_runtime.layers.linear import Linear

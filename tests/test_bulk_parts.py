@@ -1,14 +1,14 @@
 """Bulk batches for large models (`runtime.preemption`): the plan from a layer's time, how
 a batch is cut into parts, and that a batch run in parts gives what one pass gives. CPU;
 the GPU side (the plan measured at start-up, gates inside layers, parts under the gate) is
-in test_gpu_engine.py."""
+in test_engine_gpu.py."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 import torch
-from tiny_checkpoints import make_checkpoint
+from checkpoints import make_checkpoint
 
 from trt_tei_runtime.batch import PackedBatch
 from trt_tei_runtime.layers.linear import Linear

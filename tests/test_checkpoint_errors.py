@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from checkpoints import make_checkpoint
 from safetensors.torch import load_file, save_file
-from tiny_checkpoints import make_checkpoint
 
 from trt_tei_runtime import CheckpointError, Model, UnsupportedArchitectureError, WeightError
 from trt_tei_runtime.runtime import load_executor

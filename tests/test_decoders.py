@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from decoder_checkpoints import (
+from checkpoints import (
     PAD_ID,
     hf_decoder_outputs,
     make_decoder_checkpoint,

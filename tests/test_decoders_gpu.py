@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from decoder_checkpoints import hf_decoder_outputs, make_decoder_checkpoint, random_ids, tokenizer
+from checkpoints import hf_decoder_outputs, make_decoder_checkpoint, random_ids, tokenizer
 from reference import cosine
 from test_decoders import LLAMA3_ROPE, QUERY, _model_card_ids
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from tiny_checkpoints import make_checkpoint
+from checkpoints import make_checkpoint
 
 from trt_tei_runtime import InputError, Model
 from trt_tei_runtime.token_ids import TokenIds

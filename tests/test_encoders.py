@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from checkpoints import make_checkpoint
 from reference import cosine, hf_encoder_outputs
-from tiny_checkpoints import make_checkpoint
 
 from trt_tei_runtime import Model
 from trt_tei_runtime.batch import PackedBatch

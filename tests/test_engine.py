@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
+from checkpoints import make_checkpoint
 from safetensors import safe_open
-from tiny_checkpoints import make_checkpoint
 
 from trt_tei_runtime import Model
 from trt_tei_runtime.engine import BuilderConfig, BuilderConfigError

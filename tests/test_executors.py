@@ -8,7 +8,7 @@ import threading
 import numpy as np
 import pytest
 import torch
-from tiny_checkpoints import make_checkpoint
+from checkpoints import make_checkpoint
 
 import trt_tei_runtime.model as model_module
 from trt_tei_runtime import InputError, Model

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from family_checkpoints import (
+from checkpoints import (
     JINA_PROMPTS,
     JINA_TASKS,
     add_embeddinggemma_modules,

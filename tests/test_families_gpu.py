@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from family_checkpoints import add_jina_adapters, hf_jina_outputs, make_family_checkpoint
+from checkpoints import add_jina_adapters, hf_jina_outputs, make_family_checkpoint
 from reference import cosine, hf_encoder_outputs
 from test_families import CASES, _hf_hidden, _ids
 

@@ -26,6 +26,7 @@ from snapshot_suite import (
     run,
     sha256,
 )
+from snapshots import generator_sha256
 
 from trt_tei_runtime import Model
 from trt_tei_runtime.models import ARCHITECTURES, TASKS
@@ -34,9 +35,30 @@ CHECKS = all_checks()
 
 
 def test_manifest_matches_the_generator():  # type: ignore[no-untyped-def]
-    assert manifest()["generator_sha256"] == sha256(GENERATOR), (
-        f"tests/snapshots/generate.py changed since the snapshots were written: {REGENERATE}"
+    assert manifest()["generator_sha256"] == generator_sha256(), (
+        "the snapshot generator (tests/snapshots/*.py or the tests/checkpoints/ modules it "
+        f"builds with) changed since the snapshots were written: {REGENERATE}"
     )
+
+
+def test_generator_files_name_the_whole_generator():  # type: ignore[no-untyped-def]
+    """The generator's hash covers every module of tests/snapshots/ and every module of
+    tests/checkpoints/ they import."""
+    import ast
+
+    from snapshots import GENERATOR_FILES
+
+    names = {f"snapshots/{p.name}" for p in ROOT.glob("*.py")}
+    for name in sorted(names):
+        tree = ast.parse((ROOT.parent / name).read_text())
+        names |= {
+            node.module.replace(".", "/") + ".py"
+            for node in ast.walk(tree)
+            if isinstance(node, ast.ImportFrom)
+            and node.module is not None
+            and node.module.startswith("checkpoints.")
+        }
+    assert names <= set(GENERATOR_FILES), sorted(names - set(GENERATOR_FILES))
 
 
 def test_committed_files_match_the_manifest():  # type: ignore[no-untyped-def]

@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 import torch
-from tiny_checkpoints import make_checkpoint, make_splade_checkpoint
+from checkpoints import make_checkpoint, make_splade_checkpoint
 
 from trt_tei_runtime import Model
 from trt_tei_runtime.backend import Backend

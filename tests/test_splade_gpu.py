@@ -7,8 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from checkpoints import make_splade_checkpoint
 from reference import cosine
-from tiny_checkpoints import make_splade_checkpoint
 
 from trt_tei_runtime import Model
 from trt_tei_runtime.backend import Backend

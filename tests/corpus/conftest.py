@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from tiny_checkpoints import make_checkpoint
+from checkpoints import make_checkpoint
 
 from trt_tei_runtime import Model
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import io
 
 import numpy as np
+from checkpoints import JINA_PROMPTS, add_jina_adapters, make_family_checkpoint
 from corpus_util import make_texts, read_output, write_corpus
-from family_checkpoints import JINA_PROMPTS, add_jina_adapters, make_family_checkpoint
 
 from trt_tei_runtime import Model
 from trt_tei_runtime.corpus import JobOptions

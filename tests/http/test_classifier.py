@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from checkpoints import make_checkpoint
 from router_harness import openai_sdk
-from tiny_checkpoints import make_checkpoint
 
 pytestmark = pytest.mark.integration
 

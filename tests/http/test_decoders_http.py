@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from decoder_checkpoints import hf_decoder_outputs, make_decoder_checkpoint, tokenizer
+from checkpoints import hf_decoder_outputs, make_decoder_checkpoint, tokenizer
 from router_harness import cosine, openai_sdk
 
 pytestmark = pytest.mark.integration

@@ -7,9 +7,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from checkpoints import make_checkpoint
 from reference import hf_encoder_outputs
 from router_harness import cosine
-from tiny_checkpoints import make_checkpoint
 
 pytestmark = pytest.mark.integration
 

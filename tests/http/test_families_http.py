@@ -10,7 +10,7 @@ import concurrent.futures
 import numpy as np
 import pytest
 import torch
-from family_checkpoints import (
+from checkpoints import (
     JINA_PROMPTS,
     add_embeddinggemma_modules,
     add_jina_adapters,

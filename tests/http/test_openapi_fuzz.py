@@ -15,7 +15,7 @@ import re
 
 import httpx
 import pytest
-from tiny_checkpoints import make_checkpoint
+from checkpoints import make_checkpoint
 
 schemathesis = pytest.importorskip("schemathesis")
 from hypothesis import HealthCheck, settings  # noqa: E402 - schemathesis brings hypothesis

@@ -7,7 +7,7 @@ from __future__ import annotations
 import uuid
 
 import pytest
-from tiny_checkpoints import make_checkpoint
+from checkpoints import make_checkpoint
 
 pytestmark = pytest.mark.integration
 

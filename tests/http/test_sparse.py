@@ -4,7 +4,7 @@ sentence-transformers' `SparseEncoder` on the same folder."""
 from __future__ import annotations
 
 import pytest
-from tiny_checkpoints import make_checkpoint, make_splade_checkpoint
+from checkpoints import make_checkpoint, make_splade_checkpoint
 
 pytestmark = pytest.mark.integration
 

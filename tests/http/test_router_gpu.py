@@ -1,4 +1,4 @@
-"""The router on the GPU (device machine: `pytest -m gpu tests/http/test_gpu.py -s`).
+"""The router on the GPU (device machine: `pytest -m gpu tests/http/test_router_gpu.py -s`).
 
 Checks the GPU server against sentence-transformers, then measures what issue 3 asks to
 record: the p50 latency of one 24-token `/v1/embeddings` request, and requests/s under 64

@@ -9,9 +9,27 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from decoder_checkpoints import VOCAB_SIZE, bpe_tokenizer_json
 from safetensors.torch import save_file
-from tiny_checkpoints import wordpiece_tokenizer, write_sentence_transformers_files
+
+from checkpoints.configs import (
+    DECODER,
+    ENCODER,
+    GEMMA3,
+    MODERNBERT,
+    ROBERTA_SPECIALS,
+    config,
+    rope,
+    set_labels,
+)
+from checkpoints.decoders import VOCAB_SIZE, bpe_tokenizer_json
+from checkpoints.encoders import wordpiece_tokenizer
+from checkpoints.st_modules import (
+    ST,
+    dense_config,
+    module,
+    write_sentence_transformers_files,
+)
+from checkpoints.weights import redraw
 
 # jina-embeddings-v3's task adapters, as its -hf checkpoint names their folders.
 JINA_TASKS = [
@@ -30,61 +48,37 @@ JINA_PROMPTS = {
     "text-matching": "",
 }
 
-
-def _randomize(model: torch.nn.Module, *, gemma: bool = False) -> None:
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if "norm" in name.lower() and name.endswith("weight"):
-                param.copy_((0.0 if gemma else 1.0) + 0.3 * torch.randn_like(param))
-            elif name.endswith("bias"):
-                param.copy_(0.1 * torch.randn_like(param))
-            else:
-                param.normal_(0.0, 0.08)
-
-
-def _config(architecture: str, vocab: int, **overrides: Any):  # type: ignore[no-untyped-def]
-    import transformers
-
-    base: dict[str, Any] = dict(
-        vocab_size=vocab,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        intermediate_size=48,
-        max_position_embeddings=128,
-    )
-    if architecture.startswith("ModernBert"):
-        base.update(
-            num_hidden_layers=4,
+# The encoders' shape with a narrower feed-forward layer.
+_ENCODER = {**ENCODER, "intermediate_size": 48}
+_LAYERS = {
+    "ModernBert": (
+        "ModernBertConfig",
+        _ENCODER,
+        MODERNBERT,
+        dict(
             local_attention=16,  # 8 tokens each side: shorter than the test sequences
-            global_attn_every_n_layers=2,
-            pad_token_id=0,
-            bos_token_id=2,
-            eos_token_id=3,
-            cls_token_id=2,
-            sep_token_id=3,
-            norm_bias=True,
-            attention_bias=True,
-            mlp_bias=True,
             rope_parameters={
-                "full_attention": {"rope_type": "default", "rope_theta": 1000.0},
-                "sliding_attention": {"rope_type": "default", "rope_theta": 50.0},
+                "full_attention": rope(1000.0),
+                "sliding_attention": rope(50.0),
             },
-        )
-        config_cls = transformers.ModernBertConfig
-    elif architecture.startswith("NomicBert"):
-        base.update(pad_token_id=0, rope_parameters={"rope_type": "default", "rope_theta": 100.0})
-        config_cls = transformers.NomicBertConfig
-    elif architecture.startswith("JinaEmbeddingsV3"):
-        base.update(pad_token_id=1, bos_token_id=0, eos_token_id=2)
-        config_cls = transformers.JinaEmbeddingsV3Config
-    else:
-        base.update(
-            num_hidden_layers=4,
-            num_key_value_heads=2,
-            head_dim=16,
+        ),
+    ),
+    "NomicBert": (
+        "NomicBertConfig",
+        _ENCODER,
+        dict(pad_token_id=0, rope_parameters=rope(100.0)),
+    ),
+    "JinaEmbeddingsV3": ("JinaEmbeddingsV3Config", _ENCODER, ROBERTA_SPECIALS),
+    "Gemma3": (
+        "Gemma3TextConfig",
+        DECODER,
+        GEMMA3,
+        dict(
             hidden_size=64,
             intermediate_size=96,
+            max_position_embeddings=128,
+            num_hidden_layers=4,
+            tie_word_embeddings=True,
             sliding_window=16,  # 8 each side in bidirectional mode
             layer_types=[
                 "sliding_attention",
@@ -92,18 +86,15 @@ def _config(architecture: str, vocab: int, **overrides: Any):  # type: ignore[no
                 "sliding_attention",
                 "sliding_attention",
             ],
-            query_pre_attn_scalar=24,
-            pad_token_id=0,
-            bos_token_id=None,
-            eos_token_id=0,
-            rope_parameters={
-                "full_attention": {"rope_type": "default", "rope_theta": 5000.0},
-                "sliding_attention": {"rope_type": "default", "rope_theta": 100.0},
-            },
-        )
-        config_cls = transformers.Gemma3TextConfig
-    base.update(overrides)
-    return config_cls(**base)
+        ),
+    ),
+}
+
+
+def _config(architecture: str, vocab: int, **overrides: Any):  # type: ignore[no-untyped-def]
+    family = next(f for f in _LAYERS if architecture.startswith(f))
+    config_class, *layers = _LAYERS[family]
+    return config(config_class, {"vocab_size": vocab}, *layers, overrides)
 
 
 def make_family_checkpoint(
@@ -127,11 +118,9 @@ def make_family_checkpoint(
         vocab_size = len(vocab)
     config = _config(architecture, vocab_size, **overrides)
     if architecture.endswith("ForSequenceClassification"):
-        config.num_labels = num_labels
-        config.id2label = {i: f"label_{i}" for i in range(num_labels)}
-        config.label2id = {v: k for k, v in config.id2label.items()}
+        set_labels(config, num_labels)
     model = getattr(transformers, architecture)(config).eval()
-    _randomize(model, gemma=gemma)
+    redraw(model, norm_center=0.0 if gemma else 1.0)
     folder.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(folder, safe_serialization=True)
     if gemma:
@@ -213,34 +202,13 @@ def add_embeddinggemma_modules(folder: Path, hidden: int, seed: int = 0) -> None
         path = f"{i + 2}_Dense"
         (folder / path).mkdir(exist_ok=True)
         (folder / path / "config.json").write_text(
-            json.dumps(
-                {
-                    "in_features": n_in,
-                    "out_features": n_out,
-                    "bias": False,
-                    "activation_function": "torch.nn.modules.linear.Identity",
-                }
-            )
+            json.dumps(dense_config(n_in, n_out, bias=False, activation="linear.Identity"))
         )
         save_file(
             {"linear.weight": torch.randn(n_out, n_in, generator=gen) * n_in**-0.5},
             str(folder / path / "model.safetensors"),
         )
-        modules.append(
-            {
-                "idx": len(modules),
-                "name": str(len(modules)),
-                "path": path,
-                "type": "sentence_transformers.models.Dense",
-            }
-        )
-    modules.append(
-        {
-            "idx": len(modules),
-            "name": str(len(modules)),
-            "path": f"{len(modules)}_Normalize",
-            "type": "sentence_transformers.models.Normalize",
-        }
-    )
+        modules.append(module(len(modules), path, f"{ST}.Dense"))
+    modules.append(module(len(modules), f"{len(modules)}_Normalize", f"{ST}.Normalize"))
     (folder / f"{len(modules) - 1}_Normalize").mkdir(exist_ok=True)
     (folder / "modules.json").write_text(json.dumps(modules))

@@ -14,8 +14,7 @@ import threading
 import numpy as np
 import pytest
 import torch
-from decoder_checkpoints import make_decoder_checkpoint
-from tiny_checkpoints import make_checkpoint
+from checkpoints import make_checkpoint, make_decoder_checkpoint
 
 from trt_tei_runtime import InputError
 from trt_tei_runtime.backend import Backend, DeviceError

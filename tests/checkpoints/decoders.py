@@ -13,99 +13,32 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from tiny_checkpoints import write_sentence_transformers_files
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+from tokenizers import Tokenizer
+
+from checkpoints.configs import decoder_config, family_of, set_labels
+from checkpoints.st_modules import write_sentence_transformers_files
+from checkpoints.vocab import bpe
+from checkpoints.weights import redraw
 
 VOCAB_SIZE = 384
-SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>"]
 PAD_ID = 0  # <|endoftext|>
-_CORPUS = [
-    "the cat sat on the mat and the dog read a book about paris",
-    "query document search engine embedding fast model text sentence long short",
-    "yes no yes no maybe yes no",
-    "Judge whether the Document meets the requirements based on the Query and the Instruct",
-    'provided. Note that the answer can only be "yes" or "no".',
-    "<Instruct>: Given a web search query, retrieve relevant passages that answer the query",
-    "<Query>: what is the capital of france\n<Document>: paris is the capital of france",
-    "system user assistant\n\n",
-]
-
-FAMILIES = {
-    "Llama": "LlamaConfig",
-    "Mistral": "MistralConfig",
-    "Qwen2": "Qwen2Config",
-    "Qwen3": "Qwen3Config",
-    "Gemma2": "Gemma2Config",
-}
+# The tests' decoders: 64 wide, heads 16 wide (wider than hidden_size / heads, as Qwen3 and
+# Gemma2 checkpoints have them) except Qwen2's.
+SIZE = dict(hidden_size=64, intermediate_size=96, max_position_embeddings=256)
+HEAD_DIM = {"Llama": 16, "Mistral": 16, "Qwen3": 16, "Gemma2": 16}
 
 
 @lru_cache(maxsize=1)
 def bpe_tokenizer_json() -> str:
     """A byte-level BPE tokenizer (Qwen/Llama-3 style), trained on a few lines, with "yes"
     and "no" as single tokens and Qwen's chat special tokens."""
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=VOCAB_SIZE - 8,
-        special_tokens=SPECIALS,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tok.train_from_iterator(_CORPUS * 4, trainer=trainer)
-    tok.post_processor = processors.ByteLevel(trim_offsets=False)
-    tok.add_tokens(["yes", "no"])
+    tok = bpe(VOCAB_SIZE - 8)
     assert tok.get_vocab_size() <= VOCAB_SIZE
     return tok.to_str()
 
 
 def tokenizer() -> Tokenizer:
     return Tokenizer.from_str(bpe_tokenizer_json())
-
-
-def family_of(architecture: str) -> str:
-    for family in sorted(FAMILIES, key=len, reverse=True):
-        if architecture.startswith(family):
-            return family
-    raise ValueError(architecture)
-
-
-def decoder_config(architecture: str, **overrides: Any):  # type: ignore[no-untyped-def]
-    import transformers
-
-    family = family_of(architecture)
-    base: dict[str, Any] = dict(
-        vocab_size=VOCAB_SIZE,
-        hidden_size=64,
-        intermediate_size=96,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=256,
-        rms_norm_eps=1e-6,
-        pad_token_id=PAD_ID,
-        bos_token_id=None,
-        eos_token_id=PAD_ID,
-        tie_word_embeddings=False,
-    )
-    if family in ("Llama", "Mistral", "Qwen3", "Gemma2"):
-        base["head_dim"] = 16
-    if family == "Llama":
-        base["attention_bias"] = True
-        base["mlp_bias"] = True
-    if family == "Mistral":
-        base["sliding_window"] = None
-    if family == "Gemma2":
-        base.update(
-            num_hidden_layers=3,
-            sliding_window=8,
-            query_pre_attn_scalar=24,
-            attn_logit_softcapping=1.5,
-            final_logit_softcapping=2.0,
-            tie_word_embeddings=True,
-        )
-    base.update(overrides)
-    return getattr(transformers, FAMILIES[family])(**base)
 
 
 def make_decoder_checkpoint(
@@ -123,24 +56,14 @@ def make_decoder_checkpoint(
     """Saves a random `architecture` checkpoint plus tokenizer.json into `folder`."""
     import transformers
 
-    config = decoder_config(architecture, **config_overrides)
+    family = family_of(architecture)
+    head_dim = {"head_dim": HEAD_DIM[family]} if family in HEAD_DIM else {}
+    config = decoder_config(architecture, VOCAB_SIZE, SIZE, head_dim, config_overrides)
     if architecture.endswith("ForSequenceClassification"):
-        config.num_labels = num_labels
-        config.id2label = {i: f"label_{i}" for i in range(num_labels)}
-        config.label2id = {v: k for k, v in config.id2label.items()}
-        config.problem_type = problem_type
+        set_labels(config, num_labels, problem_type)
     torch.manual_seed(seed)
     model = getattr(transformers, architecture)(config).eval()
-    gemma = family_of(architecture) == "Gemma2"
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if "norm" in name:
-                center = 0.0 if gemma else 1.0
-                param.copy_(center + 0.3 * torch.randn_like(param))
-            elif name.endswith("bias"):
-                param.copy_(0.1 * torch.randn_like(param))
-            else:
-                param.normal_(0.0, 0.08)
+    redraw(model, norm_center=0.0 if family == "Gemma2" else 1.0)
     folder.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(folder, safe_serialization=True)
     (folder / "tokenizer.json").write_text(bpe_tokenizer_json())

@@ -12,7 +12,7 @@ import threading
 import numpy as np
 import pytest
 import torch
-from tiny_checkpoints import make_checkpoint
+from checkpoints import make_checkpoint
 
 from trt_tei_runtime import Model
 from trt_tei_runtime.backend import Backend
