@@ -27,10 +27,10 @@ class FlatTokenizer:
         truncate: bool = True,
         left: bool = False,
     ) -> tuple[bytes, bytes, bytes]:
-        """`(ids, type_ids, lengths)` of texts to embed, little-endian u32, all ids end to end,
-        as the router encodes them (prompt, special tokens, truncation, adapter). Raises
-        `ValueError(message, kind, index, given)`, kind "too_long", "unknown_prompt" or
-        "tokenizer"."""
+        """`(ids, type_ids, lengths)` of texts to embed, little-endian u32, all ids end to end
+        (`type_ids` empty when all are 0), as the router encodes them (prompt, special
+        tokens, truncation, adapter). Raises `ValueError(message, kind, index, given)`, kind
+        "too_long", "unknown_prompt" or "tokenizer"."""
     def encode_pairs(
         self,
         inputs: list[tuple[str, str | None]],

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Union
 
+import numpy as np
+
 from ._router import FlatTokenizer
 from .errors import CheckpointError, InputError
 from .templates import PairTemplate
@@ -87,8 +89,8 @@ class TextTokenizer:
         except ValueError as exc:
             raise self._error(exc, prompt_name, pairs=None, truncate=truncate) from None
         tokens = TokenIds.from_buffers(ids, lengths)
-        types = TokenIds.from_buffers(type_ids, lengths)
-        return tokens, (types if types.ids.any() else None)
+        # No type ids: all are 0 (no adapter).
+        return tokens, (TokenIds.from_buffers(type_ids, lengths) if type_ids else None)
 
     def encode_flat(
         self, inputs: Sequence[TextOrPair], *, truncate: bool = True, first: int = 0
@@ -101,7 +103,10 @@ class TextTokenizer:
             ids, type_ids, lengths = self._flat.encode_pairs(items, truncate)
         except ValueError as exc:
             raise self._error(exc, None, pairs=items, truncate=truncate, first=first) from None
-        return TokenIds.from_buffers(ids, lengths), TokenIds.from_buffers(type_ids, lengths)
+        tokens = TokenIds.from_buffers(ids, lengths)
+        if not type_ids:  # all 0
+            return tokens, TokenIds(np.zeros_like(tokens.ids), tokens.offsets)
+        return tokens, TokenIds.from_buffers(type_ids, lengths)
 
     def encode(self, inputs: Sequence[TextOrPair], *, truncate: bool = True) -> list[Encoded]:
         """`encode_flat` as one `Encoded` (lists of ids and type ids) per input."""

@@ -31,7 +31,8 @@ pub struct FlatTokenizer {
     router: Tokenization,
 }
 
-/// Token ids end to end, their type ids, and the length of each input, all little-endian u32.
+/// Token ids end to end, their type ids (empty when all are 0), and the length of each input,
+/// all little-endian u32.
 type FlatBuffers = (Vec<u8>, Vec<u8>, Vec<u8>);
 
 /// `FlatBuffers` as Python bytes.
@@ -83,15 +84,22 @@ impl FlatTokenizer {
             total += encoding.as_ref().map_or(0, |e| e.input_ids.len());
             own.push(encoding);
         }
+        // Type ids are all zeros unless an adapter or a pair sets them: then none are sent.
+        let typed = own
+            .iter()
+            .flatten()
+            .any(|e| e.token_type_ids.iter().any(|&t| t != 0));
         let mut ids = Vec::with_capacity(4 * total);
-        let mut type_ids = Vec::with_capacity(4 * total);
+        let mut type_ids = Vec::with_capacity(if typed { 4 * total } else { 0 });
         let mut lengths = Vec::with_capacity(4 * own.len());
         for encoding in own.iter().flatten() {
             for id in &encoding.input_ids {
                 ids.extend_from_slice(&id.to_le_bytes());
             }
-            for id in &encoding.token_type_ids {
-                type_ids.extend_from_slice(&id.to_le_bytes());
+            if typed {
+                for id in &encoding.token_type_ids {
+                    type_ids.extend_from_slice(&id.to_le_bytes());
+                }
             }
         }
         for encoding in &own {
