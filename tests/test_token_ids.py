@@ -65,23 +65,40 @@ def test_packing_from_flat_arrays_equals_packing_from_lists() -> None:
         PackedBatch.from_token_ids(TokenIds.from_lists([[1]]), [])
 
 
+def _reference(minilm_dir, max_length: int | None):  # type: ignore[no-untyped-def]
+    """The `tokenizers` package, configured as the router configures its tokenizer."""
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(minilm_dir / "tokenizer.json"))
+    tokenizer.no_padding()
+    tokenizer.no_truncation()
+    if max_length is not None:
+        tokenizer.enable_truncation(max_length)
+    return tokenizer
+
+
 @pytest.mark.parametrize("max_length", [8, 128, 512])
 @pytest.mark.parametrize("prompt", ["", "query: "])
 def test_rust_tokenizer_matches_tokenizers(minilm_dir, max_length, prompt) -> None:  # type: ignore[no-untyped-def]
-    tokenizer = TextTokenizer(minilm_dir, max_length)
-    expected = [e.ids for e in tokenizer.encode([prompt + t for t in TEXTS])]
-    assert tokenizer.encode_ids(TEXTS, prompt).to_lists() == expected
+    prompts = {"q": prompt}
+    tokenizer = TextTokenizer(minilm_dir, max_length, prompts=prompts)
+    reference = _reference(minilm_dir, max_length)
+    expected = [e.ids for e in reference.encode_batch([prompt + t for t in TEXTS])]
+    ids, types = tokenizer.encode_ids(TEXTS, "q")
+    assert ids.to_lists() == expected
+    assert types is None  # all zeros
+    assert [e.ids for e in tokenizer.encode([prompt + t for t in TEXTS])] == expected
     assert max(len(ids) for ids in expected) == max_length  # the long text was cut
 
 
 def test_rust_tokenizer_without_truncation(minilm_dir) -> None:  # type: ignore[no-untyped-def]
     tokenizer = TextTokenizer(minilm_dir, 16)
     short = TEXTS[:2]
-    assert tokenizer.encode_ids(short, truncate=False).to_lists() == [
-        e.ids for e in tokenizer.encode(short, truncate=False)
+    assert tokenizer.encode_ids(short, truncate=False)[0].to_lists() == [
+        e.ids for e in _reference(minilm_dir, None).encode_batch(short)
     ]
     with pytest.raises(
         InputError, match=r"input 5 has \d+ tokens, more than the model's maximum of 16"
     ):
         tokenizer.encode_ids(TEXTS, truncate=False)
-    assert len(tokenizer.encode_ids([])) == 0
+    assert len(tokenizer.encode_ids([])[0]) == 0

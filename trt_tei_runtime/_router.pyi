@@ -7,15 +7,41 @@ def model_info_fields() -> list[str]:
     """The keys of `Backend.info()` the router reads (its `ModelInfo` contract)."""
 
 class FlatTokenizer:
-    """A `tokenizer.json` without its own truncation and padding, for the runtime's batches."""
+    """A `tokenizer.json` without its own truncation and padding, with the router's encode
+    rules for a model of `max_length` tokens: its prompts, default prompt name, pair template
+    `(before_query, between, after_document, suffix_ids)` and adapters."""
 
-    def __init__(self, path: str, max_length: int) -> None: ...
+    def __init__(
+        self,
+        path: str,
+        max_length: int,
+        prompts: dict[str, str] | None = None,
+        default_prompt_name: str | None = None,
+        pair_template: tuple[str, str, str, list[int]] | None = None,
+        adapters: dict[str, int] | None = None,
+    ) -> None: ...
     def encode(
         self,
         texts: list[str],
-        prompt: str = "",
+        prompt_name: str | None = None,
         truncate: bool = True,
-        add_special_tokens: bool = True,
-    ) -> tuple[bytes, bytes]:
-        """`(ids, lengths)` of `prompt + text` per text, little-endian u32, all ids end to end.
-        `truncate` cuts at `max_length`, special tokens kept."""
+        left: bool = False,
+    ) -> tuple[bytes, bytes, bytes]:
+        """`(ids, type_ids, lengths)` of texts to embed, little-endian u32, all ids end to end
+        (`type_ids` empty when all are 0), as the router encodes them (prompt, special
+        tokens, truncation, adapter). Raises `ValueError(message, kind, index, given)`, kind
+        "too_long", "unknown_prompt" or "tokenizer"."""
+    def encode_pairs(
+        self,
+        inputs: list[tuple[str, str | None]],
+        truncate: bool = True,
+        left: bool = False,
+    ) -> tuple[bytes, bytes, bytes]:
+        """`encode` for inputs to score: a text as given, or a `(query, document)` pair (with
+        the model's pair template if it has one)."""
+    def adapter(self, prompt_name: str | None = None) -> int:
+        """The adapter index the router gives a text embedded with `prompt_name`."""
+    def token_to_id(self, token: str) -> int | None: ...
+    def id_to_token(self, id: int) -> str | None: ...
+    def encode_plain(self, text: str) -> list[int]:
+        """Token ids of `text`, no special tokens, no truncation."""

@@ -76,7 +76,14 @@ class Model:
             interactive_lane=False,
         )
         self.info: ModelInfo = self.executors[0].info
-        self.tokenizer = TextTokenizer(self.info.model_dir, self.info.max_input_length)
+        self.tokenizer = TextTokenizer(
+            self.info.model_dir,
+            self.info.max_input_length,
+            prompts=self.info.prompts,
+            default_prompt_name=self.info.default_prompt_name,
+            pair_template=self.info.pair_template,
+            adapters=self.info.adapters,
+        )
         # A batch must hold at least one sequence of the maximum length.
         self.max_batch_tokens = max(max_batch_tokens, self.info.max_input_length)
         self._tokens: Counter[str] = Counter()
@@ -121,17 +128,14 @@ class Model:
         texts = [texts] if isinstance(texts, str) else list(texts)
         self._check_dimensions(dimensions)
         self._check_strings(texts)
-        prompt = self._prompt(prompt_name)
-        # Models with per-request adapters read the adapter from the token type ids.
-        adapter = self.info.adapter_for(prompt_name)
+        prompt_name = prompt_name or None
+        self.tokenizer.encode_ids([], prompt_name)  # checks the prompt name
 
         def chunks() -> Iterator[Chunk[int]]:
             for start in range(0, len(texts), TOKENIZE_CHUNK):
                 part = texts[start : start + TOKENIZE_CHUNK]
-                ids = self.tokenizer.encode_ids(part, prompt, truncate=truncate)
-                types = None
-                if adapter:
-                    types = TokenIds(np.full(ids.num_tokens, adapter, np.uint32), ids.offsets)
+                # Models with per-request adapters read the adapter from the token type ids.
+                ids, types = self.tokenizer.encode_ids(part, prompt_name, truncate=truncate)
                 yield Chunk(start, ids, types, first=start)
 
         outputs = self._run(len(texts), chunks(), show_progress_bar, Executor.embed)
@@ -161,12 +165,13 @@ class Model:
             raise InputError(f"max_active_dims must be a positive integer, got {max_active_dims}")
         texts = [texts] if isinstance(texts, str) else list(texts)
         self._check_strings(texts)
-        prompt = self._prompt(prompt_name)
+        prompt_name = prompt_name or None
+        self.tokenizer.encode_ids([], prompt_name)  # checks the prompt name
 
         def chunks() -> Iterator[Chunk[int]]:
             for start in range(0, len(texts), TOKENIZE_CHUNK):
                 part = texts[start : start + TOKENIZE_CHUNK]
-                ids = self.tokenizer.encode_ids(part, prompt, truncate=truncate)
+                ids, _ = self.tokenizer.encode_ids(part, prompt_name, truncate=truncate)
                 yield Chunk(start, ids, first=start)
 
         def method(executor: Executor, batch: PackedBatch) -> torch.Tensor:
@@ -200,7 +205,8 @@ class Model:
         `embed_ids` and `embed_ids_stream` take without a per-token Python object."""
         texts = [texts] if isinstance(texts, str) else list(texts)
         self._check_strings(texts)
-        return self.tokenizer.encode_ids(texts, self._prompt(prompt_name), truncate=truncate)
+        ids, _ = self.tokenizer.encode_ids(texts, prompt_name or None, truncate=truncate)
+        return ids
 
     def embed_ids(
         self,
@@ -235,7 +241,7 @@ class Model:
         the task adapter of models that have them (jina-embeddings-v3), else changes nothing."""
         self._check_dimensions(dimensions)
         dim = dimensions or self.info.hidden_size
-        adapter = self.info.adapter_for(prompt_name)
+        adapter = self.tokenizer.adapter(prompt_name or None)
         stream = (_with_adapter(key, _token_ids(ids), adapter) for key, ids in chunks)
         for key, out in run_chunks(
             self.executors,
@@ -282,14 +288,9 @@ class Model:
         For a model with a pair template (yes/no rerankers), each (query, document) pair is
         formatted with it; a single string is scored as given (already formatted)."""
         items = _as_items(texts_or_pairs)
-        suffixes = None
-        template = self.info.pair_template
-        if template is not None:
-            suffixes = [template.suffix_ids if _is_pair(it) else () for it in items]
-            items = [template.head(*it) if _is_pair(it) else it for it in items]  # type: ignore[misc]
         logits = self._run(
             len(items),
-            self._pair_chunks(items, truncate, suffixes),
+            self._pair_chunks(items, truncate),
             show_progress_bar,
             Executor.predict,
         )
@@ -316,35 +317,13 @@ class Model:
         order = sorted(range(len(texts)), key=lambda i: -float(scores[i, 0]))
         return [(i, float(scores[i, 0])) for i in order[:top_n]]
 
-    def _prompt(self, prompt_name: str | None) -> str:
-        name = prompt_name or self.info.default_prompt_name
-        if name is None:
-            return ""
-        if name not in self.info.prompts:
-            raise InputError(
-                f"unknown prompt_name {name!r}; the model has {sorted(self.info.prompts) or 'none'}"
-            )
-        return self.info.prompts[name]
-
-    def _pair_chunks(
-        self,
-        items: list[TextOrPair],
-        truncate: bool,
-        suffixes: list[tuple[int, ...]] | None,
-    ) -> Iterator[Chunk[int]]:
-        """Tokenized texts or pairs, a chunk at a time; `suffixes[i]` (token ids) is
-        appended to item i after truncation, which keeps it."""
+    def _pair_chunks(self, items: list[TextOrPair], truncate: bool) -> Iterator[Chunk[int]]:
+        """Tokenized texts or pairs (a pair with the model's pair template, if it has one),
+        a chunk at a time."""
         for start in range(0, len(items), TOKENIZE_CHUNK):
-            encodings = self.tokenizer.encode(
-                items[start : start + TOKENIZE_CHUNK], truncate=truncate
-            )
-            ids = [e.ids for e in encodings]
-            type_ids = [e.type_ids for e in encodings]
-            for i, suffix in enumerate((suffixes or [])[start : start + len(ids)]):
-                if suffix:
-                    ids[i] = self._with_suffix(ids[i], suffix, truncate, start + i)
-                    type_ids[i] = [0] * len(ids[i])
-            yield Chunk(start, TokenIds.from_lists(ids), TokenIds.from_lists(type_ids), first=start)
+            part = items[start : start + TOKENIZE_CHUNK]
+            ids, type_ids = self.tokenizer.encode_flat(part, truncate=truncate, first=start)
+            yield Chunk(start, ids, type_ids, first=start)
 
     def _count_tokens(self, rows: int, device: torch.device, tokens: int) -> None:
         with self._tokens_lock:
@@ -387,24 +366,6 @@ class Model:
                     outputs.append(out)
         return cat_rows(outputs)
 
-    def _with_suffix(
-        self, ids: list[int], suffix: tuple[int, ...], truncate: bool, index: int
-    ) -> list[int]:
-        limit = self.info.max_input_length
-        if len(ids) + len(suffix) <= limit:
-            return ids + list(suffix)
-        if not truncate:
-            raise InputError(
-                f"input {index} has {len(ids) + len(suffix)} tokens with its prompt template, "
-                f"more than the model's maximum of {limit}; pass truncate=True to cut it"
-            )
-        if len(suffix) >= limit:
-            raise InputError(
-                f"the prompt template's suffix alone ({len(suffix)} tokens) fills the model's "
-                f"maximum input length {limit}"
-            )
-        return ids[: limit - len(suffix)] + list(suffix)
-
 
 def _as_items(texts_or_pairs: TextOrPair | Sequence[TextOrPair]) -> list[TextOrPair]:
     """A string or a tuple of two strings is one input; a list holds several."""
@@ -417,14 +378,6 @@ def _as_items(texts_or_pairs: TextOrPair | Sequence[TextOrPair]) -> list[TextOrP
     ):
         return [(texts_or_pairs[0], texts_or_pairs[1])]  # type: ignore[list-item]
     return list(texts_or_pairs)
-
-
-def _is_pair(item: object) -> bool:
-    return (
-        isinstance(item, (tuple, list))
-        and len(item) == 2
-        and all(isinstance(part, str) for part in item)
-    )
 
 
 def _token_ids(ids: Ids) -> TokenIds:

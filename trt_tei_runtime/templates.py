@@ -1,5 +1,6 @@
 """Prompt templates that turn a (query, document) pair into the single prompt a decoder
-reranker was trained on, and the checkpoint facts they need (token ids from tokenizer.json).
+reranker was trained on, and the checkpoint facts they need (token ids from tokenizer.json,
+read with the router's tokenizer).
 
 The template is split around the document's end: `prefix + body` is tokenized and
 truncated like any text, `suffix` (pre-tokenized, special tokens and all) is appended after
@@ -78,13 +79,14 @@ class Vocabulary:
 
     def _load(self) -> Any:
         if self._tokenizer is None:
-            from tokenizers import Tokenizer
+            from ._router import FlatTokenizer
 
             path = self.model_dir / "tokenizer.json"
             if not path.is_file():
                 raise CheckpointError(f"missing file tokenizer.json in {self.model_dir}")
             try:
-                self._tokenizer = Tokenizer.from_file(str(path))
+                # Lookups only: the length limit plays no part.
+                self._tokenizer = FlatTokenizer(str(path), 1)
             except Exception as exc:
                 raise CheckpointError(f"cannot read {path}: {exc}") from exc
         return self._tokenizer
@@ -101,4 +103,4 @@ class Vocabulary:
 
     def encode(self, text: str) -> tuple[int, ...]:
         """Token ids of `text` without special tokens added."""
-        return tuple(self._load().encode(text, add_special_tokens=False).ids)
+        return tuple(self._load().encode_plain(text))

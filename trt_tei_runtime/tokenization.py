@@ -1,89 +1,165 @@
-"""Tokenizing texts and text pairs with the `tokenizers` package.
+"""Tokenizing for `Model` and corpus jobs by the router's own encode rules.
 
-The checkpoint's tokenizer.json often carries its own truncation and padding settings
-(all-MiniLM-L6-v2's truncates at 128): both are switched off and the model's own limit is
-applied instead, truncating the way sentence-transformers does (special tokens kept).
+`FlatTokenizer` (rust_router/src/python_tokenizer.rs) is the router's tokenizer and its
+request rules: named and default prompts, the adapter a prompt selects, a decoder
+reranker's pair template, truncation at the model's limit (special tokens kept) and the
+refusal of a longer input without it. The checkpoint's tokenizer.json often carries its own
+truncation and padding settings (all-MiniLM-L6-v2's truncates at 128): both are switched
+off, as the router does. This module only turns its answers into arrays and errors.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Union
+from typing import Optional, Union
 
 import numpy as np
-from tokenizers import Encoding, Tokenizer
 
 from ._router import FlatTokenizer
 from .errors import CheckpointError, InputError
+from .templates import PairTemplate
 from .token_ids import TokenIds
 
 TextOrPair = Union[str, Sequence[str]]
 
 
+@dataclass(frozen=True)
+class Encoded:
+    """One input's token ids and type ids, as lists (`TextTokenizer.encode`)."""
+
+    ids: list[int]
+    type_ids: list[int]
+    _tokenizer: FlatTokenizer
+
+    @property
+    def tokens(self) -> list[str]:
+        """The vocabulary token of each id."""
+        return [self._tokenizer.id_to_token(i) or "" for i in self.ids]
+
+
 class TextTokenizer:
-    def __init__(self, model_dir: Path, max_length: int) -> None:
+    def __init__(
+        self,
+        model_dir: Path,
+        max_length: int,
+        *,
+        prompts: Optional[dict[str, str]] = None,
+        default_prompt_name: Optional[str] = None,
+        pair_template: Optional[PairTemplate] = None,
+        adapters: Optional[dict[str, int]] = None,
+    ) -> None:
         path = model_dir / "tokenizer.json"
         if not path.is_file():
             raise CheckpointError(
                 f"missing file tokenizer.json in {model_dir} (save the tokenizer with a "
                 "fast tokenizer, e.g. transformers' AutoTokenizer(...).save_pretrained)"
             )
-        # Two configured copies rather than one toggled: encode() stays thread-safe.
-        self._full = _load(path)
-        self._truncating = _load(path)
-        self._truncating.enable_truncation(max_length)
-        # The same tokenizer file through the router's Rust tokenizer, for texts to embed:
-        # flat arrays rather than an Encoding and a list of ints per text (`encode_ids`).
-        self._flat = FlatTokenizer(str(path), max_length)
+        template = None
+        if pair_template is not None:
+            parts = pair_template.as_dict()
+            template = (
+                parts["before_query"],
+                parts["between"],
+                parts["after_document"],
+                list(pair_template.suffix_ids),
+            )
+        try:
+            self._flat = FlatTokenizer(
+                str(path), max_length, prompts, default_prompt_name, template, adapters
+            )
+        except ValueError as exc:
+            raise CheckpointError(f"cannot read {path}: {exc}") from exc
         self.max_length = max_length
-
-    def encode(self, inputs: Sequence[TextOrPair], *, truncate: bool = True) -> list[Encoding]:
-        """Encodes texts or (text, text) pairs. With `truncate=False` an input longer than
-        the model's limit is an error naming its index, the limit and its length."""
-        texts = [_as_input(item, i) for i, item in enumerate(inputs)]
-        tokenizer = self._truncating if truncate else self._full
-        encodings = tokenizer.encode_batch(texts, add_special_tokens=True)
-        if not truncate:
-            for i, enc in enumerate(encodings):
-                if len(enc.ids) > self.max_length:
-                    raise InputError(
-                        f"input {i} has {len(enc.ids)} tokens, more than the model's maximum "
-                        f"of {self.max_length}; pass truncate=True to cut it"
-                    )
-        return encodings
+        self._prompts = sorted(prompts or {})
+        self._pair_template = pair_template
+        self._adapters: dict[Optional[str], int] = {}
 
     def encode_ids(
-        self, texts: Sequence[str], prompt: str = "", *, truncate: bool = True
-    ) -> TokenIds:
-        """Token ids of `prompt + text` for each text, as `encode` gives them, in flat arrays.
-        The interpreter lock is released while the texts are tokenized."""
-        ids, lengths = self._flat.encode(list(texts), prompt, truncate)
+        self, texts: Sequence[str], prompt_name: Optional[str] = None, *, truncate: bool = True
+    ) -> tuple[TokenIds, Optional[TokenIds]]:
+        """Token ids and type ids (None: all zeros) of each text to embed, with the prompt
+        `prompt_name` names (default: the model's default prompt), in flat arrays. With
+        `truncate=False` a text longer than the model's limit is an error naming its index,
+        the limit and its length. The interpreter lock is released while the texts are
+        tokenized."""
+        try:
+            ids, type_ids, lengths = self._flat.encode(list(texts), prompt_name, truncate)
+        except ValueError as exc:
+            raise self._error(exc, prompt_name, pairs=None, truncate=truncate) from None
         tokens = TokenIds.from_buffers(ids, lengths)
-        if not truncate:
-            too_long = np.flatnonzero(tokens.lengths > self.max_length)
-            if too_long.size:
-                i = int(too_long[0])
-                raise InputError(
-                    f"input {i} has {int(tokens.lengths[i])} tokens, more than the model's "
-                    f"maximum of {self.max_length}; pass truncate=True to cut it"
+        # No type ids: all are 0 (no adapter).
+        return tokens, (TokenIds.from_buffers(type_ids, lengths) if type_ids else None)
+
+    def encode_flat(
+        self, inputs: Sequence[TextOrPair], *, truncate: bool = True, first: int = 0
+    ) -> tuple[TokenIds, TokenIds]:
+        """Token ids and type ids of texts (as given) or (text, text) pairs to score; a pair
+        is laid out with the model's pair template if it has one. `first`: the index of
+        `inputs[0]` in the caller's inputs, which a too long templated pair's error names."""
+        items = [_as_input(item, i) for i, item in enumerate(inputs)]
+        try:
+            ids, type_ids, lengths = self._flat.encode_pairs(items, truncate)
+        except ValueError as exc:
+            raise self._error(exc, None, pairs=items, truncate=truncate, first=first) from None
+        tokens = TokenIds.from_buffers(ids, lengths)
+        if not type_ids:  # all 0
+            return tokens, TokenIds(np.zeros_like(tokens.ids), tokens.offsets)
+        return tokens, TokenIds.from_buffers(type_ids, lengths)
+
+    def encode(self, inputs: Sequence[TextOrPair], *, truncate: bool = True) -> list[Encoded]:
+        """`encode_flat` as one `Encoded` (lists of ids and type ids) per input."""
+        ids, type_ids = self.encode_flat(inputs, truncate=truncate)
+        return [Encoded(i, t, self._flat) for i, t in zip(ids.to_lists(), type_ids.to_lists())]
+
+    def adapter(self, prompt_name: Optional[str]) -> int:
+        """The adapter index (type id) of a text embedded with `prompt_name` (or the default
+        prompt); 0 for a model without adapters."""
+        if prompt_name not in self._adapters:
+            self._adapters[prompt_name] = self._flat.adapter(prompt_name)
+        return self._adapters[prompt_name]
+
+    def _error(
+        self,
+        exc: ValueError,
+        prompt_name: Optional[str],
+        *,
+        pairs: Optional[list[tuple[str, Optional[str]]]],
+        truncate: bool,
+        first: int = 0,
+    ) -> Exception:
+        if len(exc.args) != 4:
+            return exc
+        message, kind, index, given = exc.args
+        limit = self.max_length
+        if kind == "unknown_prompt":
+            return InputError(
+                f"unknown prompt_name {prompt_name!r}; the model has {self._prompts or 'none'}"
+            )
+        if kind != "too_long":
+            return InputError(f"input {index}: {message}")
+        template = self._pair_template
+        if template is not None and pairs is not None and pairs[index][1] is not None:
+            if truncate:
+                suffix = len(template.suffix_ids)
+                return InputError(
+                    f"the prompt template's suffix alone ({suffix} tokens) fills the model's "
+                    f"maximum input length {limit}"
                 )
-        return tokens
+            return InputError(
+                f"input {first + index} has {given} tokens with its prompt template, more than the "
+                f"model's maximum of {limit}; pass truncate=True to cut it"
+            )
+        return InputError(
+            f"input {index} has {given} tokens, more than the model's maximum of {limit}; "
+            "pass truncate=True to cut it"
+        )
 
 
-def _load(path: Path) -> Tokenizer:
-    try:
-        tokenizer = Tokenizer.from_file(str(path))
-    except Exception as exc:
-        raise CheckpointError(f"cannot read {path}: {exc}") from exc
-    tokenizer.no_padding()
-    tokenizer.no_truncation()
-    return tokenizer
-
-
-def _as_input(item: TextOrPair, index: int) -> str | tuple[str, str]:
+def _as_input(item: TextOrPair, index: int) -> tuple[str, Optional[str]]:
     if isinstance(item, str):
-        return item
+        return (item, None)
     if (
         isinstance(item, Sequence)
         and len(item) == 2

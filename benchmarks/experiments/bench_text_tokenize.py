@@ -32,7 +32,7 @@ def _best_tokens_per_s(tokenizer: TextTokenizer, texts: list[str], reps: int) ->
     tokens = 0
     for _ in range(reps):
         start = time.perf_counter()
-        tokens = int(tokenizer.encode_ids(texts).lengths.sum())
+        tokens = int(tokenizer.encode_ids(texts)[0].lengths.sum())
         best = min(best, time.perf_counter() - start)
     return tokens / best
 

@@ -1,130 +1,306 @@
 //! `trt_tei_runtime._router.FlatTokenizer`: tokenization for the Python runtime's own batches
-//! (`Model.embed`, corpus jobs), with the router's tokenizer and none of its HTTP layer.
+//! (`Model.embed`, `Model.predict`, corpus jobs) by the router's own encode rules (prompts,
+//! pair templates, adapters, truncation, the model's limit), with none of its HTTP layer.
 //!
 //! The Python `tokenizers` package hands back one `Encoding` per text, and reading `.ids`
 //! makes a Python int per token while holding the interpreter lock, which the threads that
-//! launch kernels need. This returns each batch's ids as two flat buffers instead (all
-//! tokens end to end, and each text's length), built with the lock released.
+//! launch kernels need. This returns each batch's ids as flat buffers instead (all tokens end
+//! to end, their type ids, and each input's length), built with the lock released.
 
-use crate::tokenization::{load_tokenizer, FastWordPiece};
+use crate::tokenization::{
+    load_tokenizer, EncodeOptions, EncodingInput, PairTemplate, PoolPriority, Tokenization,
+    TokenizationError, TokenizerConfig, TruncationDirection, ValidEncoding,
+};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
+use std::collections::HashMap;
+use std::future::Future;
 use std::path::Path;
+use std::pin::pin;
+use std::task::{Context, Poll, Waker};
 use tokenizers::utils::parallelism::MaybeParallelIterator;
-use tokenizers::{Tokenizer, TruncationDirection, TruncationParams};
+use tokenizers::Tokenizer;
 
 #[pyclass(frozen, module = "trt_tei_runtime._router")]
 pub struct FlatTokenizer {
-    full: Tokenizer,
-    truncating: Tokenizer,
-    /// BERT's tokenizer without its per-character bookkeeping, where the tokenizer is BERT's
-    /// (see `tokenization::fast_wordpiece`).
-    fast: Option<FastWordPiece>,
+    /// The vocabulary, for lookups (`token_to_id`, `id_to_token`, `encode_plain`).
+    tokenizer: Tokenizer,
+    /// The router's tokenization, encoding inline (on the calling thread) only: its one pool
+    /// thread never gets a job.
+    router: Tokenization,
 }
 
-/// Token ids end to end and the length of each text, both little-endian u32.
-type FlatBuffers = (Vec<u8>, Vec<u8>);
+/// Token ids end to end, their type ids (empty when all are 0), and the length of each input,
+/// all little-endian u32.
+type FlatBuffers = (Vec<u8>, Vec<u8>, Vec<u8>);
 
-/// How `encode_flat` encodes each text: `tokenizer` (truncating or not), and the fast path
-/// with the tokenizer's own truncation where there is one.
-struct Encoder<'a> {
-    tokenizer: &'a Tokenizer,
-    fast: Option<&'a FastWordPiece>,
-}
+/// `FlatBuffers` as Python bytes.
+type FlatBytes<'py> = (
+    Bound<'py, PyBytes>,
+    Bound<'py, PyBytes>,
+    Bound<'py, PyBytes>,
+);
 
-impl Encoder<'_> {
-    fn ids(&self, text: String, add_special_tokens: bool) -> Result<Vec<u32>, String> {
-        let fast = self.fast.filter(|_| add_special_tokens);
-        let truncation = self.tokenizer.get_truncation();
-        let max_length = truncation.map(|t| t.max_length);
-        let direction = truncation.map_or(TruncationDirection::Right, |t| t.direction);
-        if let Some(ids) = fast.and_then(|f| f.encode(&text, max_length, direction)) {
-            return Ok(ids);
-        }
-        self.tokenizer
-            .encode_fast(text, add_special_tokens)
-            .map(|e| e.get_ids().to_vec())
-            .map_err(|e| e.to_string())
+/// An input that failed: its index, and why.
+type Failure = (usize, TokenizationError);
+
+/// Runs a future that never waits: an inline encode returns at its first poll.
+fn now<T>(future: impl Future<Output = T>) -> T {
+    let mut future = pin!(future);
+    match future
+        .as_mut()
+        .poll(&mut Context::from_waker(Waker::noop()))
+    {
+        Poll::Ready(value) => value,
+        Poll::Pending => unreachable!("an inline encode does not wait"),
     }
 }
 
-fn encode_flat(
-    encoder: &Encoder,
-    texts: Vec<String>,
-    prompt: &str,
-    add_special_tokens: bool,
-) -> Result<FlatBuffers, String> {
-    let inputs: Vec<String> = if prompt.is_empty() {
-        texts
-    } else {
-        texts.into_iter().map(|t| format!("{prompt}{t}")).collect()
+/// What an input that produces no tokens gets from the router: here an empty sequence, which
+/// the caller reports (corpus jobs count it as a bad row).
+fn no_tokens() -> TokenizationError {
+    TokenizationError::Tokenizer("the input produced no tokens".into())
+}
+
+impl FlatTokenizer {
+    fn encode_all(
+        &self,
+        inputs: Vec<EncodingInput>,
+        opts: &EncodeOptions,
+    ) -> Result<FlatBuffers, Failure> {
+        // In parallel as `tokenizers`' own batches are (unless TOKENIZERS_PARALLELISM says not).
+        let encoded = inputs
+            .into_maybe_par_iter()
+            .map(|input| match now(self.router.encode(input, opts.clone())) {
+                Err(e) if e == no_tokens() => Ok(None),
+                other => other.map(Some),
+            })
+            .collect::<Vec<Result<Option<ValidEncoding>, TokenizationError>>>();
+        let mut total = 0;
+        let mut own = Vec::with_capacity(encoded.len());
+        for (index, result) in encoded.into_iter().enumerate() {
+            let encoding = result.map_err(|e| (index, e))?;
+            total += encoding.as_ref().map_or(0, |e| e.input_ids.len());
+            own.push(encoding);
+        }
+        // Type ids are all zeros unless an adapter or a pair sets them: then none are sent.
+        let typed = own
+            .iter()
+            .flatten()
+            .any(|e| e.token_type_ids.iter().any(|&t| t != 0));
+        let mut ids = Vec::with_capacity(4 * total);
+        let mut type_ids = Vec::with_capacity(if typed { 4 * total } else { 0 });
+        let mut lengths = Vec::with_capacity(4 * own.len());
+        for encoding in own.iter().flatten() {
+            for id in &encoding.input_ids {
+                ids.extend_from_slice(&id.to_le_bytes());
+            }
+            if typed {
+                for id in &encoding.token_type_ids {
+                    type_ids.extend_from_slice(&id.to_le_bytes());
+                }
+            }
+        }
+        for encoding in &own {
+            let n = encoding.as_ref().map_or(0, |e| e.input_ids.len()) as u32;
+            lengths.extend_from_slice(&n.to_le_bytes());
+        }
+        Ok((ids, type_ids, lengths))
+    }
+
+    fn run<'py>(
+        &self,
+        py: Python<'py>,
+        inputs: Vec<EncodingInput>,
+        opts: EncodeOptions,
+    ) -> PyResult<FlatBytes<'py>> {
+        let (ids, type_ids, lengths) = py
+            .detach(|| self.encode_all(inputs, &opts))
+            .map_err(to_py_error)?;
+        Ok((
+            PyBytes::new(py, &ids),
+            PyBytes::new(py, &type_ids),
+            PyBytes::new(py, &lengths),
+        ))
+    }
+}
+
+/// A `ValueError` whose args are `(message, kind, index, given)`: `kind` is "too_long" (then
+/// `given` is the input's token count), "unknown_prompt" or "tokenizer".
+fn to_py_error((index, error): Failure) -> PyErr {
+    let (kind, given) = match &error {
+        TokenizationError::TooLong { given, .. } => ("too_long", Some(*given)),
+        TokenizationError::UnknownPrompt { .. } => ("unknown_prompt", None),
+        _ => ("tokenizer", None),
     };
-    // In parallel as `tokenizers`' own batches are (unless TOKENIZERS_PARALLELISM says not).
-    let encoded = inputs
-        .into_maybe_par_iter()
-        .map(|text| encoder.ids(text, add_special_tokens))
-        .collect::<Result<Vec<Vec<u32>>, String>>()?;
-    let total: usize = encoded.iter().map(Vec::len).sum();
-    let mut ids = Vec::with_capacity(4 * total);
-    let mut lengths = Vec::with_capacity(4 * encoded.len());
-    for own in &encoded {
-        for id in own {
-            ids.extend_from_slice(&id.to_le_bytes());
-        }
-        let n = u32::try_from(own.len()).map_err(|e| e.to_string())?;
-        lengths.extend_from_slice(&n.to_le_bytes());
+    PyValueError::new_err((error.to_string(), kind, index, given))
+}
+
+fn direction(left: bool) -> TruncationDirection {
+    if left {
+        TruncationDirection::Left
+    } else {
+        TruncationDirection::Right
     }
-    Ok((ids, lengths))
 }
 
 #[pymethods]
 impl FlatTokenizer {
-    /// Loads `tokenizer.json` without its own truncation and padding; `max_length` is the
-    /// limit `encode(..., truncate=True)` cuts at, special tokens kept.
+    /// Loads `tokenizer.json` without its own truncation and padding, for a model whose
+    /// limit is `max_length` tokens (special tokens included), with the router's view of
+    /// the model: its named prompts and default prompt name, its pair template (decoder
+    /// rerankers) and its adapters (prompt name -> adapter index, the type id of each token).
     #[new]
-    fn new(path: &str, max_length: usize) -> PyResult<Self> {
-        let load =
-            || load_tokenizer(Path::new(path)).map_err(|e| PyValueError::new_err(e.to_string()));
-        let full = load()?;
-        let mut truncating = load()?;
-        truncating
-            .with_truncation(Some(TruncationParams {
-                max_length,
-                ..TruncationParams::default()
-            }))
-            .map_err(|e| PyValueError::new_err(e.to_string()))?;
-        let fast = FastWordPiece::from_tokenizer(&full);
-        Ok(Self {
-            full,
-            truncating,
-            fast,
-        })
+    #[pyo3(signature = (
+        path, max_length, prompts = None, default_prompt_name = None, pair_template = None,
+        adapters = None,
+    ))]
+    fn new(
+        path: &str,
+        max_length: usize,
+        prompts: Option<HashMap<String, String>>,
+        default_prompt_name: Option<String>,
+        pair_template: Option<(String, String, String, Vec<u32>)>,
+        adapters: Option<HashMap<String, u32>>,
+    ) -> PyResult<Self> {
+        let tokenizer =
+            load_tokenizer(Path::new(path)).map_err(|e| PyValueError::new_err(e.to_string()))?;
+        let prompts = prompts.unwrap_or_default();
+        let adapters = adapters.unwrap_or_default();
+        // As the router's server resolves the model's default prompt name.
+        let default_prompt = match &default_prompt_name {
+            None => None,
+            Some(name) => Some(prompts.get(name).cloned().ok_or_else(|| {
+                let mut names: Vec<&String> = prompts.keys().collect();
+                names.sort();
+                PyValueError::new_err(format!(
+                    "default prompt name `{name}` is not a prompt of this model; available: \
+                     {names:?}"
+                ))
+            })?),
+        };
+        let default_adapter = default_prompt_name
+            .and_then(|name| adapters.get(&name).copied())
+            .unwrap_or(0);
+        let pair_template = pair_template.map(
+            |(before_query, between, after_document, suffix_ids)| PairTemplate {
+                before_query,
+                between,
+                after_document,
+                suffix_ids,
+            },
+        );
+        let config = TokenizerConfig {
+            max_input_length: max_length,
+            position_offset: 0,
+            prompts,
+            default_prompt,
+            pair_template,
+            adapters,
+            default_adapter,
+        };
+        // Inline encodes only: the pool's one thread (the least there is) waits for a job
+        // that never comes, and ends with this object.
+        let router =
+            Tokenization::with_priority(tokenizer.clone(), 1, config, PoolPriority::Normal);
+        Ok(Self { tokenizer, router })
     }
 
-    /// `(ids, lengths)` of `prompt + text` for each text, special tokens added, as bytes of
-    /// little-endian u32. Without `truncate` nothing is cut: the caller checks the lengths.
-    #[pyo3(signature = (texts, prompt = "", truncate = true, add_special_tokens = true))]
+    /// `(ids, type_ids, lengths)` of each text as the router encodes a text to embed: the
+    /// prompt `prompt_name` names (default: the model's default prompt) before it, special
+    /// tokens added, cut at the model's limit (`truncate`, from the `left` or the right) or
+    /// else refused when longer; the type ids carry the prompt's adapter, if the model has
+    /// adapters. A text of no tokens has length 0.
+    #[pyo3(signature = (texts, prompt_name = None, truncate = true, left = false))]
     fn encode<'py>(
         &self,
         py: Python<'py>,
         texts: Vec<String>,
-        prompt: &str,
+        prompt_name: Option<String>,
         truncate: bool,
-        add_special_tokens: bool,
-    ) -> PyResult<(Bound<'py, PyBytes>, Bound<'py, PyBytes>)> {
-        let encoder = Encoder {
-            tokenizer: if truncate {
-                &self.truncating
-            } else {
-                &self.full
-            },
-            fast: self.fast.as_ref(),
+        left: bool,
+    ) -> PyResult<FlatBytes<'py>> {
+        let opts = EncodeOptions {
+            truncate,
+            direction: direction(left),
+            prompt_name,
+            apply_prompts: true,
+            inline: true,
         };
-        let prompt = prompt.to_string();
-        let (ids, lengths) = py
-            .detach(move || encode_flat(&encoder, texts, &prompt, add_special_tokens))
-            .map_err(PyValueError::new_err)?;
-        Ok((PyBytes::new(py, &ids), PyBytes::new(py, &lengths)))
+        if texts.is_empty() {
+            // The prompt name is checked all the same.
+            if let Err(e @ TokenizationError::UnknownPrompt { .. }) = now(self
+                .router
+                .encode(EncodingInput::Single(String::new()), opts.clone()))
+            {
+                return Err(to_py_error((0, e)));
+            }
+        }
+        let inputs = texts.into_iter().map(EncodingInput::Single).collect();
+        self.run(py, inputs, opts)
+    }
+
+    /// `(ids, type_ids, lengths)` of each input as the router encodes one to score: a text as
+    /// given, a `(query, document)` pair with the model's pair template if it has one, else
+    /// as the tokenizer encodes pairs; cut or refused as `encode` does.
+    #[pyo3(signature = (inputs, truncate = true, left = false))]
+    fn encode_pairs<'py>(
+        &self,
+        py: Python<'py>,
+        inputs: Vec<(String, Option<String>)>,
+        truncate: bool,
+        left: bool,
+    ) -> PyResult<FlatBytes<'py>> {
+        let opts = EncodeOptions {
+            truncate,
+            direction: direction(left),
+            prompt_name: None,
+            apply_prompts: false,
+            inline: true,
+        };
+        let inputs = inputs
+            .into_iter()
+            .map(|(a, b)| match b {
+                Some(b) => EncodingInput::Pair(a, b),
+                None => EncodingInput::Single(a),
+            })
+            .collect();
+        self.run(py, inputs, opts)
+    }
+
+    /// The adapter index (the type id of every token) the router gives a text embedded with
+    /// `prompt_name` (default: the model's default prompt); 0 without adapters, and for a
+    /// name that is not a prompt of the model.
+    #[pyo3(signature = (prompt_name = None))]
+    fn adapter(&self, prompt_name: Option<String>) -> u32 {
+        let opts = EncodeOptions {
+            truncate: true,
+            prompt_name,
+            apply_prompts: true,
+            inline: true,
+            ..EncodeOptions::default()
+        };
+        match now(self.router.encode(EncodingInput::Single("x".into()), opts)) {
+            Ok(encoding) => encoding.token_type_ids.first().copied().unwrap_or(0),
+            Err(_) => 0,
+        }
+    }
+
+    /// The id of one vocabulary token (added tokens included), or None.
+    fn token_to_id(&self, token: &str) -> Option<u32> {
+        self.tokenizer.token_to_id(token)
+    }
+
+    /// The vocabulary token of one id, or None.
+    fn id_to_token(&self, id: u32) -> Option<String> {
+        self.tokenizer.id_to_token(id)
+    }
+
+    /// Token ids of `text` without special tokens added and without truncation.
+    fn encode_plain(&self, py: Python<'_>, text: String) -> PyResult<Vec<u32>> {
+        py.detach(|| self.tokenizer.encode_fast(text, false))
+            .map(|e| e.get_ids().to_vec())
+            .map_err(|e| PyValueError::new_err(e.to_string()))
     }
 }

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from corpus_util import make_texts, write_corpus
 
-from trt_tei_runtime.corpus.job import FIRST_CHUNK_ROWS, InputEnd, Piece, ShardEnd, plan
+from trt_tei_runtime.corpus.plan import FIRST_CHUNK_ROWS, InputEnd, Piece, ShardEnd, plan
 from trt_tei_runtime.corpus.reader import open_input
 
 

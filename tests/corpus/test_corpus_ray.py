@@ -1,4 +1,4 @@
-"""Ray: `trt_tei_runtime.ray.EmbedBatches` under `Dataset.map_batches`, and
+"""Ray: `trt_tei_runtime.corpus.ray_data.EmbedBatches` under `Dataset.map_batches`, and
 `trt-tei-embed --ray` on a local cluster of two worker nodes (one CPU each), a worker
 killed in the middle of a shard included. Vectors equal single-process `Model.embed`'s."""
 
@@ -19,7 +19,7 @@ from corpus_util import (
     write_corpus,
 )
 
-from trt_tei_runtime.corpus.ray_job import CRASH_ENV
+from trt_tei_runtime.corpus.ray_executor import CRASH_ENV
 
 ray = pytest.importorskip("ray")
 pytestmark = pytest.mark.slow
@@ -54,7 +54,7 @@ def reference(minilm, texts):  # type: ignore[no-untyped-def]
 
 
 def test_map_batches_embeds_like_model_embed(cluster, minilm_dir, texts, reference):  # type: ignore[no-untyped-def]
-    from trt_tei_runtime.ray import embed_dataset
+    from trt_tei_runtime.corpus.ray_data import embed_dataset
 
     ray.init(address=cluster.address, logging_level="WARNING")
     try:

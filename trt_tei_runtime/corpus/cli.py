@@ -153,10 +153,10 @@ def execute(options: JobOptions, progress: Optional[Progress] = None, model: Any
     if options.ray_address is not None:
         if options.devices is not None:
             raise CorpusError("--devices does not apply with --ray: each actor takes one GPU")
-        from .ray_job import run_ray
+        from .ray_executor import run_ray
 
         return run_ray(options, progress)
-    from .job import run_local
+    from .local_executor import run_local
 
     return run_local(options, progress, model)
 

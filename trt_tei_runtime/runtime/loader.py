@@ -53,11 +53,6 @@ class ModelInfo:
     # the token type ids of a request's tokens (see `TransformerModel.adapter_names`).
     adapters: dict[str, int] = field(default_factory=dict)
 
-    def adapter_for(self, prompt_name: str | None) -> int:
-        """The adapter index of a request with this prompt name (or the default one)."""
-        name = prompt_name or self.default_prompt_name
-        return self.adapters.get(name, 0) if name is not None else 0
-
     # SPLADE models: how token logits are pooled, and the default cap on active dimensions.
     splade: SpladeConfig | None = None
     max_active_dims: int | None = None

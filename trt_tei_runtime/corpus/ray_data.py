@@ -1,7 +1,7 @@
 """Ray Data: embed a text column of a `ray.data.Dataset`, one `Model` per actor.
 
     import ray
-    from trt_tei_runtime.ray import EmbedBatches, embed_dataset
+    from trt_tei_runtime.corpus.ray_data import EmbedBatches, embed_dataset
 
     ds = ray.data.read_parquet("s3://bucket/corpus/")
     ds = embed_dataset(ds, "BAAI/bge-base-en-v1.5", text_column="text", concurrency=8)
@@ -11,9 +11,6 @@ or with `map_batches` directly:
 
     ds.map_batches(EmbedBatches, fn_constructor_kwargs={"model": "..."}, concurrency=8,
                    num_gpus=1, batch_size=1024)
-
-This module is `trt_tei_runtime.ray`; inside it `import ray` is the Ray package (imports
-are absolute), so the names do not clash.
 """
 
 from __future__ import annotations
@@ -23,9 +20,9 @@ from typing import Any, Optional
 import numpy as np
 import pyarrow as pa
 
-from .corpus.reader import Rows
-from .corpus.rows import BadRow, embed, output_schema, screen, tokenize
-from .errors import InputError
+from ..errors import InputError
+from .reader import Rows
+from .rows import BadRow, embed, output_schema, screen, tokenize
 
 __all__ = ["EmbedBatches", "default_device", "embed_dataset"]
 
@@ -58,7 +55,7 @@ class EmbedBatches:
         prompt_name: Optional[str] = None,
         on_bad_row: str = "fail",
     ) -> None:
-        from .model import Model
+        from ..model import Model
 
         if on_bad_row not in ("fail", "skip"):
             raise InputError(f"on_bad_row must be 'fail' or 'skip', got {on_bad_row!r}")

@@ -22,20 +22,10 @@ from typing import Any, Optional
 import pyarrow as pa
 
 from .ahead import ahead
+from .driver import PREFETCH_CHUNKS, bad_row_error, check_bad_rows, run_job
 from .errors import CorpusError
-from .job import (
-    PREFETCH_CHUNKS,
-    Piece,
-    ShardEnd,
-    begin_output,
-    check_bad_rows,
-    embedding_dim,
-    finished_rows,
-    is_complete,
-    open_job,
-    plan,
-)
 from .options import JobOptions
+from .plan import Piece, ShardEnd, plan
 from .progress import Progress, Summary
 from .reader import InputReader
 from .rows import BadRow, Screened, screen, shard_rows, tokenize
@@ -70,7 +60,7 @@ class ShardEmbedder:
         chunk_rows: int,
     ) -> None:
         from ..model import Model
-        from ..ray import default_device
+        from .ray_data import default_device
 
         self.model = Model(model, device=default_device(), dtype=dtype)
         self.prompt_name = prompt_name
@@ -148,14 +138,27 @@ def shard_inputs(
 
 
 def run_ray(options: JobOptions, progress: Progress) -> Summary:
-    try:
-        import ray
-    except ImportError as exc:
-        raise CorpusError(
-            "--ray needs Ray: pip install 'trt-tei-runtime[ray]' (ray[data])"
-        ) from exc
-    reader, store = open_job(options, progress)
-    try:
+    return run_job(options, progress, RayShardExecutor())
+
+
+class RayShardExecutor:
+    """Shards embedded by model actors on the Ray cluster at `options.ray_address`, each
+    committed here as it returns."""
+
+    def __init__(self) -> None:
+        try:
+            import ray
+        except ImportError as exc:
+            raise CorpusError(
+                "--ray needs Ray: pip install 'trt-tei-runtime[ray]' (ray[data])"
+            ) from exc
+        self.ray: Any = ray
+        self.connected = False
+        self.actors: list[Any] = []
+        self.options: Optional[JobOptions] = None
+
+    def open(self, options: JobOptions) -> tuple[int, JobOptions]:
+        ray = self.ray
         try:
             ray.init(
                 address=options.ray_address,
@@ -167,12 +170,44 @@ def run_ray(options: JobOptions, progress: Progress) -> Summary:
             raise CorpusError(
                 f"cannot connect to the Ray cluster at {options.ray_address!r}: {exc}"
             ) from exc
-        try:
-            return _run(ray, options, reader, store, progress)
-        finally:
-            ray.shutdown()  # disconnects; the cluster keeps running
-    finally:
-        store.close()
+        self.connected = True
+        from ..model import Model  # noqa: F401  (fail here, not on every actor, if it cannot import)
+
+        model_ref = options.model
+        if Path(model_ref).expanduser().exists():
+            # Actors may start in another working directory.
+            options = _with_model(options, str(Path(model_ref).expanduser().resolve()))
+        self.options = options
+        self.actors = _start_actors(ray, options)
+        first = ray.get(self.actors[0].describe.remote())
+        problem = ray.get(self.actors[0].check_prompt.remote())
+        if problem:
+            raise CorpusError(f"--prompt-name: {problem}")
+        return int(first["hidden_size"]), options
+
+    def close(self) -> None:
+        for actor in self.actors:
+            self.ray.kill(actor)
+        if self.connected:
+            self.ray.shutdown()  # disconnects; the cluster keeps running
+
+    def count_devices(self, summary: Summary, progress: Progress) -> None:
+        pass  # counted per actor as the shards come back
+
+    def embed(
+        self,
+        reader: InputReader,
+        store: OutputStore,
+        schema: pa.Schema,
+        finished: set[int],
+        progress: Progress,
+        summary: Summary,
+        total: Optional[int],
+    ) -> None:
+        assert self.options is not None
+        _embed_shards(
+            self.ray, self.actors, self.options, reader, store, schema, finished, progress, summary
+        )
 
 
 def _start_actors(ray: Any, options: JobOptions) -> list[Any]:
@@ -201,56 +236,6 @@ def _start_actors(ray: Any, options: JobOptions) -> list[Any]:
         )
         for _ in range(count)
     ]
-
-
-def _run(
-    ray: Any, options: JobOptions, reader: InputReader, store: OutputStore, progress: Progress
-) -> Summary:
-    from ..model import Model  # noqa: F401  (fail here, not on every actor, if it cannot import)
-
-    model_ref = options.model
-    if Path(model_ref).expanduser().exists():
-        # Actors may start in another working directory.
-        options = _with_model(options, str(Path(model_ref).expanduser().resolve()))
-    actors = _start_actors(ray, options)
-    try:
-        first = ray.get(actors[0].describe.remote())
-        problem = ray.get(actors[0].check_prompt.remote())
-        if problem:
-            raise CorpusError(f"--prompt-name: {problem}")
-        dim = embedding_dim(options, int(first["hidden_size"]))
-        schema, finished = begin_output(options, reader, store, dim)
-        summary = Summary(output=str(store.directory))
-        summary.resumed_rows = finished_rows(store, finished)
-        manifest = store.manifest
-        assert manifest is not None
-        total = reader.total_rows if reader.total_rows is not None else manifest.total_rows
-        progress.start(total, summary.resumed_rows, len(finished))
-        if is_complete(store, finished):
-            summary.total_rows, summary.complete = manifest.total_rows, True
-        else:
-            try:
-                _embed_shards(
-                    ray, actors, options, reader, store, schema, finished, progress, summary
-                )
-            except BaseException as exc:
-                _finish_summary(summary, progress)
-                store.record_run({**summary.as_dict(), "error": f"{type(exc).__name__}: {exc}"})
-                progress.close()
-                raise
-        _finish_summary(summary, progress)
-        if summary.complete:
-            store.finish(summary.total_rows or 0, summary.as_dict())
-        progress.summary(summary)
-        return summary
-    finally:
-        for actor in actors:
-            ray.kill(actor)
-
-
-def _finish_summary(summary: Summary, progress: Progress) -> None:
-    summary.rows = progress.rows - summary.bad_rows
-    summary.tokens, summary.seconds = progress.tokens, progress.elapsed
 
 
 def _with_model(options: JobOptions, model: str) -> JobOptions:
@@ -301,12 +286,7 @@ def _embed_shards(
 def check_bad_rows_quietly(bad: list[BadRow], options: JobOptions) -> None:
     """The fail policy, before the shard is sent; the rows are reported when it returns."""
     if bad and options.on_bad_row == "fail":
-        from .errors import BadRowError
-
-        raise BadRowError(
-            f"{bad[0].describe()}. Finished shards are kept: fix the input (a new input "
-            "starts over) or run again with --on-bad-row skip to resume, skipping bad rows"
-        )
+        raise bad_row_error(bad)
 
 
 def _commit(

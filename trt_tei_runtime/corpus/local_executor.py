@@ -1,0 +1,174 @@
+"""A corpus job on one machine: one `Model` (one device or several), input read and
+tokenized in a thread one or two chunks ahead of it, shards committed as they finish.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from functools import partial
+from typing import Any, Optional, Union
+
+import numpy as np
+import pyarrow as pa
+
+from ..errors import InputError
+from ..token_ids import TokenIds
+from .ahead import ahead
+from .driver import PREFETCH_CHUNKS, check_bad_rows, run_job
+from .errors import CorpusError
+from .options import JobOptions
+from .plan import InputEnd, Piece, PlanItem, ShardEnd, plan
+from .progress import Progress, Summary
+from .reader import InputReader
+from .rows import EmbeddingModel, Tokenized, screen, shard_rows, tokenize
+from .shards import ShardWriter
+from .store import OutputStore
+
+# Chunks of vectors waiting to be written (and shards to be committed) while the model
+# runs the next chunk: the device does not idle while Parquet, fsync and sha256 run.
+PENDING_WRITES = 2
+
+
+@dataclass
+class Chunk:
+    shard: int
+    tokenized: Tokenized
+
+
+StreamItem = Union[Chunk, ShardEnd, InputEnd]
+NO_IDS = TokenIds(np.zeros(0, dtype=np.uint32), np.zeros(1, dtype=np.int64))
+
+
+def tokenized_plan(
+    model: EmbeddingModel, items: Iterator[PlanItem], prompt_name: Optional[str]
+) -> Iterator[Union[Chunk, ShardEnd, InputEnd]]:
+    """What runs ahead of the model, in the reader thread: read, screen, tokenize."""
+    for item in items:
+        if isinstance(item, Piece):
+            yield Chunk(item.shard, tokenize(model, screen(item.rows), prompt_name))
+        else:
+            yield item
+
+
+def tokens_per_device(model: Any, tokens: int) -> dict[str, int]:
+    """The model's own count per device when it keeps one (several devices), else all tokens
+    on its one device."""
+    counter = getattr(model, "tokens_per_device", None)
+    if callable(counter):
+        return {str(k): int(v) for k, v in counter().items()}
+    return {str(getattr(model, "device", "unknown")): tokens}
+
+
+def load_model(options: JobOptions) -> Any:
+    from ..errors import CheckpointError
+    from ..model import Model
+
+    try:
+        model = Model(options.model, device=options.devices, dtype=options.dtype)
+    except (CheckpointError, InputError) as exc:
+        raise CorpusError(f"cannot load model {options.model!r}: {exc}") from exc
+    try:
+        model.tokenize_ids(["x"], prompt_name=options.prompt_name)
+    except InputError as exc:
+        raise CorpusError(f"--prompt-name: {exc}") from exc
+    return model
+
+
+def run_local(options: JobOptions, progress: Progress, model: Any = None) -> Summary:
+    """Runs the job; `model` is a loaded `Model` to use instead of loading `options.model`
+    (which still names the model in the manifest)."""
+    return run_job(options, progress, LocalShardExecutor(model))
+
+
+class LocalShardExecutor:
+    """Shards embedded by one `Model` in this process, in one stream (the devices do not
+    drain between chunks), written and committed on a thread of their own."""
+
+    def __init__(self, model: Any = None) -> None:
+        self.model = model
+        self.options: Optional[JobOptions] = None
+
+    def open(self, options: JobOptions) -> tuple[int, JobOptions]:
+        self.model = self.model if self.model is not None else load_model(options)
+        self.options = options
+        return int(self.model.info.hidden_size), options
+
+    def close(self) -> None:
+        pass
+
+    def count_devices(self, summary: Summary, progress: Progress) -> None:
+        summary.devices = tokens_per_device(self.model, progress.tokens)
+
+    def embed(
+        self,
+        reader: InputReader,
+        store: OutputStore,
+        schema: pa.Schema,
+        finished: set[int],
+        progress: Progress,
+        summary: Summary,
+        total: Optional[int],
+    ) -> None:
+        options, model = self.options, self.model
+        assert options is not None
+        items = plan(reader, options.shard_rows, options.chunk_rows, finished)
+        writer: Optional[ShardWriter] = None
+        # One output thread, so writes and commits keep their order.
+        output = ThreadPoolExecutor(max_workers=1, thread_name_prefix="shard-output")
+        pending: deque[Future[None]] = deque()
+
+        def in_background(work: Callable[[], None]) -> None:
+            pending.append(output.submit(work))
+            while len(pending) > PENDING_WRITES:
+                pending.popleft().result()
+
+        def wait_for_output() -> None:
+            while pending:
+                pending.popleft().result()
+
+        def keyed() -> Iterator[tuple[StreamItem, TokenIds]]:
+            """Every plan item in order, with the ids to embed (none for the markers)."""
+            tokenized = tokenized_plan(model, items, options.prompt_name)
+            for item in ahead(tokenized, PREFETCH_CHUNKS):
+                yield item, item.tokenized.token_ids if isinstance(item, Chunk) else NO_IDS
+
+        try:
+            # One stream for the whole job: the devices do not drain between chunks.
+            # The prompt name also picks a task adapter (jina-embeddings-v3).
+            stream = model.embed_ids_stream(
+                keyed(), dimensions=options.dimensions, prompt_name=options.prompt_name
+            )
+            for item, vectors in stream:
+                if isinstance(item, Chunk):
+                    tok = item.tokenized
+                    summary.bad_rows += len(tok.bad)
+                    check_bad_rows(tok.bad, options, progress)
+                    if writer is None:
+                        writer = store.writer(item.shard, item.shard * options.shard_rows, schema)
+                    batch = shard_rows(tok, vectors, schema)
+                    in_background(partial(writer.write, batch, tok.bad, tok.num_tokens))
+                    progress.update(tok.stop - tok.start, tok.num_tokens)
+                    if total is None and reader.bytes_read:
+                        progress.estimate_total(int(tok.stop * reader.size / reader.bytes_read))
+                elif isinstance(item, ShardEnd):
+                    assert writer is not None and writer.index == item.shard
+                    in_background(partial(_commit, store, writer, item.stop))
+                    writer = None
+                    summary.shards += 1
+                    progress.shard_done()
+                else:
+                    wait_for_output()
+                    summary.total_rows, summary.complete = item.total_rows, True
+            wait_for_output()
+        finally:
+            # Nothing may write into a shard while it is aborted.
+            output.shutdown(wait=True)
+            if writer is not None:
+                writer.abort()
+
+
+def _commit(store: OutputStore, writer: ShardWriter, stop: int) -> None:
+    store.commit(writer.commit(stop))
