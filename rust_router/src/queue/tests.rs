@@ -1,4 +1,7 @@
 use super::*;
+use crate::metrics::Metrics;
+use crate::tokenization::PoolThrottle;
+use std::sync::Arc;
 
 type Rx = oneshot::Receiver<Result<InferResult, BackendError>>;
 
