@@ -10,6 +10,7 @@ use crate::backend::{
 };
 use crate::metrics::Metrics;
 use crate::queue::{Entry, InferResult, Metadata, NextBatch, Queue, RequestId, Take};
+use crate::tokenization::PoolThrottle;
 use std::sync::Arc;
 use std::time::Instant;
 use tokio::sync::oneshot;
@@ -99,6 +100,13 @@ pub fn spawn_tasks(
         }
     });
     (all, direct)
+}
+
+/// Lets `throttle` hold part of the tokenizer pool back while the backend bounds the bulk
+/// lane (see [`PoolThrottle`]), as the queue says after every change
+/// ([`Queue::on_bulk_backlog`]): for runtimes whose queries have threads of their own.
+pub(super) fn throttle_tokenization(queue: &Queue, throttle: Arc<PoolThrottle>) {
+    queue.on_bulk_backlog(move |bounded| throttle.set_limited(bounded));
 }
 
 /// Hands a packed batch to the backend thread of `slot`; its results are split on a task of

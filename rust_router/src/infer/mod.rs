@@ -193,7 +193,7 @@ impl Infer {
         // Queries have threads of their own (a GPU): the tokenizer pool need not outrun the
         // backend, and the cores it leaves are the queries'.
         if takes.len() > 1 {
-            queue.throttle_tokenization(tokenization.throttle());
+            batching::throttle_tokenization(&queue, tokenization.throttle());
         }
         let (tasks, direct) = batching::spawn_tasks(
             &queue,

@@ -1,15 +1,17 @@
 //! The shared handle around [`State`]: appends, wake-ups of the batching tasks, the queue's
-//! metrics, and the tokenizer pool's throttle.
+//! metrics, and one listener of its bulk lane's backlog.
 
 use super::{BatchSize, Entry, NextBatch, RequestId, State, Take};
 use crate::backend::Lane;
 use crate::metrics::Metrics;
-use crate::tokenization::PoolThrottle;
 use futures_util::future::select_all;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 use tokio::sync::Notify;
+
+/// Told whether the backend bounds the bulk lane ([`Queue::on_bulk_backlog`]).
+type BacklogListener = Box<dyn Fn(bool) + Send + Sync>;
 
 struct Inner {
     state: Mutex<State>,
@@ -23,8 +25,8 @@ struct Inner {
     closed: AtomicBool,
     metrics: Arc<Metrics>,
     /// Told whether the backend bounds the bulk lane, after every change (see
-    /// [`Queue::throttle_tokenization`]).
-    tokenization: OnceLock<Arc<PoolThrottle>>,
+    /// [`Queue::on_bulk_backlog`]).
+    bulk_backlog: OnceLock<BacklogListener>,
 }
 
 /// Shared handle: handlers append, the batching tasks take batches.
@@ -47,7 +49,7 @@ impl Queue {
                 notify: Default::default(),
                 closed: AtomicBool::new(false),
                 metrics,
-                tokenization: OnceLock::new(),
+                bulk_backlog: OnceLock::new(),
             }),
         }
     }
@@ -61,20 +63,22 @@ impl Queue {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// Lets `throttle` hold part of the tokenizer pool back while the backend bounds the bulk
-    /// lane ([`State::backend_bounds_bulk`], see [`PoolThrottle`]): for runtimes whose queries
-    /// have threads of their own.
-    pub fn throttle_tokenization(&self, throttle: Arc<PoolThrottle>) {
+    /// Tells `listener` whether the backend bounds the bulk lane
+    /// ([`State::backend_bounds_bulk`]) now, and again after every change, with the lock held,
+    /// so the last word is the latest state's. One listener at most: a second is ignored.
+    /// The batching tasks make it the tokenizer pool's throttle where the policy says so
+    /// (`infer::batching`).
+    pub fn on_bulk_backlog(&self, listener: impl Fn(bool) + Send + Sync + 'static) {
         let state = self.state();
-        throttle.set_limited(state.backend_bounds_bulk());
-        let _ = self.inner.tokenization.set(throttle);
+        listener(state.backend_bounds_bulk());
+        let _ = self.inner.bulk_backlog.set(Box::new(listener));
     }
 
-    /// Tells the tokenizer pool, if it listens, whether the backend bounds the bulk lane;
-    /// called with the lock held after every change, so the last word is the latest state's.
-    fn tell_tokenization(&self, state: &State) {
-        if let Some(throttle) = self.inner.tokenization.get() {
-            throttle.set_limited(state.backend_bounds_bulk());
+    /// Tells the listener, if there is one, whether the backend bounds the bulk lane; called
+    /// with the lock held after every change.
+    fn tell_bulk_backlog(&self, state: &State) {
+        if let Some(listener) = self.inner.bulk_backlog.get() {
+            listener(state.backend_bounds_bulk());
         }
     }
 
@@ -137,7 +141,7 @@ impl Queue {
                 woken[entry.lane.index()] = true;
                 state.append(entry);
             }
-            self.tell_tokenization(&state);
+            self.tell_bulk_backlog(&state);
             state.len()
         };
         self.inner.metrics.gauge_set("te_queue_size", len as f64);
@@ -155,7 +159,7 @@ impl Queue {
         let (removed, len) = {
             let mut state = self.state();
             let removed = state.remove_request(request);
-            self.tell_tokenization(&state);
+            self.tell_bulk_backlog(&state);
             (removed, state.len())
         };
         if removed > 0 {
@@ -197,7 +201,7 @@ impl Queue {
         let next = state.take_batch(take);
         let dropped = state.take_dropped();
         let len = state.len();
-        self.tell_tokenization(&state);
+        self.tell_bulk_backlog(&state);
         drop(state);
         if dropped > 0 || next.is_some() {
             self.inner.metrics.gauge_set("te_queue_size", len as f64);
