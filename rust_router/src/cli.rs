@@ -1,6 +1,6 @@
 //! Command line flags: TEI's names and environment variables, plus the backend choice.
 
-use crate::backend::wait::LaneWaits;
+use crate::schedule::{PolicyFlags, DEFAULT_WARM_EVERY_US};
 use crate::tokenization::PoolPriority;
 use clap::{Parser, ValueEnum};
 use std::time::Duration;
@@ -123,7 +123,7 @@ pub struct Args {
     /// model), unless the device's bulk thread is running batches. The next query then finds
     /// that code and data in the CPU's caches (0.12-0.2 ms less per query every 20 ms on a GPU
     /// machine). 0: never.
-    #[arg(long, env = "QUERY_WARM_US", default_value_t = LaneWaits::DEFAULT_WARM_EVERY_US)]
+    #[arg(long, env = "QUERY_WARM_US", default_value_t = DEFAULT_WARM_EVERY_US)]
     pub query_warm_us: u64,
 
     /// A query's handler (interactive lane) polls for its result this many microseconds,
@@ -268,16 +268,19 @@ pub struct Args {
 }
 
 impl Args {
-    /// The queueing and admission settings.
-    pub fn infer_config(&self) -> crate::infer::InferConfig {
-        crate::infer::InferConfig {
+    /// The flags that the batching and latency policy is resolved from
+    /// (`schedule::ServingProfile::resolve`).
+    pub fn policy_flags(&self) -> PolicyFlags {
+        PolicyFlags {
             max_batch_tokens: self.max_batch_tokens,
             max_batch_requests: self.max_batch_requests,
-            max_concurrent_requests: self.max_concurrent_requests,
             interactive_max_tokens: self.interactive_max_tokens,
-            max_bulk_batch_time: (self.max_bulk_batch_ms > 0)
-                .then(|| std::time::Duration::from_millis(self.max_bulk_batch_ms)),
-            query_spin: self.query_spin_us.map(std::time::Duration::from_micros),
+            max_bulk_batch_ms: self.max_bulk_batch_ms,
+            backend_spin_us: self.backend_spin_us,
+            query_warm_us: self.query_warm_us,
+            query_spin_us: self.query_spin_us,
+            http_spin_us: self.http_spin_us,
+            tokenization_priority: self.tokenization_priority,
         }
     }
 
@@ -373,7 +376,7 @@ mod tests {
         // 0 is a setting, not a mistake.
         assert!(off.validate().is_ok());
         assert_eq!(
-            off.infer_config().interactive_max_tokens,
+            off.policy_flags().interactive_max_tokens,
             0,
             "0 must reach the queue unchanged"
         );
@@ -383,8 +386,16 @@ mod tests {
 
     #[test]
     fn bulk_batches_are_bounded_by_40_ms_unless_zero() {
+        use crate::schedule::{BackendFacts, ServingProfile};
         use std::time::Duration;
-        let config = |args: &[&str]| parse(args).unwrap().infer_config().max_bulk_batch_time;
+        let cpu = BackendFacts {
+            interactive_lane: false,
+        };
+        let config = |args: &[&str]| {
+            ServingProfile::resolve(&parse(args).unwrap().policy_flags(), cpu)
+                .batching
+                .bulk_pacing()
+        };
         assert_eq!(config(&[]), Some(Duration::from_millis(40)));
         assert_eq!(
             config(&["--max-bulk-batch-ms", "200"]),
@@ -445,19 +456,16 @@ mod tests {
             Some(0)
         );
         assert!(parse(&["--backend-spin-us", "-5"]).is_err());
-        assert_eq!(
-            parse(&[]).unwrap().query_warm_us,
-            LaneWaits::DEFAULT_WARM_EVERY_US
-        );
+        assert_eq!(parse(&[]).unwrap().query_warm_us, DEFAULT_WARM_EVERY_US);
         assert_eq!(parse(&["--query-warm-us", "0"]).unwrap().query_warm_us, 0);
         assert!(parse(&["--query-warm-us", "often"]).is_err());
-        assert_eq!(parse(&[]).unwrap().infer_config().query_spin, None);
+        assert_eq!(parse(&[]).unwrap().policy_flags().query_spin_us, None);
         assert_eq!(
             parse(&["--query-spin-us", "250"])
                 .unwrap()
-                .infer_config()
-                .query_spin,
-            Some(std::time::Duration::from_micros(250))
+                .policy_flags()
+                .query_spin_us,
+            Some(250)
         );
         assert!(parse(&["--query-spin-us", "-1"]).is_err());
         assert!(parse(&["--backend-spin-us", "soon"]).is_err());
@@ -467,6 +475,24 @@ mod tests {
             Some(300)
         );
         assert!(parse(&["--http-spin-us", "-1"]).is_err());
+    }
+
+    #[test]
+    fn the_policy_flags_carry_every_default_unchanged() {
+        assert_eq!(
+            parse(&[]).unwrap().policy_flags(),
+            PolicyFlags {
+                max_batch_tokens: 16384,
+                max_batch_requests: None,
+                interactive_max_tokens: 256,
+                max_bulk_batch_ms: 40,
+                backend_spin_us: None,
+                query_warm_us: DEFAULT_WARM_EVERY_US,
+                query_spin_us: None,
+                http_spin_us: None,
+                tokenization_priority: None,
+            }
+        );
     }
 
     #[test]

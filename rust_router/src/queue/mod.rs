@@ -1,7 +1,7 @@
 //! The request queue: a pure [`State`] that packs sequences into batches, and a [`Queue`]
 //! handle, one lock around that state, that the handlers append to and the batching tasks
-//! (`infer::batching`) drain. What to pack and when is theirs to say; the queue knows nothing
-//! of devices, threads or the tokenizer.
+//! (`infer::batching`) drain. What to pack and when is theirs to say (`schedule`); the queue
+//! knows nothing of devices, threads or the tokenizer.
 //!
 //! One queue entry is one sequence. A client request with many inputs becomes many entries, so a
 //! request larger than one batch is split across consecutive batches for free; the handler

@@ -50,7 +50,7 @@ const WARM_TEXT: &str =
 pub struct Tokenization {
     tx: mpsc::Sender<Job>,
     inline: Arc<InlinePool>,
-    /// Off unless the queue turns it on (see [`PoolThrottle`]).
+    /// Off unless the batching tasks turn it on (see [`PoolThrottle`]).
     throttle: Arc<PoolThrottle>,
     /// Jobs sent and not yet taken by a pool thread.
     waiting: Arc<AtomicUsize>,
@@ -83,8 +83,8 @@ impl PoolLoad {
 }
 
 impl Tokenization {
-    /// A pool in the class a GPU runtime gets (`PoolPriority::Idle`); the server picks the
-    /// class with `PoolPriority::for_runtime` or the flag and calls `with_priority`.
+    /// A pool in the class a GPU runtime gets (`PoolPriority::Idle`); the server takes the
+    /// class from its `schedule::ServingProfile` and calls `with_priority`.
     pub fn new(tokenizer: Tokenizer, workers: usize, model: TokenizerConfig) -> Self {
         Self::with_priority(tokenizer, workers, model, PoolPriority::Idle)
     }

@@ -1,5 +1,5 @@
-//! How the pool's threads compete for cores: their scheduling class (`--tokenization-priority`,
-//! else the runtime's default, [`PoolPriority::for_runtime`]).
+//! How the pool's threads compete for cores: their scheduling class (`--tokenization-priority`;
+//! the default is the profile's, `schedule`).
 
 /// How the pool's threads compete for cores with the router's other threads (Linux; other
 /// systems keep the default).
@@ -19,19 +19,6 @@ pub enum PoolPriority {
 }
 
 impl PoolPriority {
-    /// The class for a runtime with or without an interactive lane. With one, the forward
-    /// passes run on an accelerator and the host's cores serve tokenization and queries, so
-    /// queries come first. Without one (a CPU), the forward pass's own threads would take
-    /// every core from an idle-class pool: measured on the 2-core CI machine, the backfill
-    /// lost 7 % and queries gained nothing (docs/journal/results-log.md).
-    pub fn for_runtime(interactive_lane: bool) -> Self {
-        if interactive_lane {
-            Self::Idle
-        } else {
-            Self::Normal
-        }
-    }
-
     /// Applies the class to the calling thread. A failure (a sandbox that forbids it) leaves
     /// the thread as it was.
     pub(super) fn apply(self) {
