@@ -41,7 +41,7 @@ struct Harness {
 }
 
 /// The profile of an `Infer` over `backend`: the budget, the lane's limit and the bulk pacing
-/// as given, no request limit, and the waits' defaults.
+/// as given, the other flags' defaults.
 pub(super) fn profile(
     backend: &BackendHandle,
     max_batch_tokens: usize,
@@ -50,14 +50,9 @@ pub(super) fn profile(
 ) -> ServingProfile {
     let flags = PolicyFlags {
         max_batch_tokens,
-        max_batch_requests: None,
         interactive_max_tokens,
         max_bulk_batch_ms: max_bulk_batch_time.map_or(0, |t| t.as_millis() as u64),
-        backend_spin_us: None,
-        query_warm_us: 0,
-        query_spin_us: None,
-        http_spin_us: None,
-        tokenization_priority: None,
+        ..crate::schedule::tests::defaults()
     };
     ServingProfile::resolve(&flags, BackendFacts::of(backend))
 }

@@ -253,4 +253,4 @@ impl ServingProfile {
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

@@ -1,7 +1,7 @@
 use super::*;
 
 /// The flags' defaults, as `--help` gives them (`cli`'s tests check they agree).
-fn defaults() -> PolicyFlags {
+pub(crate) fn defaults() -> PolicyFlags {
     PolicyFlags {
         max_batch_tokens: 16384,
         max_batch_requests: None,
