@@ -21,6 +21,7 @@ pub mod python_module;
 #[cfg(feature = "pyo3")]
 pub mod python_tokenizer;
 pub mod queue;
+pub mod schedule;
 pub mod server;
 pub mod shutdown;
 pub mod tokenization;

@@ -1,7 +1,7 @@
 //! Process lifecycle: parse flags, load the model, build the app, serve until SIGINT/SIGTERM,
 //! drain, exit.
 
-use crate::backend::wait::LaneWaits;
+use crate::backend::wait::{LaneWaits, WarmHook};
 use crate::backend::{BackendFactory, BackendHandle, ModelInfo, ModelType};
 use crate::cli::Args;
 use crate::connections;
@@ -10,8 +10,9 @@ use crate::http::{app, AppContext, AppState, ServeConfig};
 use crate::http_thread::{self, Handlers, HotPoll};
 use crate::infer::Infer;
 use crate::metrics::Metrics;
+use crate::schedule::{BackendFacts, ServingProfile};
 use crate::shutdown::{Phase, Shutdown};
-use crate::tokenization::{load_tokenizer, PoolLoad, PoolPriority, Tokenization, TokenizerConfig};
+use crate::tokenization::{load_tokenizer, PoolLoad, Tokenization, TokenizerConfig};
 use clap::Parser;
 use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
 use std::path::Path;
@@ -204,18 +205,6 @@ fn bind(addrs: &[SocketAddr]) -> Result<Vec<std::net::TcpListener>, String> {
     Ok(listeners)
 }
 
-/// How small requests are served, for the start-up log.
-fn describe_interactive_lane(args: &Args, backend: &BackendHandle) -> String {
-    let max = args.interactive_max_tokens;
-    if max == 0 {
-        "off".into()
-    } else if backend.has_interactive_lane() {
-        format!("requests of <= {max} tokens on their own backend thread (one per device)")
-    } else {
-        format!("requests of <= {max} tokens first in the shared queue (the runtime has no interactive lane)")
-    }
-}
-
 fn run(mut args: Args, make_backend: MakeBackend) -> Result<(), String> {
     args.validate()?;
     let open_files = raise_open_file_limit();
@@ -232,10 +221,19 @@ fn run(mut args: Args, make_backend: MakeBackend) -> Result<(), String> {
     let listeners = bind(&listen_addrs(&args.hostname, args.port)?)?;
     tracing::info!(model_id = %args.model_id, backend = ?args.backend, "loading model");
     let factory = make_backend(&args)?;
-    let waits = LaneWaits::from_flags(args.backend_spin_us, args.query_warm_us);
-    let warm_hook = waits.warm_hook.clone();
+    let flags = args.policy_flags();
+    // The backend threads' waits are the one part of the policy needed before the backend
+    // starts; the rest depends on what the started backend says it is.
+    let waits = ServingProfile::backend_waits(&flags);
+    let warm_hook = WarmHook::default();
+    let lane_waits = LaneWaits {
+        bulk: waits.bulk,
+        interactive: waits.interactive,
+        warm_hook: warm_hook.clone(),
+    };
     let (backend, info, backend_threads) =
-        BackendHandle::spawn_with(factory, waits).map_err(|e| e.to_string())?;
+        BackendHandle::spawn_with(factory, lane_waits).map_err(|e| e.to_string())?;
+    let profile = ServingProfile::resolve(&flags, BackendFacts::of(&backend));
     tracing::info!(
         model_type = ?info.model_type,
         architecture = %info.architecture,
@@ -243,7 +241,7 @@ fn run(mut args: Args, make_backend: MakeBackend) -> Result<(), String> {
         hidden_size = info.hidden_size,
         device = info.device.as_deref().unwrap_or("?"),
         devices = %info.device_names().join(","),
-        interactive_lane = describe_interactive_lane(&args, &backend),
+        interactive_lane = profile.describe_interactive_lane(),
         backend_spin_us = ?args.backend_spin_us,
         query_warm_us = args.query_warm_us,
         "model loaded"
@@ -256,9 +254,7 @@ fn run(mut args: Args, make_backend: MakeBackend) -> Result<(), String> {
             .map(|n| n.get())
             .unwrap_or(1)
     });
-    let tokenization_priority = args
-        .tokenization_priority
-        .unwrap_or_else(|| PoolPriority::for_runtime(backend.has_interactive_lane()));
+    let tokenization_priority = profile.tokenizer_pool.priority;
     tracing::info!(workers, priority = ?tokenization_priority, "tokenization threads");
     let tokenization = Tokenization::with_priority(
         tokenizer,
@@ -284,6 +280,7 @@ fn run(mut args: Args, make_backend: MakeBackend) -> Result<(), String> {
     let signal_at = Arc::new(OnceLock::new());
     let serving = Serving {
         args,
+        profile,
         info,
         tokenization,
         backend,
@@ -340,6 +337,8 @@ fn check_batch_tokens(max_batch_tokens: usize, max_input_length: usize) -> Resul
 /// What `serve` runs: the loaded model, its tokenizer and the bound sockets.
 struct Serving {
     args: Args,
+    /// The batching and latency policy, resolved once the backend started.
+    profile: ServingProfile,
     info: ModelInfo,
     tokenization: Tokenization,
     backend: BackendHandle,
@@ -351,18 +350,15 @@ impl Serving {
     /// Serves until the shutdown sequence ends; notes when the signal came in `signal_at`.
     async fn serve(self, signal_at: Arc<OnceLock<Instant>>) -> Result<(), String> {
         let metrics = Arc::new(Metrics::new(self.info.max_input_length));
-        let hot = hot_poll(
-            self.args.http_spin_us,
-            &self.backend,
-            self.tokenization.load(),
-        );
+        let hot = hot_poll(self.profile.http_spin, self.tokenization.load());
         let info_body = build_info(&self.args, &self.info, self.workers);
         let compute_type = self.info.device.clone().unwrap_or_else(|| "cpu".into());
         let (infer, batching_task) = Infer::new(
             self.tokenization,
             self.backend,
             Arc::new(self.info),
-            self.args.infer_config(),
+            &self.profile,
+            self.args.max_concurrent_requests,
             metrics.clone(),
         );
         let shutdown = Shutdown::default();
@@ -428,31 +424,18 @@ impl Serving {
     }
 }
 
-/// How the HTTP thread polls its sockets (`--http-spin-us`), or `None` when it sleeps
-/// whenever it has nothing to read. By default it polls only where the runtime has an
-/// interactive lane, as long as that lane's thread spins: a query then finds both awake.
+/// How the HTTP thread polls its sockets: for `window` after each request's start
+/// (`ServingProfile::http_spin`), or `None` when that is zero and it sleeps whenever it has
+/// nothing to read. By default it polls only where the runtime has an interactive lane, as
+/// long as that lane's thread spins: a query then finds both awake.
 ///
 /// It polls only while the tokenizer pool leaves cores free ([`PoolLoad`]): under a backfill
 /// that keeps every pool thread busy with documents waiting, the core is the tokenizers',
 /// and requests reach a host that is awake anyway. Under a backfill the GPU bounds (part of
 /// the pool stands aside) or one whose tokenization keeps up, it polls, and a query is
 /// spared the thread's wake-up.
-fn hot_poll(
-    http_spin_us: Option<u64>,
-    backend: &BackendHandle,
-    pool: PoolLoad,
-) -> Option<Arc<HotPoll>> {
-    let default = if backend.has_interactive_lane() {
-        LaneWaits::DEFAULT_INTERACTIVE_SPIN_US
-    } else {
-        0
-    };
-    let micros = http_spin_us.unwrap_or(default);
-    (micros > 0).then(|| {
-        Arc::new(HotPoll::new(Duration::from_micros(micros), move || {
-            pool.leaves_cores_free()
-        }))
-    })
+fn hot_poll(window: Duration, pool: PoolLoad) -> Option<Arc<HotPoll>> {
+    (!window.is_zero()).then(|| Arc::new(HotPoll::new(window, move || pool.leaves_cores_free())))
 }
 
 /// When, after the signal, still-running requests are answered 503: early enough that the
@@ -473,29 +456,31 @@ mod tests {
         Args::try_parse_from(argv).unwrap()
     }
 
-    fn backend(interactive_lane: bool) -> BackendHandle {
-        let fake = FakeBackend::new(ModelInfo {
-            interactive_lane,
-            ..FakeBackend::info()
-        });
-        BackendHandle::spawn(fake.into_factory()).unwrap().0
-    }
-
     #[test]
     fn the_http_thread_polls_by_default_only_with_an_interactive_lane() {
+        use crate::schedule::DEFAULT_INTERACTIVE_SPIN_US;
         let pool = crate::tokenization::tests::test_tokenization(64, 0).load();
-        let window = |flag, lane| hot_poll(flag, &backend(lane), pool.clone()).map(|h| h.window());
-        let default = Duration::from_micros(LaneWaits::DEFAULT_INTERACTIVE_SPIN_US);
-        assert_eq!(window(None, true), Some(default));
-        assert_eq!(window(None, false), None);
-        assert_eq!(window(Some(0), true), None);
-        assert_eq!(window(Some(700), false), Some(Duration::from_micros(700)));
+        let window = |flag: &[&str], interactive_lane| {
+            let profile = ServingProfile::resolve(
+                &args(flag).policy_flags(),
+                BackendFacts { interactive_lane },
+            );
+            hot_poll(profile.http_spin, pool.clone()).map(|h| h.window())
+        };
+        let default = Duration::from_micros(DEFAULT_INTERACTIVE_SPIN_US);
+        assert_eq!(window(&[], true), Some(default));
+        assert_eq!(window(&[], false), None);
+        assert_eq!(window(&["--http-spin-us", "0"], true), None);
+        assert_eq!(
+            window(&["--http-spin-us", "700"], false),
+            Some(Duration::from_micros(700))
+        );
     }
 
     #[tokio::test]
     async fn the_http_thread_polls_only_while_the_tokenizer_pool_leaves_cores_free() {
         let pool = crate::tokenization::tests::test_tokenization(64, 0);
-        let hot = hot_poll(None, &backend(true), pool.load()).unwrap();
+        let hot = hot_poll(Duration::from_micros(25_000), pool.load()).unwrap();
         assert!(hot.may_spin_now(), "nothing to tokenize");
         // The pool's own rule (jobs waiting for a thread, the throttle) is tested beside it.
         let busy = crate::tokenization::tests::keep_pool_busy(&pool, 64).await;

@@ -1,7 +1,7 @@
 //! Tests of the backend threads, with the fake backend.
 
 use super::fake::{FakeBackend, Gate, SeenBatch, HOLD_ID, POISON_ID};
-use super::wait::LaneWaits;
+use super::wait::{LaneWaits, WaitPolicy};
 use super::*;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -119,7 +119,11 @@ async fn only_a_spinning_interactive_thread_warms_and_runs_the_hook() {
     for warm_us in [1_000, 0] {
         let fake = two_lane_fake(&Arc::new(Gate::default()));
         let warmed = fake.warmed.clone();
-        let waits = LaneWaits::from_flags(None, warm_us);
+        // The default: the interactive thread spins 25 ms, warming every `warm_us`.
+        let waits = LaneWaits {
+            interactive: WaitPolicy::spin_micros(25_000).warming_every(warm_us),
+            ..LaneWaits::default()
+        };
         let hook_runs = Arc::new(AtomicUsize::new(0));
         let runs = hook_runs.clone();
         waits.warm_hook.set(move || {
@@ -157,7 +161,11 @@ async fn no_warming_while_the_bulk_thread_runs_a_batch() {
     let gate = Arc::new(Gate::default());
     let fake = two_lane_fake(&gate);
     let warmed = fake.warmed.clone();
-    let waits = LaneWaits::from_flags(Some(200_000), 500);
+    let waits = LaneWaits {
+        bulk: WaitPolicy::spin_micros(200_000),
+        interactive: WaitPolicy::spin_micros(200_000).warming_every(500),
+        ..LaneWaits::default()
+    };
     let (handle, _, threads) = BackendHandle::spawn_with(fake.into_factory(), waits).unwrap();
     let bulk = send(&handle, Lane::Bulk, batch(&[&[2, HOLD_ID, 3]])).await;
     until("the bulk batch runs", || gate.held() == 1).await;

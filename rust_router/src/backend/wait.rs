@@ -145,44 +145,13 @@ impl Warming {
 }
 
 /// How each kind of backend thread waits: the bulk threads and the interactive ones, and
-/// the router's step the interactive ones re-run while they spin.
+/// the router's step the interactive ones re-run while they spin. The policies come from
+/// `schedule::ServingProfile::backend_waits`; the default (`Default`) never spins.
 #[derive(Debug, Clone, Default)]
 pub struct LaneWaits {
     pub bulk: WaitPolicy,
     pub interactive: WaitPolicy,
     pub warm_hook: WarmHook,
-}
-
-impl LaneWaits {
-    /// How long an interactive thread spins by default: a query stream of at least
-    /// 40 queries/s then always finds its thread awake. Measured on an H100
-    /// (docs/journal/results-log.md): a 24-token all-MiniLM-L6-v2 query every 20 ms went from
-    /// 2.50 to 1.94 ms p50, and its time waiting for the thread under a backfill from 3.4
-    /// to 0.17 ms p99.
-    pub const DEFAULT_INTERACTIVE_SPIN_US: u64 = 25_000;
-
-    /// How often a spinning interactive thread re-runs a query's host steps by default.
-    pub const DEFAULT_WARM_EVERY_US: u64 = 1_000;
-
-    /// `--backend-spin-us`: every thread spins that long when given; by default only the
-    /// interactive threads spin (they exist only where the runtime has an interactive
-    /// lane, on a GPU), and bulk threads, whose batches are large, sleep at once.
-    /// `--query-warm-us`: how often a spinning interactive thread re-runs a query's host
-    /// steps (0: never; the flag's default is [`Self::DEFAULT_WARM_EVERY_US`]).
-    pub fn from_flags(spin_us: Option<u64>, warm_us: u64) -> Self {
-        let (bulk, interactive) = match spin_us {
-            Some(us) => (WaitPolicy::spin_micros(us), WaitPolicy::spin_micros(us)),
-            None => (
-                WaitPolicy::default(),
-                WaitPolicy::spin_micros(Self::DEFAULT_INTERACTIVE_SPIN_US),
-            ),
-        };
-        Self {
-            bulk,
-            interactive: interactive.warming_every(warm_us),
-            warm_hook: WarmHook::default(),
-        }
-    }
 }
 
 /// The next message, polling for `policy.spin` before blocking (and calling `warm` every
@@ -282,28 +251,6 @@ mod tests {
         let got: Vec<_> =
             std::iter::from_fn(|| next_message(&mut rx, policy, &mut || {})).collect();
         assert_eq!(got, vec![0, 1, 2]);
-    }
-
-    #[test]
-    fn by_default_only_interactive_threads_spin_and_warm() {
-        let waits = LaneWaits::from_flags(None, LaneWaits::DEFAULT_WARM_EVERY_US);
-        assert_eq!(waits.bulk, WaitPolicy::default());
-        assert_eq!(
-            waits.interactive,
-            WaitPolicy::spin_micros(LaneWaits::DEFAULT_INTERACTIVE_SPIN_US)
-                .warming_every(LaneWaits::DEFAULT_WARM_EVERY_US)
-        );
-        let off = LaneWaits::from_flags(Some(0), 0);
-        assert_eq!(
-            (off.bulk, off.interactive),
-            (WaitPolicy::default(), WaitPolicy::default())
-        );
-        let both = LaneWaits::from_flags(Some(700), 300);
-        assert_eq!(both.bulk, WaitPolicy::spin_micros(700));
-        assert_eq!(
-            both.interactive,
-            WaitPolicy::spin_micros(700).warming_every(300)
-        );
     }
 
     #[test]

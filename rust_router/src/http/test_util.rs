@@ -4,8 +4,9 @@ use super::{app, AppContext, AppState, ServeConfig};
 use crate::backend::fake::{FakeBackend, Gate, SeenBatch};
 use crate::backend::{BackendHandle, ModelInfo};
 use crate::cli::Args;
-use crate::infer::{Infer, InferConfig};
+use crate::infer::Infer;
 use crate::metrics::Metrics;
+use crate::schedule::{BackendFacts, PolicyFlags, ServingProfile};
 use crate::server::build_info;
 use crate::shutdown::Shutdown;
 use crate::tokenization::tests::test_tokenizer;
@@ -97,18 +98,20 @@ pub fn test_app(opts: Options) -> TestApp {
     let metrics = Arc::new(Metrics::new(info.max_input_length));
     let args = Args::try_parse_from(["router", "--model-id", "fake/model"]).unwrap();
     let body = build_info(&args, &info, 2);
+    let flags = PolicyFlags {
+        max_batch_tokens: opts.max_batch_tokens,
+        max_batch_requests: opts.max_batch_requests,
+        interactive_max_tokens: opts.interactive_max_tokens,
+        max_bulk_batch_ms: 0,
+        ..args.policy_flags()
+    };
+    let profile = ServingProfile::resolve(&flags, BackendFacts::of(&backend));
     let (infer, _task) = Infer::new(
         tokenization,
         backend,
         Arc::new(info),
-        InferConfig {
-            max_batch_tokens: opts.max_batch_tokens,
-            max_batch_requests: opts.max_batch_requests,
-            max_concurrent_requests: opts.max_concurrent_requests,
-            interactive_max_tokens: opts.interactive_max_tokens,
-            max_bulk_batch_time: None,
-            query_spin: None,
-        },
+        &profile,
+        opts.max_concurrent_requests,
         metrics.clone(),
     );
     let metrics_handle = metrics.clone();

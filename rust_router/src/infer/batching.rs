@@ -1,6 +1,7 @@
-//! The batching tasks: one per lane (or one for both, without an interactive lane), each
-//! packing the queue into batches for whichever device can take one, and what happens to a
-//! batch's results: shape checks, per-sequence checks for non-finite values, and, when the
+//! The batching tasks: one per lane (or one for both, without an interactive lane: which, the
+//! profile's `schedule::Batching` says), each packing the queue into batches for whichever
+//! device can take one; the tokenizer pool's throttle, which they turn on while the backend
+//! bounds the bulk lane (where the profile says so); and what happens to a batch's results: shape checks, per-sequence checks for non-finite values, and, when the
 //! runtime raises on a batch of several requests, re-running them apart so that only the
 //! request that really fails gets the error. A device failure (`DeviceError`) fails its batch
 //! without re-runs: no input is to blame.
@@ -10,6 +11,7 @@ use crate::backend::{
 };
 use crate::metrics::Metrics;
 use crate::queue::{Entry, InferResult, Metadata, NextBatch, Queue, RequestId, Take};
+use crate::tokenization::PoolThrottle;
 use std::sync::Arc;
 use std::time::Instant;
 use tokio::sync::oneshot;
@@ -20,17 +22,6 @@ use tokio::task::JoinHandle;
 /// (2 log2 n)` failing requests among `n`; past it, the requests still grouped get an error
 /// that says so rather than another client's message.
 pub const MAX_ISOLATION_PASSES: usize = 64;
-
-/// The batching tasks: a task per lane when the runtime has an interactive lane (and it is on),
-/// each feeding that lane's threads on every device, else one task that packs in priority
-/// order for each device's only thread.
-pub fn batching_takes(backend: &BackendHandle, interactive_max_tokens: usize) -> Vec<Take> {
-    if backend.has_interactive_lane() && interactive_max_tokens > 0 {
-        Lane::PRIORITY.into_iter().map(Take::Lane).collect()
-    } else {
-        vec![Take::Priority]
-    }
-}
 
 /// What every batch's results need, shared by the tasks.
 struct Context {
@@ -64,15 +55,21 @@ impl Context {
     }
 }
 
-/// Starts the batching tasks; the returned task ends when they all have. Also returns the
+/// Starts the batching tasks, one per entry of `takes` (the first one packs the interactive
+/// lane), and lets `throttle`, if given, hold part of the tokenizer pool back
+/// ([`throttle_tokenization`]); the returned task ends when they all have. Also returns the
 /// [`Direct`] path of interactive requests.
 pub fn spawn_tasks(
     queue: &Queue,
     backend: &BackendHandle,
-    interactive_max_tokens: usize,
+    takes: Vec<Take>,
+    throttle: Option<Arc<PoolThrottle>>,
     info: &Arc<ModelInfo>,
     metrics: &Arc<Metrics>,
 ) -> (JoinHandle<()>, Direct) {
+    if let Some(throttle) = throttle {
+        throttle_tokenization(queue, throttle);
+    }
     let devices = backend.num_devices();
     let ctx = Arc::new(Context {
         backend: backend.clone(),
@@ -81,7 +78,6 @@ pub fn spawn_tasks(
         metrics: metrics.clone(),
         device_labels: (devices > 1).then(|| (0..devices).map(|i| i.to_string()).collect()),
     });
-    let takes = batching_takes(backend, interactive_max_tokens);
     // The task that packs interactive entries: their own, or the one for both lanes.
     let take = *takes.first().expect("at least one batching task");
     let direct = Direct {
@@ -99,6 +95,13 @@ pub fn spawn_tasks(
         }
     });
     (all, direct)
+}
+
+/// Lets `throttle` hold part of the tokenizer pool back while the backend bounds the bulk
+/// lane (see [`PoolThrottle`]), as the queue says after every change
+/// ([`Queue::on_bulk_backlog`]): for runtimes whose queries have threads of their own.
+fn throttle_tokenization(queue: &Queue, throttle: Arc<PoolThrottle>) {
+    queue.on_bulk_backlog(move |bounded| throttle.set_limited(bounded));
 }
 
 /// Hands a packed batch to the backend thread of `slot`; its results are split on a task of

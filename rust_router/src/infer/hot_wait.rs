@@ -12,18 +12,14 @@ use crate::capped::{Capped, CappedSlot};
 use std::time::{Duration, Instant};
 use tokio::sync::oneshot::{self, error::TryRecvError};
 
-/// How long a query's handler polls by default where the runtime has an interactive lane:
-/// longer than a small model's query under a backfill, short enough that a long one (a large
-/// model's, waiting for a bulk step) does not hold a core throughout.
-pub const DEFAULT_QUERY_SPIN: Duration = Duration::from_millis(5);
-
 /// Handlers that poll at once, at most. A query stream has one query in flight at a time;
 /// with many in flight the workers are busy, so awake, anyway, and more polling handlers
 /// would only take the cores their work needs.
 pub const MAX_POLLING: usize = 2;
 
-/// How queries' handlers wait for their results: polling for up to `spin`, [`MAX_POLLING`]
-/// at a time, the others (and every handler once its time is up) asleep.
+/// How queries' handlers wait for their results: polling for up to `spin`
+/// (`schedule::ServingProfile::query_spin`), [`MAX_POLLING`] at a time, the others (and every
+/// handler once its time is up) asleep.
 #[derive(Debug)]
 pub struct HotWait {
     spin: Duration,

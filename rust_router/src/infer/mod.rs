@@ -1,6 +1,7 @@
 //! Inference orchestration: admission (permits), tokenization, lane choice, queueing, and the
 //! post-processing the router owns (normalization, Matryoshka truncation, score activations).
-//! The batching tasks that feed the backend threads live in [`batching`].
+//! The batching tasks that feed the backend threads live in [`batching`]; how they batch, and
+//! how a query's handler waits, is the `schedule::ServingProfile` they are given.
 
 mod batching;
 mod hot_wait;
@@ -10,7 +11,8 @@ use crate::backend::{
     BackendError, BackendHandle, BatchKind, DeviceStatus, Health, Lane, ModelInfo, ScoreActivation,
 };
 use crate::metrics::Metrics;
-use crate::queue::{Entry, InferResult, Metadata, Queue, RequestId, Take};
+use crate::queue::{Entry, InferResult, Metadata, Queue, RequestId};
+use crate::schedule::ServingProfile;
 use crate::tokenization::{
     EncodeOptions, EncodingInput, Tokenization, TokenizationError, ValidEncoding, INLINE_MAX_BYTES,
 };
@@ -22,7 +24,6 @@ use std::time::{Duration, Instant};
 use tokio::sync::{oneshot, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinHandle;
 
-pub use batching::batching_takes;
 use batching::Direct;
 use hot_wait::HotWait;
 use stalls::HandoverWatch;
@@ -55,24 +56,6 @@ pub struct InferMetadata {
     pub inference: Duration,
 }
 
-/// The queueing and admission settings from the flags.
-#[derive(Debug, Clone, Copy)]
-pub struct InferConfig {
-    pub max_batch_tokens: usize,
-    pub max_batch_requests: Option<usize>,
-    pub max_concurrent_requests: usize,
-    /// Requests of at most this many tokens in all are interactive; 0: all are bulk.
-    pub interactive_max_tokens: usize,
-    /// Where one backend thread serves both lanes (no interactive lane: the CPU), bulk
-    /// batches hold about this much forward-pass time at most, so a query waits for little
-    /// more than that; `None`: tokens only.
-    pub max_bulk_batch_time: Option<Duration>,
-    /// How long a query's handler polls for its result before it sleeps
-    /// ([`hot_wait`]); `None`: [`hot_wait::DEFAULT_QUERY_SPIN`] where the runtime has an
-    /// interactive lane (a GPU), else never.
-    pub query_spin: Option<Duration>,
-}
-
 /// One client request's inputs and how to encode them. `batched` says whether the client sent
 /// a list (the `method` label of `te_request_count`).
 pub struct InferRequest {
@@ -91,7 +74,7 @@ pub struct Infer {
     permits: Arc<Semaphore>,
     max_concurrent_requests: usize,
     interactive_max_tokens: usize,
-    /// How queries' handlers wait for their results ([`InferConfig::query_spin`]).
+    /// How queries' handlers wait for their results (`ServingProfile::query_spin`).
     hot_wait: Arc<HotWait>,
     next_request_id: Arc<AtomicU64>,
     info: Arc<ModelInfo>,
@@ -177,28 +160,27 @@ impl Infer {
         tokenization: Tokenization,
         backend: BackendHandle,
         info: Arc<ModelInfo>,
-        config: InferConfig,
+        profile: &ServingProfile,
+        max_concurrent_requests: usize,
         metrics: Arc<Metrics>,
     ) -> (Self, JoinHandle<()>) {
         let queue = Queue::new(
-            config.max_batch_tokens,
-            config.max_batch_requests,
+            profile.max_batch_tokens,
+            profile.max_batch_requests,
             metrics.clone(),
         );
-        let takes = batching_takes(&backend, config.interactive_max_tokens);
-        let backend_has_lane = backend.has_interactive_lane();
-        if let (Some(target), [Take::Priority]) = (config.max_bulk_batch_time, takes.as_slice()) {
+        if let Some(target) = profile.batching.bulk_pacing() {
             queue.pace_bulk(target);
         }
-        // Queries have threads of their own (a GPU): the tokenizer pool need not outrun the
-        // backend, and the cores it leaves are the queries'.
-        if takes.len() > 1 {
-            queue.throttle_tokenization(tokenization.throttle());
-        }
+        let throttle = profile
+            .tokenizer_pool
+            .throttled
+            .then(|| tokenization.throttle());
         let (tasks, direct) = batching::spawn_tasks(
             &queue,
             &backend,
-            config.interactive_max_tokens,
+            profile.batching.takes(),
+            throttle,
             &info,
             &metrics,
         );
@@ -207,16 +189,10 @@ impl Infer {
             queue,
             direct,
             backend,
-            permits: Arc::new(Semaphore::new(config.max_concurrent_requests)),
-            max_concurrent_requests: config.max_concurrent_requests,
-            interactive_max_tokens: config.interactive_max_tokens,
-            hot_wait: Arc::new(HotWait::new(config.query_spin.unwrap_or(
-                if backend_has_lane {
-                    hot_wait::DEFAULT_QUERY_SPIN
-                } else {
-                    Duration::ZERO
-                },
-            ))),
+            permits: Arc::new(Semaphore::new(max_concurrent_requests)),
+            max_concurrent_requests,
+            interactive_max_tokens: profile.interactive_max_tokens,
+            hot_wait: Arc::new(HotWait::new(profile.query_spin)),
             next_request_id: Arc::default(),
             info,
             metrics,

@@ -1,6 +1,7 @@
 use super::*;
 use crate::backend::fake::{FakeBackend, Gate, SeenBatch, HOLD_ID};
 use crate::queue::Take;
+use crate::schedule::{BackendFacts, PolicyFlags};
 use crate::tokenization::tests::test_tokenization;
 use std::sync::Mutex;
 
@@ -39,6 +40,23 @@ struct Harness {
     metrics: Arc<Metrics>,
 }
 
+/// The profile of an `Infer` over `backend`: the budget, the lane's limit and the bulk pacing
+/// as given, the other flags' defaults.
+pub(super) fn profile(
+    backend: &BackendHandle,
+    max_batch_tokens: usize,
+    interactive_max_tokens: usize,
+    max_bulk_batch_time: Option<Duration>,
+) -> ServingProfile {
+    let flags = PolicyFlags {
+        max_batch_tokens,
+        interactive_max_tokens,
+        max_bulk_batch_ms: max_bulk_batch_time.map_or(0, |t| t.as_millis() as u64),
+        ..crate::schedule::tests::defaults()
+    };
+    ServingProfile::resolve(&flags, BackendFacts::of(backend))
+}
+
 fn harness(interactive_lane: bool, interactive_max_tokens: usize) -> Harness {
     paced_harness(interactive_lane, interactive_max_tokens, None)
 }
@@ -59,20 +77,14 @@ fn paced_harness(
     let seen = fake.seen.clone();
     let (backend, info, _threads) = BackendHandle::spawn(fake.into_factory()).unwrap();
     let metrics = Arc::new(Metrics::new(info.max_input_length));
-    let config = InferConfig {
-        // Two 9-token requests never share a batch.
-        max_batch_tokens: 16,
-        max_batch_requests: None,
-        max_concurrent_requests: 64,
-        interactive_max_tokens,
-        max_bulk_batch_time,
-        query_spin: None,
-    };
+    // Two 9-token requests never share a batch.
+    let profile = profile(&backend, 16, interactive_max_tokens, max_bulk_batch_time);
     let (infer, _task) = Infer::new(
         test_tokenization(16, 0),
         backend,
         Arc::new(info),
-        config,
+        &profile,
+        64,
         metrics.clone(),
     );
     Harness {
@@ -173,7 +185,7 @@ async fn the_lane_counts_every_input_of_a_request() {
 async fn one_thread_serves_both_lanes_queries_first() {
     let h = harness(false, 8);
     assert_eq!(
-        batching_takes(&h.infer.backend, 8),
+        profile(&h.infer.backend, 16, 8, None).batching.takes(),
         [Take::Priority],
         "one backend thread, one batching task"
     );
@@ -268,7 +280,10 @@ async fn a_query_batch_is_not_topped_up_when_bulk_batches_are_not_paced() {
 #[tokio::test]
 async fn zero_sends_everything_to_bulk_even_with_an_interactive_lane() {
     let h = harness(true, 0);
-    assert_eq!(batching_takes(&h.infer.backend, 0), [Take::Priority]);
+    assert_eq!(
+        profile(&h.infer.backend, 16, 0, None).batching.takes(),
+        [Take::Priority]
+    );
     assert_eq!(h.embed(&["hello"]).await.unwrap().unwrap(), 1);
     assert_eq!(h.passes(), [("model-backend".into(), Some(4))]);
     assert!(h.packed(Lane::Bulk, 1));
@@ -424,19 +439,13 @@ async fn bulk_batches_are_paced_only_without_an_interactive_lane() {
         });
         let (backend, info, _threads) = BackendHandle::spawn(fake.into_factory()).unwrap();
         let metrics = Arc::new(Metrics::new(info.max_input_length));
-        let config = InferConfig {
-            max_batch_tokens: 4096,
-            max_batch_requests: None,
-            max_concurrent_requests: 64,
-            interactive_max_tokens: 8,
-            max_bulk_batch_time: Some(Duration::from_millis(50)),
-            query_spin: None,
-        };
+        let profile = profile(&backend, 4096, 8, Some(Duration::from_millis(50)));
         let (infer, _task) = Infer::new(
             test_tokenization(16, 0),
             backend,
             Arc::new(info),
-            config,
+            &profile,
+            64,
             metrics,
         );
         let expected = if paced {

@@ -28,21 +28,15 @@ fn devices(n: usize, delay: Duration) -> Devices {
     let (backend, info, _threads) =
         BackendHandle::spawn(FakeBackend::devices_factory(fakes)).unwrap();
     let metrics = Arc::new(Metrics::new(info.max_input_length));
-    let config = InferConfig {
-        // Two 9-token inputs never share a batch.
-        max_batch_tokens: 16,
-        max_batch_requests: None,
-        max_concurrent_requests: 64,
-        // Every request is bulk: one batching task feeds every device.
-        interactive_max_tokens: 0,
-        max_bulk_batch_time: None,
-        query_spin: None,
-    };
+    // Two 9-token inputs never share a batch. Every request is bulk: one batching task feeds
+    // every device.
+    let profile = super::tests::profile(&backend, 16, 0, None);
     let (infer, _task) = Infer::new(
         test_tokenization(16, 0),
         backend,
         Arc::new(info),
-        config,
+        &profile,
+        64,
         metrics.clone(),
     );
     Devices {

@@ -4,7 +4,7 @@ use super::*;
 use tokenizers::models::wordlevel::WordLevel;
 use tokenizers::pre_tokenizers::whitespace::Whitespace;
 use tokenizers::processors::template::TemplateProcessing;
-use tokenizers::AddedToken;
+use tokenizers::{AddedToken, TruncationParams};
 
 /// A word-level tokenizer with BERT-like special tokens: `[CLS] a b [SEP]`, pairs with
 /// type ids 0/1, and the built-in truncation + padding a real tokenizer.json may carry.
