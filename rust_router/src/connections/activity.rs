@@ -5,8 +5,9 @@
 //! waits for a request head), so the deadlines are kept here instead, from what the
 //! connection reads and writes and when its requests start and end.
 
-use super::{ConnectionLimits, DEADLINE_FLUSH, DRAIN_GRACE};
+use super::{ConnectionLimits, DEADLINE_FLUSH};
 use crate::metrics::Metrics;
+use crate::shutdown::DRAIN_GRACE;
 use std::io;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};

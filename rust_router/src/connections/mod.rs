@@ -42,12 +42,6 @@ use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
-/// After SIGTERM, how long a connection with no request in a handler may still start one (a
-/// client that has just connected, or sends its next request on a kept-alive connection),
-/// so requests already on their way are served rather than reset. Half-sent requests and idle
-/// connections are closed after it.
-pub const DRAIN_GRACE: Duration = Duration::from_millis(500);
-
 /// After the shutdown deadline, how long connections have to write the 503s before they are
 /// closed.
 pub const DEADLINE_FLUSH: Duration = Duration::from_secs(1);

@@ -2,9 +2,8 @@
 
 use super::AppState;
 use crate::backend::BackendError;
-use crate::connections::DRAIN_GRACE;
 use crate::infer::InferError;
-use crate::shutdown::Phase;
+use crate::shutdown::{Phase, DRAIN_GRACE};
 use crate::tokenization::TokenizationError;
 use axum::body::Bytes;
 use axum::extract::{FromRequest, Request};
