@@ -7,7 +7,7 @@
 //! while draining, connections are still accepted and new requests answered 503 (by the HTTP
 //! layer) until no accepted request is left; then the listeners close, and each connection
 //! closes once it has nothing accepted to finish. The body deadline belongs to the handler
-//! that reads the body (`http::error::Body`).
+//! that reads the body (`http::body::Body`).
 
 mod activity;
 mod closing;
@@ -15,7 +15,7 @@ mod peer;
 
 pub use activity::UnsentBytes;
 
-use crate::http::error::ErrorType;
+use crate::http::error::{is_openai_path, shutting_down, ApiError, ErrorType};
 use crate::http_thread::Handlers;
 use crate::metrics::Metrics;
 use crate::shutdown::{Phase, Shutdown};
@@ -287,7 +287,7 @@ fn admit(stream: TcpStream, shared: &Arc<Shared>, connections: &mut JoinSet<()>)
 
 /// The answer to new work while answers to other clients fill `--response-buffer-limit`.
 fn congested(openai: bool) -> Response {
-    crate::http::error::ApiError::new(
+    ApiError::new(
         ErrorType::Congested,
         "The server holds too many answers that their clients have not read \
          (--response-buffer-limit); retry later",
@@ -343,7 +343,7 @@ async fn serve_connection(stream: TcpStream, shared: Arc<Shared>, permit: OwnedS
         // Boxed: the connection is taken apart once it ends (see below), which needs a
         // future that can move.
         Box::pin(async move {
-            let openai = crate::http::is_openai_path(req.uri().path());
+            let openai = is_openai_path(req.uri().path());
             let method = req.method().clone();
             let response = if method == hyper::Method::POST && shared.unsent.over_limit() {
                 shared.metrics.inc(
@@ -357,7 +357,7 @@ async fn serve_connection(stream: TcpStream, shared: Arc<Shared>, permit: OwnedS
                     .await;
                 match answered {
                     Some(response) => response,
-                    None => crate::http::shutting_down(
+                    None => shutting_down(
                         openai,
                         "The server is shutting down: the request did not finish within \
                          --shutdown-timeout",

@@ -1,12 +1,14 @@
 //! Classification routes: `/predict` and `/rerank`.
 
-use super::error::{ApiError, ErrorResponse, InputNames, TeiJson, TRUNCATE_HINT};
+use super::body::TeiJson;
+use super::error::{ApiError, ErrorResponse, InputNames, TRUNCATE_HINT};
 use super::model_routes::Needs;
+use super::response_meta::ResponseMeta;
+use super::state::AppState;
 use super::types::{
     PredictInput, PredictRequest, PredictResponse, Prediction, Rank, RerankRequest, RerankResponse,
     Sequence,
 };
-use super::{AppState, ResponseMeta};
 use crate::infer::{InferMetadata, InferRequest};
 use crate::tokenization::{EncodeOptions, EncodingInput};
 use axum::extract::State;

@@ -2,13 +2,15 @@
 //! `POST /invocations` (with `GET /ping`, the health probe) and Vertex AI's `POST /vertex`
 //! (`{"instances": [body, ...]}` → `{"predictions": [answer, ...]}`).
 
+use super::body::{Body, TeiJson};
 use super::classify::{predict, rerank};
 use super::embed::{embed, similarity};
-use super::error::{ApiError, Body, ErrorResponse, TeiJson};
+use super::error::{ApiError, ErrorResponse};
 use super::model_routes::{not_served, require, Needs};
+use super::response_meta::{as_one_request, ResponseMeta};
 use super::sparse::{embed_sparse, EmbedSparseRequest};
+use super::state::AppState;
 use super::types::{EmbedRequest, PredictRequest};
-use super::{as_one_request, AppState, ResponseMeta};
 use crate::backend::ModelType;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};

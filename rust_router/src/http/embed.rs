@@ -1,12 +1,14 @@
 //! Embedding routes: `/embed`, `/embed_all`, `/similarity` (`/embed_sparse`: `sparse.rs`).
 
-use super::error::{ApiError, ErrorResponse, InputNames, TeiJson, TRUNCATE_HINT};
+use super::body::TeiJson;
+use super::error::{ApiError, ErrorResponse, InputNames, TRUNCATE_HINT};
 use super::model_routes::Needs;
+use super::response_meta::ResponseMeta;
+use super::state::AppState;
 use super::types::{
     EmbedAllRequest, EmbedAllResponse, EmbedRequest, EmbedResponse, InputType, SimilarityRequest,
     SimilarityResponse,
 };
-use super::{AppState, ResponseMeta};
 use crate::infer::{InferError, InferMetadata, InferRequest};
 use crate::tokenization::EncodeOptions;
 use axum::extract::State;

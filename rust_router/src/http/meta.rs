@@ -1,8 +1,10 @@
 //! Routes around inference: tokenize, decode, info, health, metrics and the API docs.
 
-use super::error::{ApiError, ErrorResponse, ErrorType, OpenAIErrorResponse, TeiJson};
+use super::body::TeiJson;
+use super::error::{ApiError, ErrorResponse, ErrorType, OpenAIErrorResponse};
+use super::state::AppState;
 use super::types::*;
-use super::{classify, cloud, embed, openai, quantize, rerank_compat, sparse, AppState};
+use super::{classify, cloud, embed, openai, quantize, rerank_compat, sparse};
 use crate::tokenization::TruncationDirection;
 use axum::extract::State;
 use axum::http::{header, StatusCode};

@@ -1,12 +1,14 @@
 //! OpenAI-compatible `POST /v1/embeddings`.
 
+use super::body::OpenAIJson;
 use super::embed::{check_inputs, embed_inputs, encode_options};
-use super::error::{ApiError, InputNames, OpenAIErrorResponse, OpenAIJson};
+use super::error::{ApiError, InputNames, OpenAIErrorResponse};
 use super::model_routes::Needs;
+use super::response_meta::ResponseMeta;
+use super::state::AppState;
 use super::types::{
     OpenAICompatEmbedding, OpenAICompatRequest, OpenAICompatResponse, OpenAICompatUsage,
 };
-use super::{AppState, ResponseMeta};
 use crate::tokenization::TruncationDirection;
 use axum::extract::State;
 use axum::response::Response;

@@ -5,10 +5,12 @@
 //! and `usage` (each SDK ignores the other's fields). Errors come in the OpenAI shape, as on
 //! every `/v1/` route (`{"error": {"message", "type", "code"}}`).
 
+use super::body::OpenAIJson;
 use super::classify::{self, Ranked};
-use super::error::{ApiError, OpenAIErrorResponse, OpenAIJson};
+use super::error::{ApiError, OpenAIErrorResponse};
 use super::model_routes::Needs;
-use super::{AppState, ResponseMeta};
+use super::response_meta::ResponseMeta;
+use super::state::AppState;
 use crate::tokenization::{EncodeOptions, TruncationDirection};
 use axum::extract::State;
 use axum::response::Response;

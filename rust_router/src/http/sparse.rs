@@ -1,10 +1,12 @@
 //! `/embed_sparse`: SPLADE sparse vectors, as TEI serves them.
 
+use super::body::TeiJson;
 use super::embed::{check_inputs, encode_options};
-use super::error::{ApiError, ErrorResponse, InputNames, TeiJson, TRUNCATE_HINT};
+use super::error::{ApiError, ErrorResponse, InputNames, TRUNCATE_HINT};
 use super::model_routes::Needs;
+use super::response_meta::ResponseMeta;
+use super::state::AppState;
 use super::types::{InputDoc, InputType};
-use super::{AppState, ResponseMeta};
 use crate::infer::InferRequest;
 use crate::tokenization::TruncationDirection;
 use axum::extract::State;
