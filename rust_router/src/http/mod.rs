@@ -4,6 +4,7 @@
 mod body;
 mod classify;
 mod cloud;
+mod docs;
 mod embed;
 pub mod error;
 mod fields;
@@ -11,6 +12,7 @@ mod info;
 mod meta;
 pub mod model_routes;
 mod openai;
+mod openapi;
 pub mod quantize;
 pub mod rerank_compat;
 mod response_meta;
@@ -229,9 +231,9 @@ pub fn app(state: AppState) -> Router {
         .route("/health", get(meta::health))
         .route("/ping", get(meta::health))
         .route("/metrics", get(meta::metrics))
-        .route("/openapi.json", get(meta::openapi))
+        .route("/openapi.json", get(docs::openapi))
         // `/docs` and `/api-doc/openapi.json`.
-        .merge(meta::swagger_ui());
+        .merge(docs::swagger_ui());
     let payload_limit = state.config.payload_limit;
     let cors = cors_layer(state.config.cors_allow_origin.as_deref());
     protected
