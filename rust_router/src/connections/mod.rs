@@ -13,7 +13,7 @@ mod activity;
 mod closing;
 mod peer;
 
-pub use activity::UnsentBytes;
+pub use activity::{ConnectionLimits, UnsentBytes, DEADLINE_FLUSH};
 
 use crate::http::error::{is_openai_path, shutting_down, ApiError, ErrorType};
 use crate::http_thread::Handlers;
@@ -42,27 +42,11 @@ use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
-/// After the shutdown deadline, how long connections have to write the 503s before they are
-/// closed.
-pub const DEADLINE_FLUSH: Duration = Duration::from_secs(1);
-
 /// Once the drain is done, the listeners close only after no connection arrived for this
 /// long. Closing a listening socket resets every connection the kernel completed but the
 /// server has not accepted yet, and a client that connected there sees its request reset
 /// rather than refused; clients that reconnect after their 503 kept hitting that window.
 pub const LISTEN_QUIET: Duration = Duration::from_millis(100);
-
-/// The connection limits from the flags.
-#[derive(Debug, Clone, Copy)]
-pub struct ConnectionLimits {
-    pub header_read_timeout: Duration,
-    pub keep_alive_timeout: Duration,
-    /// How long an answer may wait for the client to take any of its bytes.
-    pub send_timeout: Duration,
-    /// Answer bytes all connections may hold unsent before new work is refused.
-    pub response_buffer_limit: u64,
-    pub max_connections: usize,
-}
 
 /// Requests in a handler across every connection: the drain ends when none is left.
 #[derive(Debug, Default)]
@@ -281,7 +265,12 @@ fn admit(stream: TcpStream, shared: &Arc<Shared>, connections: &mut JoinSet<()>)
             shared.set_open_gauge();
             connections.spawn(serve_connection(stream, shared.clone(), permit));
         }
-        Err(_) => refuse(stream, shared),
+        Err(_) => refuse(
+            stream,
+            &shared.refusals,
+            &shared.metrics,
+            shared.limits.max_connections,
+        ),
     }
 }
 
