@@ -186,7 +186,7 @@ impl Handlers {
             Ok(Err(never)) => match never {},
             Err(why) => {
                 tracing::error!("a request's handler panicked: {why}");
-                crate::http::handler_failed(openai)
+                crate::http::error::handler_failed(openai)
             }
         }
     }

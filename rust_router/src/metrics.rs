@@ -450,4 +450,43 @@ mod tests {
         });
         assert!(m.render().contains("te_request_input_length_count 2"));
     }
+
+    /// `name value` lines of a scrape, for the allocator's gauges.
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    fn scraped(text: &str, name: &str) -> usize {
+        text.lines()
+            .find_map(|line| line.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+            .unwrap_or_else(|| panic!("{name} not in the scrape:\n{text}"))
+    }
+
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    #[test]
+    fn a_scrape_shows_every_gauge_with_help_and_plausible_values() {
+        let text = Metrics::new(512).render();
+        let stats = crate::allocator::stats().expect("glibc >= 2.33");
+        for (name, _, _) in crate::allocator::gauges(&stats) {
+            assert!(
+                text.contains(&format!("# HELP {name} ")),
+                "{name} has no help"
+            );
+            assert!(
+                text.contains(&format!("# TYPE {name} gauge")),
+                "{name} not a gauge"
+            );
+        }
+        // In the order `gauges` lists them (named through it: a `"te_..."` literal here would
+        // be taken for a family of the registry by the help check above).
+        let [arenas, arena, in_use, free, mmap] =
+            crate::allocator::gauges(&stats).map(|(name, _, _)| scraped(&text, name));
+        assert!(arenas >= 1);
+        // A test process has allocated something; what is free in the arenas is part of
+        // them, and what is in use is in the arenas or mapped on its own (each read is a
+        // snapshot, and other tests allocate beside this one: a margin, not equality).
+        assert!(arena > 0 && in_use > 0);
+        assert!(free <= arena + (64 << 20), "free {free} > arena {arena}");
+        assert!(
+            in_use <= arena + mmap + (64 << 20),
+            "{in_use} > {arena} + {mmap}"
+        );
+    }
 }

@@ -11,6 +11,12 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
 
+/// After SIGTERM, how long a connection with no request in a handler may still start one (a
+/// client that has just connected, or sends its next request on a kept-alive connection),
+/// so requests already on their way are served rather than reset. Half-sent requests and idle
+/// connections are closed after it.
+pub const DRAIN_GRACE: Duration = Duration::from_millis(500);
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 #[repr(u8)]
 pub enum Phase {

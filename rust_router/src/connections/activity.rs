@@ -5,17 +5,34 @@
 //! waits for a request head), so the deadlines are kept here instead, from what the
 //! connection reads and writes and when its requests start and end.
 
-use super::{ConnectionLimits, DEADLINE_FLUSH, DRAIN_GRACE};
 use crate::metrics::Metrics;
+use crate::shutdown::DRAIN_GRACE;
 use std::io;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll};
+use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::sync::Notify;
 use tokio::time::Instant;
+
+/// After the shutdown deadline, how long connections have to write the 503s before they are
+/// closed.
+pub const DEADLINE_FLUSH: Duration = Duration::from_secs(1);
+
+/// The connection limits from the flags.
+#[derive(Debug, Clone, Copy)]
+pub struct ConnectionLimits {
+    pub header_read_timeout: Duration,
+    pub keep_alive_timeout: Duration,
+    /// How long an answer may wait for the client to take any of its bytes.
+    pub send_timeout: Duration,
+    /// Answer bytes all connections may hold unsent before new work is refused.
+    pub response_buffer_limit: u64,
+    pub max_connections: usize,
+}
 
 /// What a connection is doing, updated by its reads and writes and by its requests' start
 /// and end.

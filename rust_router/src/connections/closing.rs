@@ -6,7 +6,7 @@
 //! server first sends its FIN (the client reads the answer to its end), then reads and
 //! discards what the client still sends, for a short while, before it closes.
 
-use super::Shared;
+use crate::metrics::Metrics;
 use std::sync::Arc;
 use std::sync::Mutex;
 use std::time::Duration;
@@ -76,26 +76,22 @@ impl Default for Refusals {
 /// Past `--max-connections`: answer 503 and close, never wait in the accept loop. The close
 /// lingers (see the module) on a task of its own, so the client reads the 503 whether its
 /// request arrived before or after it.
-pub fn refuse(stream: TcpStream, shared: &Shared) {
+pub fn refuse(stream: TcpStream, refusals: &Refusals, metrics: &Metrics, max_connections: usize) {
     let _ = stream.try_write(&REFUSAL);
-    if let Ok(slot) = shared.refusals.lingering.clone().try_acquire_owned() {
+    if let Ok(slot) = refusals.lingering.clone().try_acquire_owned() {
         tokio::spawn(async move {
             linger(stream, LINGER / 2).await;
             drop(slot);
         });
     }
-    shared.metrics.inc("te_connection_refused", &[]);
-    let mut log = shared
-        .refusals
-        .log
-        .lock()
-        .unwrap_or_else(|p| p.into_inner());
+    metrics.inc("te_connection_refused", &[]);
+    let mut log = refusals.log.lock().unwrap_or_else(|p| p.into_inner());
     log.unlogged += 1;
     let now = Instant::now();
     if log.last.is_none_or(|t| now - t >= REFUSAL_LOG_EVERY) {
         tracing::warn!(
             refused = log.unlogged,
-            max_connections = shared.limits.max_connections,
+            max_connections,
             "refused connections: --max-connections are open"
         );
         log.last = Some(now);

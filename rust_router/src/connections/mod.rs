@@ -7,15 +7,15 @@
 //! while draining, connections are still accepted and new requests answered 503 (by the HTTP
 //! layer) until no accepted request is left; then the listeners close, and each connection
 //! closes once it has nothing accepted to finish. The body deadline belongs to the handler
-//! that reads the body (`http::error::Body`).
+//! that reads the body (`http::body::Body`).
 
 mod activity;
 mod closing;
 mod peer;
 
-pub use activity::UnsentBytes;
+pub use activity::{ConnectionLimits, UnsentBytes, DEADLINE_FLUSH};
 
-use crate::http::error::ErrorType;
+use crate::http::error::{is_openai_path, shutting_down, ApiError, ErrorType};
 use crate::http_thread::Handlers;
 use crate::metrics::Metrics;
 use crate::shutdown::{Phase, Shutdown};
@@ -42,33 +42,11 @@ use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
-/// After SIGTERM, how long a connection with no request in a handler may still start one (a
-/// client that has just connected, or sends its next request on a kept-alive connection),
-/// so requests already on their way are served rather than reset. Half-sent requests and idle
-/// connections are closed after it.
-pub const DRAIN_GRACE: Duration = Duration::from_millis(500);
-
-/// After the shutdown deadline, how long connections have to write the 503s before they are
-/// closed.
-pub const DEADLINE_FLUSH: Duration = Duration::from_secs(1);
-
 /// Once the drain is done, the listeners close only after no connection arrived for this
 /// long. Closing a listening socket resets every connection the kernel completed but the
 /// server has not accepted yet, and a client that connected there sees its request reset
 /// rather than refused; clients that reconnect after their 503 kept hitting that window.
 pub const LISTEN_QUIET: Duration = Duration::from_millis(100);
-
-/// The connection limits from the flags.
-#[derive(Debug, Clone, Copy)]
-pub struct ConnectionLimits {
-    pub header_read_timeout: Duration,
-    pub keep_alive_timeout: Duration,
-    /// How long an answer may wait for the client to take any of its bytes.
-    pub send_timeout: Duration,
-    /// Answer bytes all connections may hold unsent before new work is refused.
-    pub response_buffer_limit: u64,
-    pub max_connections: usize,
-}
 
 /// Requests in a handler across every connection: the drain ends when none is left.
 #[derive(Debug, Default)]
@@ -287,13 +265,18 @@ fn admit(stream: TcpStream, shared: &Arc<Shared>, connections: &mut JoinSet<()>)
             shared.set_open_gauge();
             connections.spawn(serve_connection(stream, shared.clone(), permit));
         }
-        Err(_) => refuse(stream, shared),
+        Err(_) => refuse(
+            stream,
+            &shared.refusals,
+            &shared.metrics,
+            shared.limits.max_connections,
+        ),
     }
 }
 
 /// The answer to new work while answers to other clients fill `--response-buffer-limit`.
 fn congested(openai: bool) -> Response {
-    crate::http::error::ApiError::new(
+    ApiError::new(
         ErrorType::Congested,
         "The server holds too many answers that their clients have not read \
          (--response-buffer-limit); retry later",
@@ -349,7 +332,7 @@ async fn serve_connection(stream: TcpStream, shared: Arc<Shared>, permit: OwnedS
         // Boxed: the connection is taken apart once it ends (see below), which needs a
         // future that can move.
         Box::pin(async move {
-            let openai = crate::http::is_openai_path(req.uri().path());
+            let openai = is_openai_path(req.uri().path());
             let method = req.method().clone();
             let response = if method == hyper::Method::POST && shared.unsent.over_limit() {
                 shared.metrics.inc(
@@ -363,7 +346,7 @@ async fn serve_connection(stream: TcpStream, shared: Arc<Shared>, permit: OwnedS
                     .await;
                 match answered {
                     Some(response) => response,
-                    None => crate::http::shutting_down(
+                    None => shutting_down(
                         openai,
                         "The server is shutting down: the request did not finish within \
                          --shutdown-timeout",

@@ -1,5 +1,6 @@
 //! Tests of `connections`: deadlines, the connection cap and the drain.
 use super::*;
+use crate::shutdown::DRAIN_GRACE;
 use activity::{verdict, Activity, Close};
 
 fn limits() -> ConnectionLimits {

@@ -1,12 +1,15 @@
 //! Classification routes: `/predict` and `/rerank`.
 
-use super::error::{ApiError, ErrorResponse, InputNames, TeiJson, TRUNCATE_HINT};
+use super::body::TeiJson;
+use super::error::{ApiError, ErrorResponse, InputNames, TRUNCATE_HINT};
 use super::model_routes::Needs;
+use super::openapi::Refusals;
+use super::response_meta::ResponseMeta;
+use super::state::AppState;
 use super::types::{
     PredictInput, PredictRequest, PredictResponse, Prediction, Rank, RerankRequest, RerankResponse,
     Sequence,
 };
-use super::{AppState, ResponseMeta};
 use crate::infer::{InferMetadata, InferRequest};
 use crate::tokenization::{EncodeOptions, EncodingInput};
 use axum::extract::State;
@@ -26,13 +29,9 @@ fn descending(a: f32, b: f32) -> Ordering {
     responses(
         (status = 200, description = "Predictions, best first", body = PredictResponse),
         (status = 400, description = "Empty input", body = ErrorResponse),
-        (status = 401, description = "Missing or invalid API key (with `--api-key`)", body = ErrorResponse),
-        (status = 408, description = "The request body did not arrive within `--body-read-timeout`", body = ErrorResponse),
-        (status = 413, description = "The request body is over `--payload-limit`", body = ErrorResponse),
         (status = 422, description = "Invalid input: malformed body, more inputs than `--max-client-batch-size`, an input longer than the model's `max_input_length` tokens without truncation", body = ErrorResponse),
         (status = 424, description = "Inference failed or wrong model type", body = ErrorResponse),
-        (status = 429, description = "Model is overloaded", body = ErrorResponse),
-        (status = 503, description = "The model cannot run, or the server is shutting down", body = ErrorResponse),
+        Refusals,
     )
 )]
 pub async fn predict(State(state): State<AppState>, req: TeiJson<PredictRequest>) -> Response {
@@ -107,13 +106,9 @@ pub async fn predict(State(state): State<AppState>, req: TeiJson<PredictRequest>
     responses(
         (status = 200, description = "Ranks, best first", body = RerankResponse),
         (status = 400, description = "Empty input", body = ErrorResponse),
-        (status = 401, description = "Missing or invalid API key (with `--api-key`)", body = ErrorResponse),
-        (status = 408, description = "The request body did not arrive within `--body-read-timeout`", body = ErrorResponse),
-        (status = 413, description = "The request body is over `--payload-limit`", body = ErrorResponse),
         (status = 422, description = "Invalid input: malformed body, more inputs than `--max-client-batch-size`, an input longer than the model's `max_input_length` tokens without truncation", body = ErrorResponse),
         (status = 424, description = "Inference failed or wrong model type", body = ErrorResponse),
-        (status = 429, description = "Model is overloaded", body = ErrorResponse),
-        (status = 503, description = "The model cannot run, or the server is shutting down", body = ErrorResponse),
+        Refusals,
     )
 )]
 pub async fn rerank(State(state): State<AppState>, req: TeiJson<RerankRequest>) -> Response {

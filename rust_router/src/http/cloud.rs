@@ -2,13 +2,16 @@
 //! `POST /invocations` (with `GET /ping`, the health probe) and Vertex AI's `POST /vertex`
 //! (`{"instances": [body, ...]}` → `{"predictions": [answer, ...]}`).
 
+use super::body::{Body, TeiJson};
 use super::classify::{predict, rerank};
 use super::embed::{embed, similarity};
-use super::error::{ApiError, Body, ErrorResponse, TeiJson};
+use super::error::{ApiError, ErrorResponse};
 use super::model_routes::{not_served, require, Needs};
+use super::openapi::Refusals;
+use super::response_meta::{as_one_request, ResponseMeta};
 use super::sparse::{embed_sparse, EmbedSparseRequest};
+use super::state::AppState;
 use super::types::{EmbedRequest, PredictRequest};
-use super::{as_one_request, AppState, ResponseMeta};
 use crate::backend::ModelType;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
@@ -146,13 +149,9 @@ pub(crate) async fn dispatch(state: AppState, body: Value) -> Response {
     responses(
         (status = 200, description = "The answer of the route the body is for", body = InvocationAnswerDoc),
         (status = 400, description = "Empty input", body = ErrorResponse),
-        (status = 401, description = "Missing or invalid API key (with `--api-key`)", body = ErrorResponse),
-        (status = 408, description = "The request body did not arrive within `--body-read-timeout`", body = ErrorResponse),
-        (status = 413, description = "The request body is over `--payload-limit`", body = ErrorResponse),
         (status = 422, description = "Invalid input (as the route the body is for)", body = ErrorResponse),
         (status = 424, description = "Inference failed, or the body is for a route the model does not serve", body = ErrorResponse),
-        (status = 429, description = "Model is overloaded", body = ErrorResponse),
-        (status = 503, description = "The model cannot run, or the server is shutting down", body = ErrorResponse),
+        Refusals,
     )
 )]
 pub async fn root(State(state): State<AppState>, req: TeiJson<Value>) -> Response {
@@ -166,13 +165,9 @@ pub async fn root(State(state): State<AppState>, req: TeiJson<Value>) -> Respons
     responses(
         (status = 200, description = "The answer of the route the body is for", body = InvocationAnswerDoc),
         (status = 400, description = "Empty input", body = ErrorResponse),
-        (status = 401, description = "Missing or invalid API key (with `--api-key`)", body = ErrorResponse),
-        (status = 408, description = "The request body did not arrive within `--body-read-timeout`", body = ErrorResponse),
-        (status = 413, description = "The request body is over `--payload-limit`", body = ErrorResponse),
         (status = 422, description = "Invalid input (as the route the body is for)", body = ErrorResponse),
         (status = 424, description = "Inference failed, or the body is for a route the model does not serve", body = ErrorResponse),
-        (status = 429, description = "Model is overloaded", body = ErrorResponse),
-        (status = 503, description = "The model cannot run, or the server is shutting down", body = ErrorResponse),
+        Refusals,
     )
 )]
 pub async fn invocations(State(state): State<AppState>, req: TeiJson<Value>) -> Response {
@@ -188,13 +183,9 @@ pub async fn invocations(State(state): State<AppState>, req: TeiJson<Value>) -> 
     responses(
         (status = 200, description = "One prediction per instance", body = VertexResponse),
         (status = 400, description = "No instances, or an empty input", body = ErrorResponse),
-        (status = 401, description = "Missing or invalid API key (with `--api-key`)", body = ErrorResponse),
-        (status = 408, description = "The request body did not arrive within `--body-read-timeout`", body = ErrorResponse),
-        (status = 413, description = "The request body is over `--payload-limit`", body = ErrorResponse),
         (status = 422, description = "Invalid input: more instances than `--max-client-batch-size`, or an invalid instance", body = ErrorResponse),
         (status = 424, description = "Inference failed, or an instance is for a route the model does not serve", body = ErrorResponse),
-        (status = 429, description = "Model is overloaded", body = ErrorResponse),
-        (status = 503, description = "The model cannot run, or the server is shutting down", body = ErrorResponse),
+        Refusals,
     )
 )]
 pub async fn vertex(State(state): State<AppState>, req: TeiJson<VertexRequest>) -> Response {

@@ -1,12 +1,15 @@
 //! Embedding routes: `/embed`, `/embed_all`, `/similarity` (`/embed_sparse`: `sparse.rs`).
 
-use super::error::{ApiError, ErrorResponse, InputNames, TeiJson, TRUNCATE_HINT};
+use super::body::TeiJson;
+use super::error::{ApiError, ErrorResponse, InputNames, TRUNCATE_HINT};
 use super::model_routes::Needs;
+use super::openapi::Refusals;
+use super::response_meta::ResponseMeta;
+use super::state::AppState;
 use super::types::{
     EmbedAllRequest, EmbedAllResponse, EmbedRequest, EmbedResponse, InputType, SimilarityRequest,
     SimilarityResponse,
 };
-use super::{AppState, ResponseMeta};
 use crate::infer::{InferError, InferMetadata, InferRequest};
 use crate::tokenization::EncodeOptions;
 use axum::extract::State;
@@ -72,13 +75,9 @@ pub(crate) fn encode_options(
     responses(
         (status = 200, description = "Embeddings", body = EmbedResponse),
         (status = 400, description = "Empty input", body = ErrorResponse),
-        (status = 401, description = "Missing or invalid API key (with `--api-key`)", body = ErrorResponse),
-        (status = 408, description = "The request body did not arrive within `--body-read-timeout`", body = ErrorResponse),
-        (status = 413, description = "The request body is over `--payload-limit`", body = ErrorResponse),
         (status = 422, description = "Invalid input: malformed body, more inputs than `--max-client-batch-size`, an input longer than the model's `max_input_length` tokens without truncation, token ids outside the vocabulary, an unknown `prompt_name` or one with token ids, `dimensions` over `hidden_size`, an unknown `encoding_format`, `quantization_ranges` that do not fit (or `int8`/`uint8` of unnormalized embeddings without them)", body = ErrorResponse),
         (status = 424, description = "Inference failed or wrong model type", body = ErrorResponse),
-        (status = 429, description = "Model is overloaded", body = ErrorResponse),
-        (status = 503, description = "The model cannot run, or the server is shutting down", body = ErrorResponse),
+        Refusals,
     )
 )]
 pub async fn embed(State(state): State<AppState>, req: TeiJson<EmbedRequest>) -> Response {
@@ -122,13 +121,9 @@ pub async fn embed(State(state): State<AppState>, req: TeiJson<EmbedRequest>) ->
     responses(
         (status = 200, description = "Embeddings", body = EmbedAllResponse),
         (status = 400, description = "Empty input", body = ErrorResponse),
-        (status = 401, description = "Missing or invalid API key (with `--api-key`)", body = ErrorResponse),
-        (status = 408, description = "The request body did not arrive within `--body-read-timeout`", body = ErrorResponse),
-        (status = 413, description = "The request body is over `--payload-limit`", body = ErrorResponse),
         (status = 422, description = "Invalid input: malformed body, more inputs than `--max-client-batch-size`, an input longer than the model's `max_input_length` tokens without truncation, token ids outside the vocabulary, an unknown `prompt_name` or one with token ids", body = ErrorResponse),
         (status = 424, description = "Inference failed or wrong model type", body = ErrorResponse),
-        (status = 429, description = "Model is overloaded", body = ErrorResponse),
-        (status = 503, description = "The model cannot run, or the server is shutting down", body = ErrorResponse),
+        Refusals,
     )
 )]
 pub async fn embed_all(State(state): State<AppState>, req: TeiJson<EmbedAllRequest>) -> Response {
@@ -174,13 +169,9 @@ pub async fn embed_all(State(state): State<AppState>, req: TeiJson<EmbedAllReque
     responses(
         (status = 200, description = "Similarities", body = SimilarityResponse),
         (status = 400, description = "Empty input", body = ErrorResponse),
-        (status = 401, description = "Missing or invalid API key (with `--api-key`)", body = ErrorResponse),
-        (status = 408, description = "The request body did not arrive within `--body-read-timeout`", body = ErrorResponse),
-        (status = 413, description = "The request body is over `--payload-limit`", body = ErrorResponse),
         (status = 422, description = "Invalid input: malformed body, more inputs than `--max-client-batch-size`, an input longer than the model's `max_input_length` tokens without truncation, an unknown `prompt_name`", body = ErrorResponse),
         (status = 424, description = "Inference failed or wrong model type", body = ErrorResponse),
-        (status = 429, description = "Model is overloaded", body = ErrorResponse),
-        (status = 503, description = "The model cannot run, or the server is shutting down", body = ErrorResponse),
+        Refusals,
     )
 )]
 pub async fn similarity(

@@ -1,15 +1,15 @@
-//! Routes around inference: tokenize, decode, info, health, metrics and the API docs.
+//! Routes around inference: tokenize, decode, info, health and metrics.
 
-use super::error::{ApiError, ErrorResponse, ErrorType, OpenAIErrorResponse, TeiJson};
+use super::body::TeiJson;
+use super::error::{ApiError, ErrorResponse, ErrorType};
+use super::openapi::{AuthRefusal, BodyRefusals};
+use super::state::AppState;
 use super::types::*;
-use super::{classify, cloud, embed, openai, quantize, rerank_compat, sparse, AppState};
-use crate::tokenization::TruncationDirection;
 use axum::extract::State;
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use futures_util::future::try_join_all;
-use utoipa::OpenApi;
 
 /// Tokenize inputs; offsets are character positions in the (prompted) input.
 #[utoipa::path(
@@ -18,11 +18,9 @@ use utoipa::OpenApi;
     responses(
         (status = 200, description = "Tokenized ids", body = TokenizeResponse),
         (status = 400, description = "Empty input", body = ErrorResponse),
-        (status = 401, description = "Missing or invalid API key (with `--api-key`)", body = ErrorResponse),
-        (status = 408, description = "The request body did not arrive within `--body-read-timeout`", body = ErrorResponse),
-        (status = 413, description = "The request body is over `--payload-limit`", body = ErrorResponse),
         (status = 422, description = "Invalid input: malformed body, more inputs than `--max-client-batch-size`, an unknown `prompt_name`, or the tokenizer failed", body = ErrorResponse),
         (status = 503, description = "The tokenization workers have stopped, or the server is shutting down", body = ErrorResponse),
+        BodyRefusals,
     )
 )]
 pub async fn tokenize(State(state): State<AppState>, req: TeiJson<TokenizeRequest>) -> Response {
@@ -65,11 +63,9 @@ pub async fn tokenize(State(state): State<AppState>, req: TeiJson<TokenizeReques
     responses(
         (status = 200, description = "Decoded texts", body = DecodeResponse),
         (status = 400, description = "Empty input", body = ErrorResponse),
-        (status = 401, description = "Missing or invalid API key (with `--api-key`)", body = ErrorResponse),
-        (status = 408, description = "The request body did not arrive within `--body-read-timeout`", body = ErrorResponse),
-        (status = 413, description = "The request body is over `--payload-limit`", body = ErrorResponse),
         (status = 422, description = "Invalid input: malformed body, more lists than `--max-client-batch-size`, token ids outside the vocabulary, or the tokenizer failed", body = ErrorResponse),
         (status = 503, description = "The tokenization workers have stopped, or the server is shutting down", body = ErrorResponse),
+        BodyRefusals,
     )
 )]
 pub async fn decode(State(state): State<AppState>, req: TeiJson<DecodeRequest>) -> Response {
@@ -100,8 +96,8 @@ pub async fn decode(State(state): State<AppState>, req: TeiJson<DecodeRequest>) 
     get, path = "/info", tag = "Text Embeddings Inference",
     responses(
         (status = 200, description = "Served model info", body = Info),
-        (status = 401, description = "Missing or invalid API key (with `--api-key`)", body = ErrorResponse),
         (status = 503, description = "The server is shutting down", body = ErrorResponse),
+        AuthRefusal,
     )
 )]
 pub async fn info(State(state): State<AppState>) -> Json<Info> {
@@ -189,54 +185,4 @@ pub async fn metrics(State(state): State<AppState>) -> Response {
         state.metrics.render(),
     )
         .into_response()
-}
-
-#[derive(OpenApi)]
-#[openapi(
-    paths(
-        info, health, metrics, tokenize, decode,
-        embed::embed, embed::embed_all, sparse::embed_sparse, embed::similarity,
-        classify::predict, classify::rerank, openai::embeddings,
-        rerank_compat::rerank_v1, rerank_compat::rerank_v2,
-        cloud::root, cloud::invocations, cloud::vertex, root_probe,
-    ),
-    components(schemas(
-        InputDoc, PredictInputDoc, TruncationDirection, EmbedRequest, EmbedResponse,
-        EmbedAllRequest, EmbedAllResponse, PredictRequest, Prediction, PredictResponse,
-        RerankRequest, Rank, RerankResponse, SimilarityInput, SimilarityParameters,
-        SimilarityRequest, SimilarityResponse, TokenizeInput, TokenizeRequest, SimpleToken,
-        TokenizeResponse, InputIdsDoc, DecodeRequest, DecodeResponse, EncodingFormat,
-        OpenAICompatRequest, Embedding, OpenAICompatEmbedding, OpenAICompatUsage,
-        OpenAICompatResponse, quantize::RangesDoc, rerank_compat::CompatRerankRequest,
-        rerank_compat::DocumentDoc, rerank_compat::DocumentText, rerank_compat::CompatRerankResult,
-        rerank_compat::CompatRerankResponse, rerank_compat::RerankMeta, rerank_compat::ApiVersion,
-        rerank_compat::BilledUnits, rerank_compat::MetaTokens, rerank_compat::RerankUsage,
-        rerank_compat::RankFieldDoc, Info, ModelTypeInfo, EmbeddingModel, ClassifierModel,
-        DeviceInfo, HealthDegraded, DeviceRef,
-        ErrorResponse, ErrorType, OpenAIErrorResponse,
-        sparse::EmbedSparseRequest, sparse::SparseValue, sparse::EmbedSparseResponse,
-        cloud::InvocationDoc, cloud::InvocationAnswerDoc, cloud::VertexRequest, cloud::VertexResponse,
-    )),
-    tags((name = "Text Embeddings Inference", description = "TEI-compatible API")),
-    info(
-        title = "trt-tei-runtime router",
-        description = "Text Embeddings Inference and OpenAI compatible embedding server",
-        license(name = "Apache 2.0", identifier = "Apache-2.0")
-    )
-)]
-pub struct ApiDoc;
-
-pub async fn openapi() -> Json<utoipa::openapi::OpenApi> {
-    Json(ApiDoc::openapi())
-}
-
-/// Swagger UI at `/docs`, served from the assets built into the binary (a pinned Swagger UI
-/// release vendored by `utoipa-swagger-ui`): it works with no internet access. Its spec
-/// validator is off: opened from any host but localhost, Swagger UI would send the spec's URL
-/// to `validator.swagger.io` for a badge, telling an outside service where the server is.
-pub fn swagger_ui() -> axum::Router<AppState> {
-    utoipa_swagger_ui::SwaggerUi::new("/docs")
-        .url("/api-doc/openapi.json", ApiDoc::openapi())
-        .config(utoipa_swagger_ui::Config::default().validator_url("none"))
-        .into()
 }

@@ -1,12 +1,15 @@
 //! OpenAI-compatible `POST /v1/embeddings`.
 
+use super::body::OpenAIJson;
 use super::embed::{check_inputs, embed_inputs, encode_options};
-use super::error::{ApiError, InputNames, OpenAIErrorResponse, OpenAIJson};
+use super::error::{ApiError, InputNames, OpenAIErrorResponse};
 use super::model_routes::Needs;
+use super::openapi::OpenAIRefusals;
+use super::response_meta::ResponseMeta;
+use super::state::AppState;
 use super::types::{
     OpenAICompatEmbedding, OpenAICompatRequest, OpenAICompatResponse, OpenAICompatUsage,
 };
-use super::{AppState, ResponseMeta};
 use crate::tokenization::TruncationDirection;
 use axum::extract::State;
 use axum::response::Response;
@@ -24,13 +27,9 @@ const AUTO_TRUNCATE_HINT: &str =
     responses(
         (status = 200, description = "Embeddings", body = OpenAICompatResponse),
         (status = 400, description = "Empty input or wrong model type", body = OpenAIErrorResponse),
-        (status = 401, description = "Missing or invalid API key (with `--api-key`)", body = OpenAIErrorResponse),
-        (status = 408, description = "The request body did not arrive within `--body-read-timeout`", body = OpenAIErrorResponse),
-        (status = 413, description = "The request body is over `--payload-limit`", body = OpenAIErrorResponse),
         (status = 422, description = "Invalid input: malformed body, more inputs than `--max-client-batch-size`, an input longer than the model's `max_input_length` tokens without truncation, token ids outside the vocabulary, `dimensions` over `hidden_size`, an unknown `encoding_format`, `quantization_ranges` that do not fit", body = OpenAIErrorResponse),
-        (status = 429, description = "Model is overloaded", body = OpenAIErrorResponse),
         (status = 500, description = "Inference failed", body = OpenAIErrorResponse),
-        (status = 503, description = "The model cannot run, or the server is shutting down", body = OpenAIErrorResponse),
+        OpenAIRefusals,
     )
 )]
 pub async fn embeddings(

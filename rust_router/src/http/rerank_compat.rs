@@ -5,10 +5,13 @@
 //! and `usage` (each SDK ignores the other's fields). Errors come in the OpenAI shape, as on
 //! every `/v1/` route (`{"error": {"message", "type", "code"}}`).
 
+use super::body::OpenAIJson;
 use super::classify::{self, Ranked};
-use super::error::{ApiError, OpenAIErrorResponse, OpenAIJson};
+use super::error::{ApiError, OpenAIErrorResponse};
 use super::model_routes::Needs;
-use super::{AppState, ResponseMeta};
+use super::openapi::OpenAIRefusals;
+use super::response_meta::ResponseMeta;
+use super::state::AppState;
 use crate::tokenization::{EncodeOptions, TruncationDirection};
 use axum::extract::State;
 use axum::response::Response;
@@ -69,7 +72,7 @@ impl<'de> Deserialize<'de> for Documents {
 #[derive(ToSchema)]
 #[serde(untagged)]
 pub enum DocumentDoc {
-    Text(#[schema(inline)] super::types::TextDoc),
+    Text(#[schema(inline)] super::openapi::TextDoc),
     Object(#[schema(inline)] DocumentText),
 }
 
@@ -276,13 +279,9 @@ async fn rerank(
     responses(
         (status = 200, description = "Results, best first", body = CompatRerankResponse),
         (status = 400, description = "Empty `query` or `documents`, or the model is not a reranker", body = OpenAIErrorResponse),
-        (status = 401, description = "Missing or invalid API key (with `--api-key`)", body = OpenAIErrorResponse),
-        (status = 408, description = "The request body did not arrive within `--body-read-timeout`", body = OpenAIErrorResponse),
-        (status = 413, description = "The request body is over `--payload-limit`", body = OpenAIErrorResponse),
         (status = 422, description = "Invalid input: malformed body, a document that is neither a string nor `{text}`, `top_n` 0, `rank_fields` other than `text`, more documents than `--max-client-batch-size`, a document over the model's limit with `truncate: false`", body = OpenAIErrorResponse),
-        (status = 429, description = "Model is overloaded", body = OpenAIErrorResponse),
         (status = 500, description = "Inference failed", body = OpenAIErrorResponse),
-        (status = 503, description = "The model cannot run, or the server is shutting down", body = OpenAIErrorResponse),
+        OpenAIRefusals,
     )
 )]
 pub async fn rerank_v1(
@@ -299,13 +298,9 @@ pub async fn rerank_v1(
     responses(
         (status = 200, description = "Results, best first", body = CompatRerankResponse),
         (status = 400, description = "Empty `query` or `documents`, or the model is not a reranker", body = OpenAIErrorResponse),
-        (status = 401, description = "Missing or invalid API key (with `--api-key`)", body = OpenAIErrorResponse),
-        (status = 408, description = "The request body did not arrive within `--body-read-timeout`", body = OpenAIErrorResponse),
-        (status = 413, description = "The request body is over `--payload-limit`", body = OpenAIErrorResponse),
         (status = 422, description = "Invalid input: malformed body, a document that is neither a string nor `{text}`, `top_n` 0, `rank_fields` other than `text`, more documents than `--max-client-batch-size`, a document over the model's limit with `truncate: false`", body = OpenAIErrorResponse),
-        (status = 429, description = "Model is overloaded", body = OpenAIErrorResponse),
         (status = 500, description = "Inference failed", body = OpenAIErrorResponse),
-        (status = 503, description = "The model cannot run, or the server is shutting down", body = OpenAIErrorResponse),
+        OpenAIRefusals,
     )
 )]
 pub async fn rerank_v2(

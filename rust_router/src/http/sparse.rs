@@ -1,10 +1,14 @@
 //! `/embed_sparse`: SPLADE sparse vectors, as TEI serves them.
 
+use super::body::TeiJson;
 use super::embed::{check_inputs, encode_options};
-use super::error::{ApiError, ErrorResponse, InputNames, TeiJson, TRUNCATE_HINT};
+use super::error::{ApiError, ErrorResponse, InputNames, TRUNCATE_HINT};
 use super::model_routes::Needs;
-use super::types::{InputDoc, InputType};
-use super::{AppState, ResponseMeta};
+use super::openapi::InputDoc;
+use super::openapi::Refusals;
+use super::response_meta::ResponseMeta;
+use super::state::AppState;
+use super::types::InputType;
 use crate::infer::InferRequest;
 use crate::tokenization::TruncationDirection;
 use axum::extract::State;
@@ -49,13 +53,9 @@ pub struct EmbedSparseResponse(pub Vec<Vec<SparseValue>>);
     responses(
         (status = 200, description = "Sparse embeddings", body = EmbedSparseResponse),
         (status = 400, description = "Empty input", body = ErrorResponse),
-        (status = 401, description = "Missing or invalid API key (with `--api-key`)", body = ErrorResponse),
-        (status = 408, description = "The request body did not arrive within `--body-read-timeout`", body = ErrorResponse),
-        (status = 413, description = "The request body is over `--payload-limit`", body = ErrorResponse),
         (status = 422, description = "Invalid input: malformed body, more inputs than `--max-client-batch-size`, an input longer than the model's `max_input_length` tokens without truncation, token ids outside the vocabulary, an unknown `prompt_name` or one with token ids", body = ErrorResponse),
         (status = 424, description = "Inference failed, or not a SPLADE model", body = ErrorResponse),
-        (status = 429, description = "Model is overloaded", body = ErrorResponse),
-        (status = 503, description = "The model cannot run, or the server is shutting down", body = ErrorResponse),
+        Refusals,
     )
 )]
 pub async fn embed_sparse(

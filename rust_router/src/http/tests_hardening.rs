@@ -168,7 +168,7 @@ async fn large_bodies_parse_off_the_workers_with_the_same_answers() {
         payload_limit: 1_000_000,
         ..Default::default()
     });
-    let padding = " ".repeat(super::error::BLOCKING_PARSE_BYTES);
+    let padding = " ".repeat(super::body::BLOCKING_PARSE_BYTES);
     let body = format!("{{\"inputs\": [\"hello world\", \"hello\"]{padding}}}");
     let r = app.post_raw("/embed", body, &[]).await;
     assert_eq!(r.status, 200, "{}", r.text);

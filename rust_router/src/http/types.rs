@@ -1,6 +1,7 @@
 //! Wire types: TEI's request and response bodies, field for field, plus OpenAI embeddings.
 
 use super::fields;
+use super::openapi::{InputDoc, InputIdsDoc, PredictInputDoc, TextDoc, TokenizeBatchDoc};
 use super::quantize::{Ranges, RangesDoc};
 // Defined beside their code, named here with the other wire types.
 pub use super::info::{
@@ -113,51 +114,6 @@ impl<'de> Deserialize<'de> for Input {
     }
 }
 
-// The `*Doc` types below only describe the accepted shapes in the OpenAPI document; their doc
-// comments are the descriptions clients read.
-
-/// A text of at least one character (an empty one is refused with 400).
-#[allow(dead_code)]
-#[derive(ToSchema)]
-#[schema(min_length = 1)]
-pub struct TextDoc(String);
-
-/// Token ids, at least one (an empty list is refused with 400); ids past the model's vocabulary
-/// are refused with 422.
-#[allow(dead_code)]
-#[derive(ToSchema)]
-#[schema(min_items = 1)]
-pub struct TokenIdsDoc(Vec<u32>);
-
-/// One input of a batch: a text or a list of token ids.
-#[allow(dead_code)]
-#[derive(ToSchema)]
-#[serde(untagged)]
-pub enum InputItemDoc {
-    String(#[schema(inline)] TextDoc),
-    Ids(#[schema(inline)] TokenIdsDoc),
-}
-
-/// A batch of at least one input (an empty one is refused with 400) and at most
-/// `--max-client-batch-size` (`max_client_batch_size` of `/info`; more are refused with 422).
-#[allow(dead_code)]
-#[derive(ToSchema)]
-#[schema(min_items = 1)]
-pub struct InputBatchDoc(#[schema(inline)] Vec<InputItemDoc>);
-
-// Mirrors [`Input`].
-/// A text, a list of token ids, or a batch whose items are texts or lists of token ids. Each
-/// input has at most the model's `max_input_length` tokens (`/info`) unless it is truncated;
-/// a longer one is refused with 422.
-#[allow(dead_code)]
-#[derive(ToSchema)]
-#[serde(untagged)]
-pub enum InputDoc {
-    String(#[schema(inline)] TextDoc),
-    Ids(#[schema(inline)] TokenIdsDoc),
-    Batch(#[schema(inline)] InputBatchDoc),
-}
-
 /// A classification input: one text or a (text, text_pair).
 #[derive(Debug, Clone, PartialEq)]
 pub enum Sequence {
@@ -231,29 +187,6 @@ impl<'de> Deserialize<'de> for PredictInput {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         PredictInput::try_from(Value::deserialize(d)?).map_err(de::Error::custom)
     }
-}
-
-/// One sequence: `[text]` or `[text, text_pair]`.
-#[allow(dead_code)]
-#[derive(ToSchema)]
-#[schema(min_items = 1, max_items = 2)]
-pub struct SequenceDoc(#[schema(inline)] Vec<TextDoc>);
-
-/// At least one sequence, at most `--max-client-batch-size` (`/info`).
-#[allow(dead_code)]
-#[derive(ToSchema)]
-#[schema(min_items = 1)]
-pub struct SequenceBatchDoc(#[schema(inline)] Vec<SequenceDoc>);
-
-// Mirrors [`PredictInput`].
-/// A text, one sequence `[text]` or `[text, text_pair]`, or a batch of sequences.
-#[allow(dead_code)]
-#[derive(ToSchema)]
-#[serde(untagged)]
-pub enum PredictInputDoc {
-    Single(#[schema(inline)] TextDoc),
-    Pair(#[schema(inline)] SequenceDoc),
-    Batch(#[schema(inline)] SequenceBatchDoc),
 }
 
 #[derive(Debug, Deserialize, ToSchema)]
@@ -425,13 +358,6 @@ pub enum TokenizeInput {
     Batch(Vec<String>),
 }
 
-/// At least one string (an empty list is refused with 400), at most `--max-client-batch-size`
-/// (`/info`).
-#[allow(dead_code)]
-#[derive(ToSchema)]
-#[schema(min_items = 1)]
-pub struct TokenizeBatchDoc(Vec<String>);
-
 #[derive(Debug, Deserialize, ToSchema)]
 pub struct TokenizeRequest {
     pub inputs: TokenizeInput,
@@ -497,22 +423,6 @@ impl<'de> Deserialize<'de> for InputIds {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         InputIds::try_from(Value::deserialize(d)?).map_err(de::Error::custom)
     }
-}
-
-/// At least one list of token ids, at most `--max-client-batch-size` (`/info`).
-#[allow(dead_code)]
-#[derive(ToSchema)]
-#[schema(min_items = 1)]
-pub struct TokenIdsBatchDoc(#[schema(inline)] Vec<TokenIdsDoc>);
-
-// Mirrors [`InputIds`].
-/// A list of token ids or a batch of them.
-#[allow(dead_code)]
-#[derive(ToSchema)]
-#[serde(untagged)]
-pub enum InputIdsDoc {
-    Single(#[schema(inline)] TokenIdsDoc),
-    Batch(#[schema(inline)] TokenIdsBatchDoc),
 }
 
 #[derive(Debug, Deserialize, ToSchema)]

@@ -1,0 +1,177 @@
+//! What only the OpenAPI document uses: the documentation twins of the hand-written
+//! deserializers of `types.rs` (the `*Doc` types: they describe the shapes those accept, and
+//! their doc comments are the descriptions clients read), and the error answers every route
+//! behind the gate shares (401, 408, 413, 429, 503), written once and listed by each route's
+//! `responses(...)`.
+
+use super::error::{ErrorResponse, OpenAIErrorResponse};
+use std::collections::BTreeMap;
+use utoipa::openapi::{ContentBuilder, Ref, RefOr, Response, ResponseBuilder};
+use utoipa::{IntoResponses, ToSchema};
+
+/// A text of at least one character (an empty one is refused with 400).
+#[allow(dead_code)]
+#[derive(ToSchema)]
+#[schema(min_length = 1)]
+pub struct TextDoc(String);
+
+/// Token ids, at least one (an empty list is refused with 400); ids past the model's vocabulary
+/// are refused with 422.
+#[allow(dead_code)]
+#[derive(ToSchema)]
+#[schema(min_items = 1)]
+pub struct TokenIdsDoc(Vec<u32>);
+
+/// One input of a batch: a text or a list of token ids.
+#[allow(dead_code)]
+#[derive(ToSchema)]
+#[serde(untagged)]
+pub enum InputItemDoc {
+    String(#[schema(inline)] TextDoc),
+    Ids(#[schema(inline)] TokenIdsDoc),
+}
+
+/// A batch of at least one input (an empty one is refused with 400) and at most
+/// `--max-client-batch-size` (`max_client_batch_size` of `/info`; more are refused with 422).
+#[allow(dead_code)]
+#[derive(ToSchema)]
+#[schema(min_items = 1)]
+pub struct InputBatchDoc(#[schema(inline)] Vec<InputItemDoc>);
+
+// Mirrors `types::Input`.
+/// A text, a list of token ids, or a batch whose items are texts or lists of token ids. Each
+/// input has at most the model's `max_input_length` tokens (`/info`) unless it is truncated;
+/// a longer one is refused with 422.
+#[allow(dead_code)]
+#[derive(ToSchema)]
+#[serde(untagged)]
+pub enum InputDoc {
+    String(#[schema(inline)] TextDoc),
+    Ids(#[schema(inline)] TokenIdsDoc),
+    Batch(#[schema(inline)] InputBatchDoc),
+}
+
+/// One sequence: `[text]` or `[text, text_pair]`.
+#[allow(dead_code)]
+#[derive(ToSchema)]
+#[schema(min_items = 1, max_items = 2)]
+pub struct SequenceDoc(#[schema(inline)] Vec<TextDoc>);
+
+/// At least one sequence, at most `--max-client-batch-size` (`/info`).
+#[allow(dead_code)]
+#[derive(ToSchema)]
+#[schema(min_items = 1)]
+pub struct SequenceBatchDoc(#[schema(inline)] Vec<SequenceDoc>);
+
+// Mirrors `types::PredictInput`.
+/// A text, one sequence `[text]` or `[text, text_pair]`, or a batch of sequences.
+#[allow(dead_code)]
+#[derive(ToSchema)]
+#[serde(untagged)]
+pub enum PredictInputDoc {
+    Single(#[schema(inline)] TextDoc),
+    Pair(#[schema(inline)] SequenceDoc),
+    Batch(#[schema(inline)] SequenceBatchDoc),
+}
+
+/// At least one string (an empty list is refused with 400), at most `--max-client-batch-size`
+/// (`/info`).
+#[allow(dead_code)]
+#[derive(ToSchema)]
+#[schema(min_items = 1)]
+pub struct TokenizeBatchDoc(Vec<String>);
+
+/// At least one list of token ids, at most `--max-client-batch-size` (`/info`).
+#[allow(dead_code)]
+#[derive(ToSchema)]
+#[schema(min_items = 1)]
+pub struct TokenIdsBatchDoc(#[schema(inline)] Vec<TokenIdsDoc>);
+
+// Mirrors `types::InputIds`.
+/// A list of token ids or a batch of them.
+#[allow(dead_code)]
+#[derive(ToSchema)]
+#[serde(untagged)]
+pub enum InputIdsDoc {
+    Single(#[schema(inline)] TokenIdsDoc),
+    Batch(#[schema(inline)] TokenIdsBatchDoc),
+}
+
+const UNAUTHORIZED: (&str, &str) = ("401", "Missing or invalid API key (with `--api-key`)");
+const BODY_TIMEOUT: (&str, &str) = (
+    "408",
+    "The request body did not arrive within `--body-read-timeout`",
+);
+const PAYLOAD_TOO_LARGE: (&str, &str) = ("413", "The request body is over `--payload-limit`");
+const OVERLOADED: (&str, &str) = ("429", "Model is overloaded");
+const UNAVAILABLE: (&str, &str) = (
+    "503",
+    "The model cannot run, or the server is shutting down",
+);
+
+/// `(status, description)` rows answered with the error body `B`.
+fn rows<B: ToSchema>(rows: &[(&str, &str)]) -> BTreeMap<String, RefOr<Response>> {
+    rows.iter()
+        .map(|&(status, description)| {
+            let body = ContentBuilder::new()
+                .schema(Some(Ref::from_schema_name(B::name())))
+                .build();
+            let response = ResponseBuilder::new()
+                .description(description)
+                .content("application/json", body)
+                .build();
+            (status.to_string(), RefOr::T(response))
+        })
+        .collect()
+}
+
+/// The refusals of a route that runs the model, in TEI's error body: no or a wrong API key
+/// (401), a body late (408) or too large (413), the queue full (429), no device or the
+/// shutdown (503).
+pub struct Refusals;
+
+impl IntoResponses for Refusals {
+    fn responses() -> BTreeMap<String, RefOr<Response>> {
+        rows::<ErrorResponse>(&[
+            UNAUTHORIZED,
+            BODY_TIMEOUT,
+            PAYLOAD_TOO_LARGE,
+            OVERLOADED,
+            UNAVAILABLE,
+        ])
+    }
+}
+
+/// [`Refusals`] in OpenAI's error body (the OpenAI and Cohere/Jina routes).
+pub struct OpenAIRefusals;
+
+impl IntoResponses for OpenAIRefusals {
+    fn responses() -> BTreeMap<String, RefOr<Response>> {
+        rows::<OpenAIErrorResponse>(&[
+            UNAUTHORIZED,
+            BODY_TIMEOUT,
+            PAYLOAD_TOO_LARGE,
+            OVERLOADED,
+            UNAVAILABLE,
+        ])
+    }
+}
+
+/// The refusals of a route that takes a body and runs no model (`/tokenize`, `/decode`):
+/// 401, 408, 413.
+pub struct BodyRefusals;
+
+impl IntoResponses for BodyRefusals {
+    fn responses() -> BTreeMap<String, RefOr<Response>> {
+        rows::<ErrorResponse>(&[UNAUTHORIZED, BODY_TIMEOUT, PAYLOAD_TOO_LARGE])
+    }
+}
+
+/// The refusal of a route behind the gate that takes no body (`/info`): 401.
+pub struct AuthRefusal;
+
+impl IntoResponses for AuthRefusal {
+    fn responses() -> BTreeMap<String, RefOr<Response>> {
+        rows::<ErrorResponse>(&[UNAUTHORIZED])
+    }
+}
