@@ -8,27 +8,22 @@
 //! to end, their type ids, and each input's length), built with the lock released.
 
 use crate::tokenization::{
-    load_tokenizer, EncodeOptions, EncodingInput, PairTemplate, PoolPriority, Tokenization,
-    TokenizationError, TokenizerConfig, TruncationDirection, ValidEncoding,
+    load_tokenizer, EncodeOptions, EncodingInput, InlinePool, PairTemplate, TokenizationError,
+    TokenizerConfig, TruncationDirection,
 };
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 use std::collections::HashMap;
-use std::future::Future;
 use std::path::Path;
-use std::pin::pin;
-use std::task::{Context, Poll, Waker};
-use tokenizers::utils::parallelism::MaybeParallelIterator;
 use tokenizers::Tokenizer;
 
 #[pyclass(frozen, module = "trt_tei_runtime._router")]
 pub struct FlatTokenizer {
     /// The vocabulary, for lookups (`token_to_id`, `id_to_token`, `encode_plain`).
     tokenizer: Tokenizer,
-    /// The router's tokenization, encoding inline (on the calling thread) only: its one pool
-    /// thread never gets a job.
-    router: Tokenization,
+    /// The router's encode rules, run on the calling thread (and `tokenizers`' thread pool).
+    encoders: InlinePool,
 }
 
 /// Token ids end to end, their type ids (empty when all are 0), and the length of each input,
@@ -45,18 +40,6 @@ type FlatBytes<'py> = (
 /// An input that failed: its index, and why.
 type Failure = (usize, TokenizationError);
 
-/// Runs a future that never waits: an inline encode returns at its first poll.
-fn now<T>(future: impl Future<Output = T>) -> T {
-    let mut future = pin!(future);
-    match future
-        .as_mut()
-        .poll(&mut Context::from_waker(Waker::noop()))
-    {
-        Poll::Ready(value) => value,
-        Poll::Pending => unreachable!("an inline encode does not wait"),
-    }
-}
-
 /// What an input that produces no tokens gets from the router: here an empty sequence, which
 /// the caller reports (corpus jobs count it as a bad row).
 fn no_tokens() -> TokenizationError {
@@ -69,17 +52,17 @@ impl FlatTokenizer {
         inputs: Vec<EncodingInput>,
         opts: &EncodeOptions,
     ) -> Result<FlatBuffers, Failure> {
-        // In parallel as `tokenizers`' own batches are (unless TOKENIZERS_PARALLELISM says not).
-        let encoded = inputs
-            .into_maybe_par_iter()
-            .map(|input| match now(self.router.encode(input, opts.clone())) {
-                Err(e) if e == no_tokens() => Ok(None),
-                other => other.map(Some),
-            })
-            .collect::<Vec<Result<Option<ValidEncoding>, TokenizationError>>>();
+        let encoded =
+            self.encoders
+                .encode_batch(inputs, opts)
+                .into_iter()
+                .map(|result| match result {
+                    Err(e) if e == no_tokens() => Ok(None),
+                    other => other.map(Some),
+                });
         let mut total = 0;
         let mut own = Vec::with_capacity(encoded.len());
-        for (index, result) in encoded.into_iter().enumerate() {
+        for (index, result) in encoded.enumerate() {
             let encoding = result.map_err(|e| (index, e))?;
             total += encoding.as_ref().map_or(0, |e| e.input_ids.len());
             own.push(encoding);
@@ -200,11 +183,11 @@ impl FlatTokenizer {
             adapters,
             default_adapter,
         };
-        // Inline encodes only: the pool's one thread (the least there is) waits for a job
-        // that never comes, and ends with this object.
-        let router =
-            Tokenization::with_priority(tokenizer.clone(), 1, config, PoolPriority::Normal);
-        Ok(Self { tokenizer, router })
+        let encoders = InlinePool::new(tokenizer.clone(), config);
+        Ok(Self {
+            tokenizer,
+            encoders,
+        })
     }
 
     /// `(ids, type_ids, lengths)` of each text as the router encodes a text to embed: the
@@ -230,10 +213,7 @@ impl FlatTokenizer {
         };
         if texts.is_empty() {
             // The prompt name is checked all the same.
-            if let Err(e @ TokenizationError::UnknownPrompt { .. }) = now(self
-                .router
-                .encode(EncodingInput::Single(String::new()), opts.clone()))
-            {
+            if let Err(e) = self.encoders.config().prompt(&opts) {
                 return Err(to_py_error((0, e)));
             }
         }
@@ -281,10 +261,7 @@ impl FlatTokenizer {
             inline: true,
             ..EncodeOptions::default()
         };
-        match now(self.router.encode(EncodingInput::Single("x".into()), opts)) {
-            Ok(encoding) => encoding.token_type_ids.first().copied().unwrap_or(0),
-            Err(_) => 0,
-        }
+        self.encoders.config().adapter(&opts).unwrap_or(0)
     }
 
     /// The id of one vocabulary token (added tokens included), or None.

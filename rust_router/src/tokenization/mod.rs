@@ -27,7 +27,7 @@ pub(crate) use encode::{EncodeConfig, Encoder};
 pub use priority::PoolPriority;
 pub use throttle::PoolThrottle;
 
-use inline::InlinePool;
+pub use inline::InlinePool;
 use pool::{Job, Reply};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc;
@@ -109,13 +109,7 @@ impl Tokenization {
             &waiting,
             &worker_tids,
         );
-        // One ready worker so the first small request does not pay for a tokenizer clone.
-        let first = Encoder::new(tokenizer.clone(), config.clone());
-        let inline = Arc::new(InlinePool {
-            tokenizer,
-            config,
-            idle: Mutex::new(vec![first]),
-        });
+        let inline = Arc::new(InlinePool::with_config(tokenizer, config));
         Self {
             tx,
             inline,

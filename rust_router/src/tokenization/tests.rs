@@ -397,7 +397,7 @@ async fn pool_threads_yield_their_cores_by_default_and_inline_callers_keep_their
 #[tokio::test]
 async fn the_warmer_encodes_on_the_inline_worker_the_next_query_takes() {
     let t = test_tokenization(16, 0);
-    let idle = |t: &Tokenization| t.inline.idle.lock().unwrap().len();
+    let idle = |t: &Tokenization| t.inline.idle_workers();
     assert_eq!(idle(&t), 1);
     let warm = t.warmer();
     warm();
@@ -411,4 +411,35 @@ async fn the_warmer_encodes_on_the_inline_worker_the_next_query_takes() {
     let encoded = t.encode(single("hello world"), inline).await.unwrap();
     assert_eq!(encoded.input_ids.len(), 4);
     assert_eq!(idle(&t), 1);
+}
+
+#[test]
+fn a_batch_encodes_in_order_as_one_input_at_a_time_does() {
+    let tokenizer = test_tokenizer();
+    let model = TokenizerConfig {
+        max_input_length: 6,
+        ..Default::default()
+    };
+    let pool = InlinePool::new(tokenizer, model);
+    let opts = EncodeOptions {
+        truncate: false,
+        ..Default::default()
+    };
+    // More inputs than one chunk, with one too long for the model in the middle.
+    let texts: Vec<String> = (0..40)
+        .map(|i| match i {
+            21 => "hello world hello world hello world".to_string(),
+            _ => "hello world ".repeat(1 + i % 2).trim().to_string(),
+        })
+        .collect();
+    let batch = pool.encode_batch(texts.iter().map(|t| single(t)).collect(), &opts);
+    assert_eq!(batch.len(), texts.len());
+    for (text, got) in texts.iter().zip(&batch) {
+        let want = pool.encode(single(text), &opts);
+        assert_eq!(
+            got.as_ref().map(|e| &e.input_ids),
+            want.as_ref().map(|e| &e.input_ids)
+        );
+    }
+    assert!(matches!(batch[21], Err(TokenizationError::TooLong { .. })));
 }
