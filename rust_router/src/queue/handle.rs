@@ -1,7 +1,8 @@
 //! The shared handle around [`State`]: appends, wake-ups of the batching tasks, the queue's
 //! metrics, and one listener of its bulk lane's backlog.
 
-use super::{BatchSize, Entry, NextBatch, RequestId, State, Take};
+use super::entry::{BatchSize, Entry, NextBatch, RequestId, Take};
+use super::state::State;
 use crate::backend::Lane;
 use crate::metrics::Metrics;
 use futures_util::future::select_all;

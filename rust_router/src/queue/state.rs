@@ -1,6 +1,7 @@
 //! The queue's contents and its packing rule, with no I/O and no lock.
 
-use super::{push_entry, BulkPacing, Entry, Metadata, NextBatch, RequestId, Take};
+use super::entry::{push_entry, Entry, Metadata, NextBatch, RequestId, Take};
+use super::pacing::BulkPacing;
 use crate::backend::{Batch, BatchKind, Lane};
 use std::collections::VecDeque;
 use std::time::Duration;

@@ -1,7 +1,11 @@
 use super::*;
+use crate::backend::{BackendError, BatchKind, Lane};
 use crate::metrics::Metrics;
 use crate::tokenization::PoolThrottle;
+use crate::tokenization::ValidEncoding;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::oneshot;
 
 type Rx = oneshot::Receiver<Result<InferResult, BackendError>>;
 

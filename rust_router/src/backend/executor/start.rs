@@ -2,8 +2,8 @@
 //! thread starts (the interactive lanes', the other devices'), and the handle to them all is
 //! built.
 
+use super::handle::{BackendHandle, Executor, LaneChannel};
 use super::lane::{serve_lane, spawn_named, thread_name, Command, Worker};
-use super::{BackendHandle, Executor, LaneChannel};
 use crate::backend::device::DeviceState;
 use crate::backend::wait::{IdleSince, LaneWaits, WaitPolicy, WarmHook, Warming};
 use crate::backend::{Backend, BackendError, ModelInfo};

@@ -1,0 +1,177 @@
+//! The backend contract: what the router hands a model runtime (a packed [`Batch`]), what it
+//! gets back (a [`Matrix`]), and the [`Backend`] trait a runtime implements.
+
+/// One forward pass worth of sequences, packed end to end with no padding.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Batch {
+    pub input_ids: Vec<u32>,
+    pub token_type_ids: Vec<u32>,
+    pub position_ids: Vec<u32>,
+    /// `n_seqs + 1` offsets into the flat arrays, starting at 0.
+    pub cu_seqlens: Vec<u32>,
+}
+
+impl Batch {
+    /// A batch of no sequences, ready for [`Batch::push_sequence`].
+    pub fn empty() -> Self {
+        Self {
+            cu_seqlens: vec![0],
+            ..Default::default()
+        }
+    }
+
+    /// Appends one sequence: its token ids, type ids and positions, of equal length.
+    pub fn push_sequence(
+        &mut self,
+        input_ids: &[u32],
+        token_type_ids: &[u32],
+        position_ids: &[u32],
+    ) {
+        self.input_ids.extend_from_slice(input_ids);
+        self.token_type_ids.extend_from_slice(token_type_ids);
+        self.position_ids.extend_from_slice(position_ids);
+        self.cu_seqlens.push(self.input_ids.len() as u32);
+    }
+
+    pub fn num_seqs(&self) -> usize {
+        self.cu_seqlens.len().saturating_sub(1)
+    }
+
+    pub fn num_tokens(&self) -> usize {
+        self.input_ids.len()
+    }
+
+    /// A batch of only the sequences at `seqs` (ascending indices), packed again.
+    pub fn select(&self, seqs: &[usize]) -> Batch {
+        let mut out = Batch::empty();
+        for &i in seqs {
+            let (a, b) = (self.cu_seqlens[i] as usize, self.cu_seqlens[i + 1] as usize);
+            out.push_sequence(
+                &self.input_ids[a..b],
+                &self.token_type_ids[a..b],
+                &self.position_ids[a..b],
+            );
+        }
+        out
+    }
+}
+
+/// What a batch asks of the model. Batches are homogeneous: the runtime exposes one method per
+/// kind, so the queue never mixes kinds in one batch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BatchKind {
+    /// Pooled sentence embeddings, `[n_seqs, hidden]`.
+    Pooled,
+    /// Per-token hidden states, `[n_tokens, hidden]`.
+    AllTokens,
+    /// Classification logits, `[n_seqs, num_labels]`.
+    Predict,
+    /// SPLADE sparse vectors, `[n_seqs, 2k]`: per row k (vocabulary index, value) pairs, the
+    /// index an integral float, in index order; a pair of value 0 is padding. k varies from
+    /// batch to batch.
+    Sparse,
+}
+
+/// A dense row-major float matrix returned by the runtime.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Matrix {
+    pub rows: usize,
+    pub cols: usize,
+    pub data: Vec<f32>,
+}
+
+#[derive(Debug, Clone, thiserror::Error, PartialEq)]
+pub enum BackendError {
+    #[error("could not start the model backend: {0}")]
+    Start(String),
+    #[error("inference failed: {0}")]
+    Inference(String),
+    #[error("model backend is unhealthy: {0}")]
+    Unhealthy(String),
+    #[error("model backend has stopped")]
+    Stopped,
+    /// The device itself failed (the runtime raised `DeviceError`): the batch is lost and the
+    /// device takes no more work. Never re-run apart: no input is to blame.
+    #[error("the device running this request failed: {0}")]
+    Device(String),
+    /// A device that had failed gave back a batch it was handed before; it runs elsewhere.
+    #[error("the device failed before this batch ran")]
+    Refused,
+    /// Checked per sequence: the other sequences of the batch are still served.
+    #[error("inference failed: the model returned NaN or infinite values for this input (e.g. a float16 overflow)")]
+    NonFinite,
+}
+
+/// Which queue and backend thread a request's sequences go through.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Lane {
+    /// Small requests (queries): their own queue and, when the runtime has one, their own
+    /// backend thread and high-priority stream.
+    Interactive,
+    /// Everything else (corpus backfills): fills the capacity the interactive lane leaves.
+    Bulk,
+}
+
+impl Lane {
+    /// Both lanes, most urgent first: the order a single-thread backend serves them in.
+    pub const PRIORITY: [Lane; 2] = [Lane::Interactive, Lane::Bulk];
+
+    /// The `lane` label of the metrics.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Lane::Interactive => "interactive",
+            Lane::Bulk => "bulk",
+        }
+    }
+
+    /// Position in per-lane arrays, in [`Lane::PRIORITY`] order.
+    pub fn index(self) -> usize {
+        match self {
+            Lane::Interactive => 0,
+            Lane::Bulk => 1,
+        }
+    }
+}
+
+/// The engine behind the router. Called only from its lane's backend thread.
+pub trait Backend {
+    fn health(&mut self) -> Result<(), BackendError>;
+    fn forward(&mut self, kind: BatchKind, batch: &Batch) -> Result<Matrix, BackendError>;
+
+    /// Whether [`Backend::launch`] returns before its batch has run (a GPU runtime): the
+    /// bulk thread then starts the next batch before it reads this one back.
+    fn pipelines(&self) -> bool {
+        false
+    }
+
+    /// Starts a batch and returns once the device holds its work; [`Launched::finish`]
+    /// reads its result. By default the whole pass runs here.
+    fn launch(&mut self, kind: BatchKind, batch: &Batch) -> Result<Launched, BackendError> {
+        self.forward(kind, batch).map(Launched::done)
+    }
+
+    /// Runs the host side of the lane's last query again without the device, so that the
+    /// next query finds its code and data in the CPU's caches; the interactive thread calls
+    /// it while it spins between queries (`--query-warm-us`). Errors are the next query's to
+    /// report. By default nothing.
+    fn warm(&mut self) {}
+}
+
+/// A batch started by [`Backend::launch`], its result not read yet.
+pub struct Launched(Box<dyn FnOnce() -> Result<Matrix, BackendError> + Send>);
+
+impl Launched {
+    pub fn new(finish: impl FnOnce() -> Result<Matrix, BackendError> + Send + 'static) -> Self {
+        Self(Box::new(finish))
+    }
+
+    /// A batch that has run already: `finish` returns `matrix`.
+    pub fn done(matrix: Matrix) -> Self {
+        Self::new(move || Ok(matrix))
+    }
+
+    /// Waits for the batch and returns its result.
+    pub fn finish(self) -> Result<Matrix, BackendError> {
+        (self.0)()
+    }
+}
