@@ -139,7 +139,7 @@ def _flash(q, k, v, meta, causal, sliding_window, scale):  # type: ignore[no-unt
     else:
         window = (sliding_window, sliding_window)
     # FlashAttention takes grouped k/v heads as they are (GQA): no repeated copies.
-    # tests/test_gpu_kernels.py checks this equals attention over repeated heads.
+    # tests/test_kernels_gpu.py checks this equals attention over repeated heads.
     return _varlen_attn(
         q,
         k,
