@@ -6,6 +6,7 @@ or `RayShardExecutor` (ray_executor.py: model actors on a Ray cluster).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Optional, Protocol
 
 import pyarrow as pa
@@ -21,6 +22,20 @@ from .store import OutputStore
 PREFETCH_CHUNKS = 2  # tokenized chunks waiting for the model: bounds memory
 
 
+@dataclass
+class JobRun:
+    """One run of a job, as the driver hands it to an executor: where rows come from and go,
+    the shards already done, and the progress and summary the executor updates."""
+
+    reader: InputReader
+    store: OutputStore
+    schema: pa.Schema
+    finished: set[int]
+    progress: Progress
+    summary: Summary
+    total: Optional[int]  # the input's rows, if known
+
+
 class ShardExecutor(Protocol):
     """What embeds a job's unfinished shards, for `run_job`."""
 
@@ -29,17 +44,8 @@ class ShardExecutor(Protocol):
         model's hidden size and the options as the executor runs them, which the manifest
         records. `close` runs after it whether it returns or raises."""
 
-    def embed(
-        self,
-        reader: InputReader,
-        store: OutputStore,
-        schema: pa.Schema,
-        finished: set[int],
-        progress: Progress,
-        summary: Summary,
-        total: Optional[int],
-    ) -> None:
-        """Embeds and commits every unfinished shard; `total`: the input's rows if known."""
+    def embed(self, run: JobRun) -> None:
+        """Embeds and commits every unfinished shard of `run`."""
 
     def count_devices(self, summary: Summary, progress: Progress) -> None:
         """Sets the summary's tokens per device, if the executor did not as it went."""
@@ -175,7 +181,7 @@ def _embed(
     if is_complete(store, finished):
         summary.total_rows, summary.complete = manifest.total_rows, True
         return
-    executor.embed(reader, store, schema, finished, progress, summary, total)
+    executor.embed(JobRun(reader, store, schema, finished, progress, summary, total))
 
 
 def _finish_summary(executor: ShardExecutor, summary: Summary, progress: Progress) -> None:

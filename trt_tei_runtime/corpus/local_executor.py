@@ -12,17 +12,15 @@ from functools import partial
 from typing import Any, Optional, Union
 
 import numpy as np
-import pyarrow as pa
 
 from ..errors import InputError
 from ..token_ids import TokenIds
 from .ahead import ahead
-from .driver import PREFETCH_CHUNKS, check_bad_rows, run_job
+from .driver import PREFETCH_CHUNKS, JobRun, check_bad_rows, run_job
 from .errors import CorpusError
 from .options import JobOptions
 from .plan import InputEnd, Piece, PlanItem, ShardEnd, plan
 from .progress import Progress, Summary
-from .reader import InputReader
 from .rows import EmbeddingModel, Tokenized, screen, shard_rows, tokenize
 from .shards import ShardWriter
 from .store import OutputStore
@@ -102,16 +100,9 @@ class LocalShardExecutor:
     def count_devices(self, summary: Summary, progress: Progress) -> None:
         summary.devices = tokens_per_device(self.model, progress.tokens)
 
-    def embed(
-        self,
-        reader: InputReader,
-        store: OutputStore,
-        schema: pa.Schema,
-        finished: set[int],
-        progress: Progress,
-        summary: Summary,
-        total: Optional[int],
-    ) -> None:
+    def embed(self, run: JobRun) -> None:
+        reader, store, schema, finished = run.reader, run.store, run.schema, run.finished
+        progress, summary, total = run.progress, run.summary, run.total
         options, model = self.options, self.model
         assert options is not None
         items = plan(reader, options.shard_rows, options.chunk_rows, finished)

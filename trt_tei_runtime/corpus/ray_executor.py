@@ -22,7 +22,7 @@ from typing import Any, Optional
 import pyarrow as pa
 
 from .ahead import ahead
-from .driver import PREFETCH_CHUNKS, bad_row_error, check_bad_rows, run_job
+from .driver import PREFETCH_CHUNKS, JobRun, bad_row_error, check_bad_rows, run_job
 from .errors import CorpusError
 from .options import JobOptions
 from .plan import Piece, ShardEnd, plan
@@ -194,20 +194,9 @@ class RayShardExecutor:
     def count_devices(self, summary: Summary, progress: Progress) -> None:
         pass  # counted per actor as the shards come back
 
-    def embed(
-        self,
-        reader: InputReader,
-        store: OutputStore,
-        schema: pa.Schema,
-        finished: set[int],
-        progress: Progress,
-        summary: Summary,
-        total: Optional[int],
-    ) -> None:
+    def embed(self, run: JobRun) -> None:
         assert self.options is not None
-        _embed_shards(
-            self.ray, self.actors, self.options, reader, store, schema, finished, progress, summary
-        )
+        _embed_shards(self.ray, self.actors, self.options, run)
 
 
 def _start_actors(ray: Any, options: JobOptions) -> list[Any]:
@@ -244,17 +233,9 @@ def _with_model(options: JobOptions, model: str) -> JobOptions:
     return replace(options, model=model)
 
 
-def _embed_shards(
-    ray: Any,
-    actors: list[Any],
-    options: JobOptions,
-    reader: InputReader,
-    store: OutputStore,
-    schema: pa.Schema,
-    finished: set[int],
-    progress: Progress,
-    summary: Summary,
-) -> None:
+def _embed_shards(ray: Any, actors: list[Any], options: JobOptions, run: JobRun) -> None:
+    reader, store, schema, finished = run.reader, run.store, run.schema, run.finished
+    progress, summary = run.progress, run.summary
     pending: dict[Any, tuple[ShardInput, int]] = {}  # ref → (shard, actor index)
     load = [0] * len(actors)
     schema_ref = ray.put(schema)
