@@ -136,19 +136,10 @@ fn backend_spin_is_the_lanes_default_unless_given() {
 
 #[test]
 fn the_policy_flags_carry_every_default_unchanged() {
+    // `schedule`'s tests state the defaults as `--help` gives them.
     assert_eq!(
         parse(&[]).unwrap().policy_flags(),
-        PolicyFlags {
-            max_batch_tokens: 16384,
-            max_batch_requests: None,
-            interactive_max_tokens: 256,
-            max_bulk_batch_ms: 40,
-            backend_spin_us: None,
-            query_warm_us: DEFAULT_WARM_EVERY_US,
-            query_spin_us: None,
-            http_spin_us: None,
-            tokenization_priority: None,
-        }
+        crate::schedule::tests::defaults()
     );
 }
 
