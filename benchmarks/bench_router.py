@@ -55,7 +55,7 @@ import realistic_traffic as rt
 import torch
 from bench_engine import backfill_lengths, percentiles
 from shapes import BF16_LIMIT_TOKENS_PER_S, with_tokenizer, write_random_checkpoint
-from thread_cpu import ThreadCpu
+from thread_cpu import ThreadCpu, ThreadStates, first_threads
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "http"))
 from loadgen import run as load  # noqa: E402
@@ -218,7 +218,9 @@ def realistic_row(
         estimate = backfill.run(1)
         passes = max(args.passes, math.ceil((args.settle + args.seconds) * estimate / tokens))
         before, threads_before = rt.BulkCounters.read(port), ThreadCpu.read(proc.pid)
-        solo = backfill.run(passes)
+        backend_threads = first_threads(proc.pid, "model-backend")
+        with ThreadStates(backend_threads) as backend_states:
+            solo = backfill.run(passes)
         threads = ThreadCpu.read(proc.pid).since(threads_before)
         busy, batch_tokens = rt.BulkCounters.read(port).since(before, tokens * passes / solo)
         loaded = rt.Queries(port, bodies, interval, raw)
@@ -247,6 +249,7 @@ def realistic_row(
         "busy": busy,
         "batch_tokens": batch_tokens,
         "threads": threads,
+        "backend_states": backend_states,
         "mixed": under,
     }
 
@@ -316,6 +319,7 @@ def realistic(args: argparse.Namespace) -> None:
     for r in rows:
         label = f"  {r['shape']}{' ' + r['flags'].strip() if variants else ''}"
         print(f"{label}: {r['threads'].summary()}")
+        print(f"{label}: the bulk backend threads, sampled: {r['backend_states'].summary()}")
 
 
 def main() -> None:

@@ -9,13 +9,15 @@ profiler or ptrace rights.
 
 Threads are grouped by name with a trailing index dropped (`tokenizer-0` … `tokenizer-11` are
 one group): each group's figure is CPU seconds per wall second (1.00 = one core busy), with its
-busiest thread beside it. Linux only.
+busiest thread beside it. `ThreadStates` samples what chosen threads wait in (a lock, a
+driver call) while a window runs. Linux only.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import threading
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -80,3 +82,68 @@ class Window:
             for name, v in rows
         ]
         return f"{self.total():.2f} cores over {self.wall_s:.1f} s: " + "; ".join(parts)
+
+
+# x86-64 system call numbers a waiting router thread is seen in.
+SYSCALLS = {"202": "futex", "16": "ioctl", "7": "poll", "232": "epoll_wait", "0": "read"}
+
+
+def first_threads(pid: int, prefix: str) -> list[Path]:
+    """The threads named `prefix…` that were started under that name: a thread takes the name
+    of the thread that starts it, so torch's pool threads started by `model-backend-1` are
+    also `model-backend-1`; of each name the lowest thread id is the one that came first."""
+    first: dict[str, Path] = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            name = (task / "comm").read_text().strip()
+        except OSError:
+            continue
+        if name.startswith(prefix) and (
+            name not in first or int(task.name) < int(first[name].name)
+        ):
+            first[name] = task
+    return list(first.values())
+
+
+class ThreadStates:
+    """What some threads are doing, sampled from /proc while a window runs: on a core
+    (`running`), or waiting in a system call, by name (`futex`: a lock or a condition
+    variable, such as the interpreter lock; `ioctl`: a driver call, such as a CUDA
+    synchronize). Reading /proc/PID/task/TID/syscall needs the rights ptrace would (the same
+    user, or root); sample few threads, since each read waits for its thread to be off-CPU
+    or reports it running.
+
+        with ThreadStates(first_threads(pid, "model-backend")) as states:
+            ...                               # the window
+        print(states.summary())
+    """
+
+    def __init__(self, tasks: list[Path], hz: float = 100.0) -> None:
+        self.tasks, self.interval = tasks, 1.0 / hz
+        self.counts: dict[str, int] = defaultdict(int)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> ThreadStates:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            for task in self.tasks:
+                try:
+                    call = (task / "syscall").read_text().split()[0]
+                except (OSError, IndexError):
+                    continue
+                name = call if call == "running" else SYSCALLS.get(call, f"syscall {call}")
+                self.counts[name] += 1
+
+    def summary(self) -> str:
+        total = sum(self.counts.values()) or 1
+        parts = sorted(self.counts.items(), key=lambda kv: -kv[1])
+        shares = ", ".join(f"{k} {v / total:.0%}" for k, v in parts[:5])
+        return f"{len(self.tasks)} thread(s): {shares}"
