@@ -74,7 +74,6 @@ class TextTokenizer:
         self.max_length = max_length
         self._prompts = sorted(prompts or {})
         self._pair_template = pair_template
-        self._adapters: dict[Optional[str], int] = {}
 
     def encode_ids(
         self, texts: Sequence[str], prompt_name: Optional[str] = None, *, truncate: bool = True
@@ -116,9 +115,7 @@ class TextTokenizer:
     def adapter(self, prompt_name: Optional[str]) -> int:
         """The adapter index (type id) of a text embedded with `prompt_name` (or the default
         prompt); 0 for a model without adapters."""
-        if prompt_name not in self._adapters:
-            self._adapters[prompt_name] = self._flat.adapter(prompt_name)
-        return self._adapters[prompt_name]
+        return self._flat.adapter(prompt_name)
 
     def _error(
         self,
