@@ -1,5 +1,6 @@
 //! Command line flags: TEI's names and environment variables, plus the backend choice.
 
+use crate::backend::process::DeviceWorkers;
 use crate::schedule::{PolicyFlags, DEFAULT_WARM_EVERY_US};
 use crate::tokenization::PoolPriority;
 use clap::{Parser, ValueEnum};
@@ -265,6 +266,14 @@ pub struct Args {
     /// `DeviceError`) takes no more batches; /health answers 200 while one device is healthy.
     #[arg(long, env = "DEVICES")]
     pub devices: Option<String>,
+
+    /// How several devices are run: `processes` starts one runtime worker process per device
+    /// (batches cross in shared memory; the router still queues and batches for all), so the
+    /// devices do not share one Python interpreter; `threads` runs them all in this process;
+    /// `auto` picks processes when more than one GPU is served. Processes need the backend
+    /// class to name its devices (`device_names(devices)`, as the built-in one does).
+    #[arg(long, env = "DEVICE_WORKERS", value_enum, default_value_t = DeviceWorkers::Auto)]
+    pub device_workers: DeviceWorkers,
 }
 
 impl Args {

@@ -2,6 +2,7 @@
 //! Python backend. It ties the flags (`cli`) and the process (`server`) to the PyO3 backend,
 //! so the backend layer itself depends on neither.
 
+use crate::backend::process::spawn;
 use crate::backend::python::PythonBackendOptions;
 use crate::cli::Args;
 use pyo3::prelude::*;
@@ -30,6 +31,8 @@ pub fn backend_options(args: &Args) -> PythonBackendOptions {
         max_bulk_step_ms: args.max_bulk_step_ms,
         interactive_lane: args.interactive_max_tokens > 0,
         env,
+        device_workers: args.device_workers,
+        json_logs: args.json_output,
     }
 }
 
@@ -43,7 +46,7 @@ fn run(py: Python<'_>, argv: Vec<String>) -> i32 {
     // nothing else in the process needs the interpreter.
     py.detach(move || {
         let make: crate::server::MakeBackend =
-            Box::new(|args: &Args| Ok(backend_options(args).factory()));
+            Box::new(|args: &Args| Ok(spawn::factory(backend_options(args))));
         crate::server::main_with_args(argv, make)
     })
 }
@@ -55,10 +58,19 @@ fn model_info_fields() -> Vec<&'static str> {
     crate::backend::ModelInfo::FIELDS.to_vec()
 }
 
+/// The life of a device worker process (`python -m trt_tei_runtime.device_worker SPEC`, started
+/// by the router with `--device-workers processes`); returns its exit code.
+#[pyfunction]
+fn run_device_worker(py: Python<'_>, spec: String) -> i32 {
+    crate::allocator::bound_fragmentation();
+    py.detach(move || spawn::run_worker(&spec))
+}
+
 #[pymodule]
 fn _router(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(run, m)?)?;
     m.add_function(wrap_pyfunction!(model_info_fields, m)?)?;
+    m.add_function(wrap_pyfunction!(run_device_worker, m)?)?;
     m.add_class::<crate::python_tokenizer::FlatTokenizer>()?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())

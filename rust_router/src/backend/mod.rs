@@ -15,6 +15,7 @@ mod executor;
 #[cfg(test)]
 pub(crate) mod fake;
 mod model_info;
+pub mod process;
 #[cfg(feature = "pyo3")]
 pub mod python;
 pub mod wait;

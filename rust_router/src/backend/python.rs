@@ -7,14 +7,16 @@
 //! naming its device (`device=i`).
 
 use super::{
-    Backend, BackendError, BackendFactory, Batch, BatchKind, DeviceBackends, Launched,
+    Backend, BackendError, Batch, BatchKind, DeviceBackends, Launched,
     LoadedBackend, Matrix, ModelInfo,
 };
+use super::process::DeviceWorkers;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
 
-/// What the backend constructor needs, copied out of the flags so it can cross threads.
-#[derive(Debug, Clone)]
+/// What the backend constructor needs, copied out of the flags so it can cross threads (and,
+/// as JSON, to a device worker process).
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct PythonBackendOptions {
     pub class_path: String,
     pub model_id: String,
@@ -40,12 +42,11 @@ pub struct PythonBackendOptions {
     /// Environment for the runtime (hub token, cache), set through `os.environ` because
     /// Python snapshots the process environment at start-up.
     pub env: Vec<(String, String)>,
-}
-
-impl PythonBackendOptions {
-    pub fn factory(self) -> BackendFactory {
-        Box::new(move || load(&self))
-    }
+    /// `--device-workers`: several devices in this process, or a worker process each
+    /// (`backend::process`).
+    pub device_workers: DeviceWorkers,
+    /// `--json-output`, for the logs of device workers.
+    pub json_logs: bool,
 }
 
 /// Whether the runtime says the device itself failed: an exception of a class named
@@ -66,7 +67,7 @@ fn is_device_error(py: Python<'_>, err: &PyErr) -> bool {
     })
 }
 
-fn summary(py: Python<'_>, err: &PyErr) -> String {
+pub(in crate::backend) fn summary(py: Python<'_>, err: &PyErr) -> String {
     match err.get_type(py).name() {
         Ok(name) => format!("{name}: {}", err.value(py)),
         Err(_) => err.to_string(),
@@ -125,7 +126,7 @@ fn set_environment(py: Python<'_>, env: &[(String, String)]) -> PyResult<()> {
 }
 
 /// The `module:Class` of `--python-backend-class`, with a message that names the flag.
-fn backend_class<'py>(
+pub(in crate::backend) fn backend_class<'py>(
     py: Python<'py>,
     class_path: &str,
 ) -> Result<Bound<'py, PyAny>, BackendError> {
@@ -188,7 +189,8 @@ fn constructor_kwargs<'py>(
     Ok((kwargs, accepts("devices")?))
 }
 
-fn load(opts: &PythonBackendOptions) -> Result<LoadedBackend, BackendError> {
+/// The backend in this process, every device's lanes over one Python object.
+pub(in crate::backend) fn load(opts: &PythonBackendOptions) -> Result<LoadedBackend, BackendError> {
     Python::attach(|py| {
         // Before any import: huggingface_hub reads its settings when it is imported.
         set_environment(py, &opts.env)

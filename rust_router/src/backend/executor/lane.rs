@@ -4,9 +4,8 @@
 
 use crate::backend::device::DeviceState;
 use crate::backend::wait::{next_message, IdleSince, WaitPolicy, Warming};
+use crate::backend::contract::guarded;
 use crate::backend::{Backend, BackendError, Batch, BatchKind, Launched, Matrix};
-use crate::panics::panic_message;
-use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -255,13 +254,4 @@ impl Replies<'_> {
         self.reply(flight.batch, flight.reply, result, flight.started, duration);
         drop(flight.held);
     }
-}
-
-/// A panic inside one forward pass must fail that batch, not take the server down.
-fn guarded<T>(f: impl FnOnce() -> Result<T, BackendError>) -> Result<T, BackendError> {
-    std::panic::catch_unwind(AssertUnwindSafe(f)).unwrap_or_else(|panic| {
-        let msg = panic_message(panic.as_ref()).unwrap_or("unknown panic");
-        tracing::error!("backend panicked: {msg}");
-        Err(BackendError::Inference(format!("backend panicked: {msg}")))
-    })
 }
