@@ -19,7 +19,8 @@ set -euo pipefail
 tokenizer=${1:?usage: bench_devices.sh TOKENIZER_DIR [SHAPES] [COUNTS]}
 shapes=${2:-bert-large,qwen3-0.6b}
 gpus=$(python3 -c 'import torch; print(torch.cuda.device_count())')
-counts=${3:-$( [ "$gpus" -gt 1 ] && echo "1 $gpus" || echo 1 )}
+counts=${3:-$( [ "$gpus" -gt 2 ] && echo "1 2 $gpus" || { [ "$gpus" -gt 1 ] && echo "1 2" || echo 1; } )}
+modes=${SERVER_MODES:-threads processes}
 here=$(cd "$(dirname "$0")" && pwd)
 seconds=${SECONDS_PER_WINDOW:-20}
 
@@ -31,9 +32,14 @@ echo "GPUs visible: $gpus; counts: $counts; shapes: $shapes; commit ${TRT_TEI_CO
 for n in $counts; do
     devices=$(device_list "$n")
     echo "=== $n device(s): $devices — server"
+    # One GPU is served in one process whatever the mode (`auto`); several once per mode.
+    variants=$( [ "$n" -gt 1 ] && printf -- '--device-workers %s;' $modes | sed 's/;$//' \
+        || echo '--device-workers threads' )
     python3 "$here/bench_router.py" --realistic --shapes "$shapes" --tokenizer-from "$tokenizer" \
-        --router-args "--devices $devices" --clients $((8 * n)) --seconds "$seconds" --passes 1 \
+        --router-args "--devices $devices" --router-variants "$variants" \
+        --clients $((8 * n)) --seconds "$seconds" --passes 1 \
         2>&1 | grep -A 30 '^device:'
+    [ "${JOB:-1}" = 0 ] && continue
     echo "=== $n device(s): $devices — trt-tei-embed"
     python3 "$here/bench_corpus.py" --shapes "$shapes" --tokenizer-from "$tokenizer" \
         --devices "$devices" --job-repeat $((30 * n)) 2>&1 | grep -E '^\|'

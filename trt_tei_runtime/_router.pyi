@@ -6,6 +6,10 @@ def run(argv: list[str]) -> int:
 def model_info_fields() -> list[str]:
     """The keys of `Backend.info()` the router reads (its `ModelInfo` contract)."""
 
+def run_device_worker(spec: str) -> int:
+    """A device worker's life (`trt_tei_runtime.device_worker`): load the backend for the
+    spec's one device, serve the router's lanes until it closes them; the exit status."""
+
 class FlatTokenizer:
     """A `tokenizer.json` without its own truncation and padding, with the router's encode
     rules for a model of `max_length` tokens: its prompts, default prompt name, pair template

@@ -35,6 +35,7 @@ import torch
 from .batch import HostArrays, PackedBatch
 from .errors import DeviceError, RuntimeErrorBase
 from .runtime import Executor, Lane, load_executors
+from .runtime.devices import parse_devices
 from .runtime.dispatch import to_host
 from .runtime.preemption import DEFAULT_MAX_STEP_MS
 
@@ -107,6 +108,12 @@ class Backend:
         self._last_queries: dict[int, tuple[Any, ...]] = {}
         if self.model.interactive is not None:
             sys.setswitchinterval(lane_switch_interval_s())
+
+    @staticmethod
+    def device_names(devices: str | None = None) -> list[str]:
+        """The devices a `devices` (or `device`) spec means, by name, without loading
+        anything: the router starts one worker process per name (`--device-workers`)."""
+        return [str(device) for device in parse_devices(devices)]
 
     def info(self) -> dict[str, Any]:
         """The router's `ModelInfo` (rust_router/src/backend/mod.rs defines the keys; a test

@@ -138,3 +138,10 @@ class WarmFailingBackend(LaneClaimingBackend):
         with open(os.environ["TRT_TEI_TEST_WARM_LOG"], "a") as log:
             log.write(f"{device}\n")
         raise DeviceError("CUDA error: an illegal memory access was encountered (injected)")
+
+
+class UnnamedDevicesBackend(Backend):
+    """A backend that cannot say which devices a `devices` spec means (as a third-party one
+    may not): `--device-workers processes` must be refused at start-up."""
+
+    device_names = None  # type: ignore[assignment]

@@ -177,7 +177,9 @@ impl Launched {
 }
 
 /// A panic inside one forward pass must fail that batch, not take the server down.
-pub(in crate::backend) fn guarded<T>(f: impl FnOnce() -> Result<T, BackendError>) -> Result<T, BackendError> {
+pub(in crate::backend) fn guarded<T>(
+    f: impl FnOnce() -> Result<T, BackendError>,
+) -> Result<T, BackendError> {
     std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_or_else(|panic| {
         let msg = crate::panics::panic_message(panic.as_ref()).unwrap_or("unknown panic");
         tracing::error!("backend panicked: {msg}");

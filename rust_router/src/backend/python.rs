@@ -6,11 +6,11 @@
 //! devices (`info()["devices"]`), every device's threads call that same object too, each call
 //! naming its device (`device=i`).
 
-use super::{
-    Backend, BackendError, Batch, BatchKind, DeviceBackends, Launched,
-    LoadedBackend, Matrix, ModelInfo,
-};
 use super::process::DeviceWorkers;
+use super::{
+    Backend, BackendError, Batch, BatchKind, DeviceBackends, Launched, LoadedBackend, Matrix,
+    ModelInfo,
+};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
 

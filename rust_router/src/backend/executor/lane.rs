@@ -2,9 +2,9 @@
 //! forward pass at a time (or launched ahead, on a backend that pipelines), and answers each
 //! with a [`Ran`].
 
+use crate::backend::contract::guarded;
 use crate::backend::device::DeviceState;
 use crate::backend::wait::{next_message, IdleSince, WaitPolicy, Warming};
-use crate::backend::contract::guarded;
 use crate::backend::{Backend, BackendError, Batch, BatchKind, Launched, Matrix};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;

@@ -37,7 +37,12 @@ struct Channel {
 }
 
 impl WorkerLane {
-    pub fn new(socket: UnixStream, region: Region, worker: Arc<dyn Worker>, pipelines: bool) -> Self {
+    pub fn new(
+        socket: UnixStream,
+        region: Region,
+        worker: Arc<dyn Worker>,
+        pipelines: bool,
+    ) -> Self {
         let (inputs, outputs) = region.split();
         Self {
             channel: Arc::new(Mutex::new(Channel {

@@ -29,10 +29,7 @@ pub fn serve_lane(
 ) -> io::Result<()> {
     let (mut inputs, outputs) = region.split();
     let mut reader = socket.try_clone()?;
-    let mut replier = Replier {
-        socket,
-        outputs,
-    };
+    let mut replier = Replier { socket, outputs };
     if !backend.pipelines() {
         while let Some(pending) = next(&mut reader, &mut inputs, backend.as_mut())? {
             replier.answer(pending)?;
@@ -40,14 +37,15 @@ pub fn serve_lane(
         return Ok(());
     }
     let (tx, rx) = mpsc::channel::<Pending>();
-    let answering = std::thread::Builder::new()
-        .name(name.into())
-        .spawn(move || -> io::Result<()> {
-            for pending in rx {
-                replier.answer(pending)?;
-            }
-            Ok(())
-        })?;
+    let answering =
+        std::thread::Builder::new()
+            .name(name.into())
+            .spawn(move || -> io::Result<()> {
+                for pending in rx {
+                    replier.answer(pending)?;
+                }
+                Ok(())
+            })?;
     let mut served = Ok(());
     loop {
         match next(&mut reader, &mut inputs, backend.as_mut()) {

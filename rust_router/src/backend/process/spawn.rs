@@ -70,7 +70,10 @@ fn plan(opts: &PythonBackendOptions) -> Result<Option<Plan>, BackendError> {
     Python::attach(|py| {
         let start = |e: PyErr| BackendError::Start(format!("planning the device workers: {e}"));
         let cls = python::backend_class(py, &opts.class_path)?;
-        if !cls.hasattr("device_names").map_err(start)? {
+        let names_devices = cls
+            .getattr("device_names")
+            .is_ok_and(|method| !method.is_none());
+        if !names_devices {
             if opts.device_workers == DeviceWorkers::Processes {
                 return Err(BackendError::Start(format!(
                     "`--device-workers processes` needs `{}.device_names(devices)`, which names \
@@ -89,8 +92,14 @@ fn plan(opts: &PythonBackendOptions) -> Result<Option<Plan>, BackendError> {
             return Ok(None);
         }
         let sys = py.import("sys").map_err(start)?;
-        let executable: String = sys.getattr("executable").and_then(|e| e.extract()).map_err(start)?;
-        let path: Vec<String> = sys.getattr("path").and_then(|p| p.extract()).map_err(start)?;
+        let executable: String = sys
+            .getattr("executable")
+            .and_then(|e| e.extract())
+            .map_err(start)?;
+        let path: Vec<String> = sys
+            .getattr("path")
+            .and_then(|p| p.extract())
+            .map_err(start)?;
         let python_path = std::env::join_paths(path.iter().filter(|p| !p.is_empty()))
             .map_err(|e| BackendError::Start(format!("sys.path: {e}")))?
             .to_string_lossy()
@@ -161,11 +170,16 @@ fn describe_exit(status: ExitStatus) -> String {
     }
 }
 
+/// The router's end of a lane: its socket and its mapped region.
+type RouterEnd = (UnixStream, Region);
+/// The worker's end of a lane, as descriptors it inherits: its socket and the region's file.
+type WorkerEnd = (OwnedFd, OwnedFd);
+
 /// One started worker: its process and the router's ends of its lanes.
 struct Started {
     process: Arc<WorkerProcess>,
-    bulk: (UnixStream, Region),
-    interactive: Option<(UnixStream, Region)>,
+    bulk: RouterEnd,
+    interactive: Option<RouterEnd>,
 }
 
 fn start_workers(opts: &PythonBackendOptions, plan: Plan) -> Result<LoadedBackend, BackendError> {
@@ -214,7 +228,9 @@ fn ready(worker: Started) -> Result<(ModelInfo, DeviceBackends), BackendError> {
     } = worker;
     let device = process.device.clone();
     let fail = |why: String| {
-        BackendError::Start(format!("the worker process of {device} could not start: {why}"))
+        BackendError::Start(format!(
+            "the worker process of {device} could not start: {why}"
+        ))
     };
     let ready = match Ready::read(&mut bulk_socket) {
         Ok(Ok(ready)) => ready,
@@ -231,12 +247,12 @@ fn ready(worker: Started) -> Result<(ModelInfo, DeviceBackends), BackendError> {
         .map_err(|e| fail(format!("its Backend.info() is invalid: {e}")))?;
     let worker: Arc<dyn Worker> = process;
     let interactive = match (ready.interactive, interactive) {
-        (true, Some((socket, region))) => Some(Box::new(WorkerLane::new(
-            socket,
-            region,
-            worker.clone(),
-            false,
-        )) as Box<dyn crate::backend::Backend + Send>),
+        (true, Some((socket, region))) => {
+            Some(
+                Box::new(WorkerLane::new(socket, region, worker.clone(), false))
+                    as Box<dyn crate::backend::Backend + Send>,
+            )
+        }
         _ => None,
     };
     let bulk = Box::new(WorkerLane::new(
@@ -258,7 +274,7 @@ fn spawn_worker(
     let io = |what: &str, e: std::io::Error| {
         BackendError::Start(format!("starting the worker of {device}: {what}: {e}"))
     };
-    let lane = |name: &str| -> Result<((UnixStream, Region), (OwnedFd, OwnedFd)), BackendError> {
+    let lane = |name: &str| -> Result<(RouterEnd, WorkerEnd), BackendError> {
         let (ours, theirs) = UnixStream::pair().map_err(|e| io("socket pair", e))?;
         let (region, region_fd) = Region::create(&format!("trt-tei-{index}-{name}"), layout)
             .map_err(|e| io("shared memory", e))?;
@@ -340,12 +356,18 @@ pub fn run_worker(spec: &str) -> i32 {
     let own = |fd: RawFd| unsafe { OwnedFd::from_raw_fd(fd) };
     let mut bulk = UnixStream::from(own(spec.bulk_fd));
     let lane = |socket: RawFd, region: RawFd| -> std::io::Result<(UnixStream, Region)> {
-        Ok((UnixStream::from(own(socket)), Region::open(own(region), layout)?))
+        Ok((
+            UnixStream::from(own(socket)),
+            Region::open(own(region), layout)?,
+        ))
     };
     let bulk_region = match Region::open(own(spec.bulk_region_fd), layout) {
         Ok(region) => region,
         Err(e) => {
-            let _ = Ready::write(&Err(BackendError::Start(format!("shared memory: {e}"))), &mut bulk);
+            let _ = Ready::write(
+                &Err(BackendError::Start(format!("shared memory: {e}"))),
+                &mut bulk,
+            );
             return 1;
         }
     };

@@ -78,7 +78,11 @@ fn every_kind_comes_back_as_the_backend_returns_it_through_slots_or_the_socket()
             let (mut lane, _serving) = lane_over(fake(info, false), layout);
             for kind in kinds {
                 let want = direct.forward(kind, &input).unwrap();
-                assert_eq!(lane.forward(kind, &input).unwrap(), want, "{kind:?} {layout:?}");
+                assert_eq!(
+                    lane.forward(kind, &input).unwrap(),
+                    want,
+                    "{kind:?} {layout:?}"
+                );
             }
         }
     }
@@ -91,15 +95,28 @@ fn a_pipelined_lane_launches_the_next_batch_before_the_last_is_read() {
     let finished = worker_side.finished.clone();
     let (mut lane, _serving) = lane_over(worker_side, ROOMY);
     assert!(lane.pipelines());
-    let (a, b, c) = (batch(&[&[1, 11, 2]]), batch(&[&[1, 12, 2]]), batch(&[&[1, 13, 2]]));
+    let (a, b, c) = (
+        batch(&[&[1, 11, 2]]),
+        batch(&[&[1, 12, 2]]),
+        batch(&[&[1, 13, 2]]),
+    );
     let mut direct = FakeBackend::new(FakeBackend::info());
     let first = lane.launch(BatchKind::Pooled, &a).unwrap();
     let second = lane.launch(BatchKind::Pooled, &b).unwrap();
-    assert_eq!(first.finish().unwrap(), direct.forward(BatchKind::Pooled, &a).unwrap());
+    assert_eq!(
+        first.finish().unwrap(),
+        direct.forward(BatchKind::Pooled, &a).unwrap()
+    );
     // Slot 0 again: the first batch was read back, so its slots are free.
     let third = lane.launch(BatchKind::Pooled, &c).unwrap();
-    assert_eq!(second.finish().unwrap(), direct.forward(BatchKind::Pooled, &b).unwrap());
-    assert_eq!(third.finish().unwrap(), direct.forward(BatchKind::Pooled, &c).unwrap());
+    assert_eq!(
+        second.finish().unwrap(),
+        direct.forward(BatchKind::Pooled, &b).unwrap()
+    );
+    assert_eq!(
+        third.finish().unwrap(),
+        direct.forward(BatchKind::Pooled, &c).unwrap()
+    );
     assert_eq!(launched.lock().unwrap().len(), 3);
     // The worker launched the second batch before it read the first one back.
     let first_read = finished.lock().unwrap()[0];
@@ -138,15 +155,23 @@ fn a_worker_that_goes_away_fails_its_device_with_the_reason_and_at_once_after() 
     let (ours, theirs) = UnixStream::pair().unwrap();
     let (region, _fd) = Region::create("test-lane", ROOMY).unwrap();
     let mut lane = WorkerLane::new(ours, region, Arc::new(NamedWorker), true);
-    let launched = lane.launch(BatchKind::Pooled, &batch(&[&[1, 5, 2]])).unwrap();
+    let launched = lane
+        .launch(BatchKind::Pooled, &batch(&[&[1, 5, 2]]))
+        .unwrap();
     drop(theirs); // the worker process died with the batch
     let err = launched.finish().unwrap_err();
     assert_eq!(
         err,
-        BackendError::Device("the worker process of fake:1 stopped: it was killed by signal 9".into())
+        BackendError::Device(
+            "the worker process of fake:1 stopped: it was killed by signal 9".into()
+        )
     );
     assert_eq!(lane.health().unwrap_err(), err);
-    assert_eq!(lane.forward(BatchKind::Pooled, &batch(&[&[1, 2]])).unwrap_err(), err);
+    assert_eq!(
+        lane.forward(BatchKind::Pooled, &batch(&[&[1, 2]]))
+            .unwrap_err(),
+        err
+    );
 }
 
 #[test]

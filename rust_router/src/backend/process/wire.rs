@@ -219,7 +219,10 @@ impl Ready {
 
     pub fn read(input: &mut impl Read) -> io::Result<Result<Ready, BackendError>> {
         let w = read_words::<REPLY_WORDS>(input)?.ok_or_else(|| {
-            io::Error::new(io::ErrorKind::UnexpectedEof, "the worker exited before it was ready")
+            io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "the worker exited before it was ready",
+            )
         })?;
         let mut body = vec![0u8; w[5] as usize];
         input.read_exact(&mut body)?;
