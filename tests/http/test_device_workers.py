@@ -26,9 +26,7 @@ def workers_of(pid: int) -> list[int]:
     for task in Path(f"/proc/{pid}/task").iterdir():
         text = (task / "children").read_text().split()
         children.extend(int(c) for c in text)
-    workers = [
-        c for c in children if b"device_worker" in Path(f"/proc/{c}/cmdline").read_bytes()
-    ]
+    workers = [c for c in children if b"device_worker" in Path(f"/proc/{c}/cmdline").read_bytes()]
     return sorted(workers)
 
 
@@ -42,9 +40,7 @@ def is_running(pid: int) -> bool:
 
 def test_worker_processes_answer_as_one_device_does(start_server, minilm_dir):
     one = start_server(minilm_dir, "--device", "cpu")
-    server = start_server(
-        minilm_dir, "--devices", "cpu,cpu", *WORKERS, "--max-batch-requests", "2"
-    )
+    server = start_server(minilm_dir, "--devices", "cpu,cpu", *WORKERS, "--max-batch-requests", "2")
     workers = workers_of(server.proc.pid)
     assert len(workers) == 2, workers
     info = server.get("/info").json()
