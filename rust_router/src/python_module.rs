@@ -58,7 +58,7 @@ fn model_info_fields() -> Vec<&'static str> {
     crate::backend::ModelInfo::FIELDS.to_vec()
 }
 
-/// The life of a device worker process (`python -m trt_tei_runtime.device_worker SPEC`, started
+/// The life of a device worker process (`trt_tei_runtime.device_worker.main(SPEC)`, started
 /// by the router with `--device-workers processes`); returns its exit code.
 #[pyfunction]
 fn run_device_worker(py: Python<'_>, spec: String) -> i32 {

@@ -1,7 +1,7 @@
 //! Starting one worker process per device (the router's side) and being one (the worker's).
 //!
-//! The router runs `python -m trt_tei_runtime.device_worker SPEC` per device with the same
-//! interpreter and import path as its own. Each worker loads the backend class for its one
+//! The router runs `trt_tei_runtime.device_worker` per device with the same interpreter and
+//! import path as its own. Each worker loads the backend class for its one
 //! device exactly as the router would in one process ([`python::load`]), says it is ready on
 //! its bulk socket, and serves its lanes ([`serve_lane`]) until the router closes them. A
 //! worker is in a process group of its own (a Ctrl-C reaches the router, which drains, not
@@ -28,6 +28,12 @@ use std::time::{Duration, Instant};
 /// no memory.
 const OUTPUT_SLOT_BYTES: usize = 64 << 20;
 
+/// The worker's `python -c` program: the router's own import path, exactly (`-m` would put
+/// the working directory first, where a source checkout without the compiled router may
+/// be), then the worker's main.
+const WORKER_BOOTSTRAP: &str = "import json, sys; sys.path[:] = json.loads(sys.argv[1]); \
+     from trt_tei_runtime.device_worker import main; main(sys.argv[2])";
+
 /// How long a worker whose lanes were closed may take to exit before it is killed.
 const EXIT_GRACE: Duration = Duration::from_secs(5);
 
@@ -51,6 +57,7 @@ struct WorkerSpec {
 /// How the router's interpreter starts a worker, and the devices the flags name.
 struct Plan {
     executable: String,
+    /// `sys.path`, as JSON.
     python_path: String,
     devices: Vec<String>,
 }
@@ -100,10 +107,8 @@ fn plan(opts: &PythonBackendOptions) -> Result<Option<Plan>, BackendError> {
             .getattr("path")
             .and_then(|p| p.extract())
             .map_err(start)?;
-        let python_path = std::env::join_paths(path.iter().filter(|p| !p.is_empty()))
-            .map_err(|e| BackendError::Start(format!("sys.path: {e}")))?
-            .to_string_lossy()
-            .into_owned();
+        let python_path = serde_json::to_string(&path)
+            .map_err(|e| BackendError::Start(format!("sys.path: {e}")))?;
         Ok(Some(Plan {
             executable,
             python_path,
@@ -308,9 +313,7 @@ fn spawn_worker(
         inherited.extend([s.as_raw_fd(), r.as_raw_fd()]);
     }
     let mut command = Command::new(&plan.executable);
-    command
-        .args(["-m", "trt_tei_runtime.device_worker", &spec])
-        .env("PYTHONPATH", &plan.python_path);
+    command.args(["-c", WORKER_BOOTSTRAP, &plan.python_path, &spec]);
     // SAFETY: between fork and exec the closure only makes async-signal-safe system calls.
     unsafe {
         command.pre_exec(move || {
