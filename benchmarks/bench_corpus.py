@@ -9,7 +9,7 @@ varied English text (`corpus_text.py`, seed 0, 64–512 tokens):
   included (docs/performance.md's target: ≥ 95 % of the engine);
 - trt-tei-embed: the corpus job on a Parquet file of the same texts repeated
   `--job-repeat` times (a job's steady state, not its start), its own tokens/s
-  (`--devices` as given), when this build has it.
+  (`--devices` and `--device-workers` as given), when this build has it.
 
 Works with builds before and after the runtime split (it finds the executor either way),
 so `ab_wheels.sh`-style old/new comparisons run the same file.
@@ -77,7 +77,12 @@ def model_tokens_per_s(model: Model, texts: list[str], tokens: int, reps: int) -
 
 
 def job_tokens_per_s(
-    folder: Path, texts: list[str], work: Path, devices: str, repeat: int
+    folder: Path,
+    texts: list[str],
+    work: Path,
+    devices: str,
+    repeat: int,
+    device_workers: str | None = None,
 ) -> float | None:
     try:
         import pyarrow as pa
@@ -93,6 +98,8 @@ def job_tokens_per_s(
     cmd = [sys.executable, "-m", "trt_tei_runtime.corpus.cli", str(folder)]
     cmd += ["--input", str(source), "--output", str(output), "--devices", devices]
     cmd += ["--shard-rows", str(len(texts))]
+    if device_workers:
+        cmd += ["--device-workers", device_workers]
     done = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ})
     if done.returncode != 0:
         print(done.stderr[-3000:], file=sys.stderr)
@@ -111,6 +118,11 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--devices", default="cuda:0", help="for trt-tei-embed")
+    parser.add_argument(
+        "--device-workers",
+        choices=("auto", "threads", "processes"),
+        help="for trt-tei-embed (left out: the job's default, and builds without the flag work)",
+    )
     parser.add_argument("--job-repeat", type=int, default=8, help="corpus copies for the job")
     args = parser.parse_args()
     print(f"device: {torch.cuda.get_device_name()}  commit {os.environ.get('TRT_TEI_COMMIT', '?')}")
@@ -126,7 +138,9 @@ def main() -> None:
             api = model_tokens_per_s(model, texts, tokens, args.reps)
             del model
             torch.cuda.empty_cache()
-            job = job_tokens_per_s(folder, texts, Path(tmp), args.devices, args.job_repeat)
+            job = job_tokens_per_s(
+                folder, texts, Path(tmp), args.devices, args.job_repeat, args.device_workers
+            )
             rows.append((shape, tokens, engine, api, job))
     print("\n| shape | tokens | engine tok/s | Model.embed tok/s (of engine) ", end="")
     print("| trt-tei-embed tok/s (of engine) |")

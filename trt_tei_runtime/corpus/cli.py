@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, NoReturn, Optional
 
 from ..errors import RuntimeErrorBase
+from .device_workers import DEVICE_WORKER_MODES
 from .errors import BadRowError, CorpusError
 from .options import BAD_ROW_POLICIES, DTYPES, VERIFY_MODES, JobOptions
 from .progress import Progress, Summary
@@ -26,7 +27,8 @@ Parquet shards plus a manifest.json to --output. Shard i holds input rows
 fixed-size list of float32, L2-normalized) and num_tokens. Shards and the manifest are
 written atomically: run the same command again after a crash and it checks the finished
 shards and embeds only the rest. The input is read as a stream; tokenizing runs ahead of
-the model in a thread."""
+the model in a thread. Several GPUs (--devices all) each get a worker process of their own
+(--device-workers)."""
 
 EPILOG = """\
 examples:
@@ -63,8 +65,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--devices",
-        help="passed to Model(device=...): e.g. cuda, cuda:1, cpu, all (default: the GPU if "
-        "any, else the CPU). Not with --ray (each Ray actor takes one GPU)",
+        help="as Model(device=...) takes them: e.g. cuda, cuda:1, cuda:0,cuda:1, cpu, all "
+        "(default: the first GPU if any, else the CPU); several GPUs run as one worker "
+        "process each (--device-workers). Not with --ray (each Ray actor takes one GPU)",
+    )
+    p.add_argument(
+        "--device-workers",
+        choices=DEVICE_WORKER_MODES,
+        default="auto",
+        help="how several --devices run: processes = one worker process per device, each "
+        "with its own model (this process reads, tokenizes and writes; a worker that dies "
+        "is restarted and its chunks embedded again); threads = one model over every device "
+        "in this process (its device threads share one interpreter lock, which costs "
+        "throughput past one GPU); auto = processes when more than one GPU (default)",
     )
     p.add_argument(
         "--dimensions", type=int, help="Matryoshka: keep the first N dimensions, then normalize"
@@ -130,6 +143,7 @@ def parse_options(argv: Optional[list[str]] = None) -> JobOptions:
         text_column=args.text_column,
         id_column=args.id_column,
         devices=args.devices,
+        device_workers=args.device_workers,
         dimensions=args.dimensions,
         prompt_name=args.prompt_name,
         dtype=args.dtype,
@@ -153,6 +167,8 @@ def execute(options: JobOptions, progress: Optional[Progress] = None, model: Any
     if options.ray_address is not None:
         if options.devices is not None:
             raise CorpusError("--devices does not apply with --ray: each actor takes one GPU")
+        if options.device_workers != "auto":
+            raise CorpusError("--device-workers does not apply with --ray: actors are processes")
         from .ray_executor import run_ray
 
         return run_ray(options, progress)

@@ -1,7 +1,8 @@
 """The one corpus-job driver: checks the options, the input and the output folder before any
 model loads, writes (or checks) the manifest, and records the run, whichever executor
-embeds the shards: `LocalShardExecutor` (local_executor.py: one `Model` in this process)
-or `RayShardExecutor` (ray_executor.py: model actors on a Ray cluster).
+embeds the shards: `LocalShardExecutor` (local_executor.py: one `Model` in this process, or
+a worker process per device) or `RayShardExecutor` (ray_executor.py: model actors on a Ray
+cluster).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from typing import Optional, Protocol
 import pyarrow as pa
 
 from .. import __version__
+from .device_workers import DEVICE_WORKER_MODES
 from .errors import BadRowError, CorpusError
 from .options import BAD_ROW_POLICIES, VERIFY_MODES, JobOptions
 from .progress import Progress, Summary
@@ -67,6 +69,8 @@ def check_options(options: JobOptions) -> None:
         raise CorpusError(f"--on-bad-row must be one of {BAD_ROW_POLICIES}")
     if options.verify not in VERIFY_MODES:
         raise CorpusError(f"--verify must be one of {VERIFY_MODES}")
+    if options.device_workers not in DEVICE_WORKER_MODES:
+        raise CorpusError(f"--device-workers must be one of {DEVICE_WORKER_MODES}")
     if options.ray_actors is not None and options.ray_actors <= 0:
         raise CorpusError(f"--ray-actors must be positive, got {options.ray_actors}")
 

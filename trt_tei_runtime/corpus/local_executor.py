@@ -1,9 +1,11 @@
-"""A corpus job on one machine: one `Model` (one device or several), input read and
-tokenized in a thread one or two chunks ahead of it, shards committed as they finish.
+"""A corpus job on one machine: one `Model` (one device or several) or one worker process
+per device (worker_pool.py), input read and tokenized in a thread one or two chunks ahead
+of them, shards committed in order as they finish.
 """
 
 from __future__ import annotations
 
+import sys
 from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -13,11 +15,11 @@ from typing import Any, Optional, Union
 
 import numpy as np
 
-from ..errors import InputError
 from ..token_ids import TokenIds
 from .ahead import ahead
+from .device_workers import process_devices
 from .driver import PREFETCH_CHUNKS, JobRun, check_bad_rows, run_job
-from .errors import CorpusError
+from .loading import load_model
 from .options import JobOptions
 from .plan import InputEnd, Piece, PlanItem, ShardEnd, plan
 from .progress import Progress, Summary
@@ -60,42 +62,51 @@ def tokens_per_device(model: Any, tokens: int) -> dict[str, int]:
     return {str(getattr(model, "device", "unknown")): tokens}
 
 
-def load_model(options: JobOptions) -> Any:
-    from ..errors import CheckpointError
-    from ..model import Model
+def open_model(options: JobOptions, warn: Callable[[str], None]) -> Any:
+    """One `Model` over `--devices` in this process, or a `WorkerPool` of one process per
+    device (`--device-workers`, device_workers.py): the pool embeds chunks as the model
+    would, so the rest of the job does not tell them apart."""
+    devices = process_devices(options.device_workers, options.devices)
+    if devices is None:
+        return load_model(options.model, options.devices, options.dtype, options.prompt_name)
+    from .worker_pool import WorkerPool
+    from .worker_process import WorkerSettings
 
-    try:
-        model = Model(options.model, device=options.devices, dtype=options.dtype)
-    except (CheckpointError, InputError) as exc:
-        raise CorpusError(f"cannot load model {options.model!r}: {exc}") from exc
-    try:
-        model.tokenize_ids(["x"], prompt_name=options.prompt_name)
-    except InputError as exc:
-        raise CorpusError(f"--prompt-name: {exc}") from exc
-    return model
+    settings = WorkerSettings(options.model, options.dtype, options.prompt_name, options.dimensions)
+    return WorkerPool(settings, devices, warn)
+
+
+def _warn(message: str) -> None:
+    print(f"warning: {message}", file=sys.stderr, flush=True)
 
 
 def run_local(options: JobOptions, progress: Progress, model: Any = None) -> Summary:
     """Runs the job; `model` is a loaded `Model` to use instead of loading `options.model`
     (which still names the model in the manifest)."""
-    return run_job(options, progress, LocalShardExecutor(model))
+    return run_job(options, progress, LocalShardExecutor(model, warn=progress.warn))
 
 
 class LocalShardExecutor:
-    """Shards embedded by one `Model` in this process, in one stream (the devices do not
-    drain between chunks), written and committed on a thread of their own."""
+    """Shards embedded in one stream (the devices do not drain between chunks) by one `Model`
+    in this process or by a `WorkerPool` of device processes, written and committed on a
+    thread of their own."""
 
-    def __init__(self, model: Any = None) -> None:
+    def __init__(self, model: Any = None, warn: Callable[[str], None] = _warn) -> None:
         self.model = model
+        self.owned = False  # loaded here, so closed here (a pool's processes)
+        self.warn = warn
         self.options: Optional[JobOptions] = None
 
     def open(self, options: JobOptions) -> tuple[int, JobOptions]:
-        self.model = self.model if self.model is not None else load_model(options)
+        if self.model is None:
+            self.model, self.owned = open_model(options, self.warn), True
         self.options = options
         return int(self.model.info.hidden_size), options
 
     def close(self) -> None:
-        pass
+        close = getattr(self.model, "close", None)
+        if self.owned and callable(close):
+            close()
 
     def count_devices(self, summary: Summary, progress: Progress) -> None:
         summary.devices = tokens_per_device(self.model, progress.tokens)

@@ -19,6 +19,9 @@ class JobOptions:
     text_column: str = "text"
     id_column: Optional[str] = None
     devices: Optional[str] = None  # passed straight to Model(device=...)
+    # "auto", "threads" or "processes": several devices in this process or one worker
+    # process each (device_workers.py)
+    device_workers: str = "auto"
     dimensions: Optional[int] = None
     prompt_name: Optional[str] = None
     dtype: Optional[str] = None  # the model's compute dtype; stored vectors are float32
@@ -34,7 +37,8 @@ class JobOptions:
     def output_identity(self) -> dict[str, Any]:
         """The options that change the shards' contents or layout. A run against an existing
         output must match them; devices, the bad-row policy, verification and chunking do
-        not change a stored vector (beyond float rounding across devices) and may differ."""
+        not change a stored vector (beyond float rounding across devices) and may differ (so may
+        `device_workers`: where the devices run)."""
         return {
             "model": model_reference(self.model),
             "text_column": self.text_column,

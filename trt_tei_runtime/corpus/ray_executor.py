@@ -22,6 +22,7 @@ from typing import Any, Optional
 import pyarrow as pa
 
 from .ahead import ahead
+from .crash_hook import CRASH_ENV, maybe_crash
 from .driver import PREFETCH_CHUNKS, JobRun, bad_row_error, check_bad_rows, run_job
 from .errors import CorpusError
 from .options import JobOptions
@@ -33,9 +34,6 @@ from .store import OutputStore
 
 ACTOR_RESTARTS = 3  # a worker dying this many times on one actor fails the job
 TASKS_IN_FLIGHT_PER_ACTOR = 2  # one running, one queued: no actor waits for the driver
-# Test hook: "SHARD:MARKER_PATH" makes the worker embedding shard SHARD exit abruptly, once
-# (the marker file records that it did), as a killed or preempted worker would.
-CRASH_ENV = "TRT_TEI_EMBED_TEST_CRASH"
 
 
 @dataclass
@@ -94,27 +92,11 @@ class ShardEmbedder:
         )
         for tok, vectors in stream:
             batches.append(shard_rows(tok, vectors, schema))
-            _maybe_crash(shard)  # test hook: dies with part of the shard embedded
+            maybe_crash(shard)  # test hook: dies with part of the shard embedded
             bad.extend(tok.bad)
             tokens += tok.num_tokens
         bad.sort(key=lambda b: b.row)
         return ShardResult(shard, pa.Table.from_batches(batches, schema), bad, tokens, self.worker)
-
-
-def _maybe_crash(shard: int) -> None:
-    spec = os.environ.get(CRASH_ENV)
-    if not spec:
-        return
-    index, marker = spec.split(":", 1)
-    if int(index) != shard:
-        return
-    try:
-        fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-    except FileExistsError:
-        return  # crashed once already: this is the retry
-    os.write(fd, f"{os.getpid()}\n".encode())
-    os.close(fd)
-    os._exit(1)
 
 
 @dataclass

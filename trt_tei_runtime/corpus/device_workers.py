@@ -1,0 +1,39 @@
+"""`--device-workers`: whether a local job's devices run in this process or one worker
+process each (the server's flag of the same name, with the same meaning).
+
+One `Model` over several devices runs a thread per device in one interpreter, and past one
+GPU those threads wait for its lock more than they run (at 4 GPUs, 53 % of the time: the
+server's measurement, docs/performance.md). A process per device gives each its own."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from ..errors import InputError
+from .errors import CorpusError
+
+DEVICE_WORKER_MODES = ("auto", "threads", "processes")
+
+
+def process_devices(mode: str, devices: Optional[str]) -> Optional[list[str]]:
+    """The device of each worker process to start, or None to run in this process.
+
+    `threads`: this process. `processes`: a worker per device, whatever the devices (a
+    single device included; `cpu,cpu` is how tests run two). `auto`: processes when more
+    than one GPU is asked for, else this process (one device: nothing to gain, a process
+    to start; CPUs: torch's own threads already use the cores)."""
+    if mode not in DEVICE_WORKER_MODES:
+        raise CorpusError(f"--device-workers must be one of {DEVICE_WORKER_MODES}, got {mode!r}")
+    if mode == "threads":
+        return None
+    from ..runtime.devices import parse_device, parse_devices
+
+    try:
+        # Model(device=None) is one device, not every GPU: the same here.
+        found = [parse_device(None)] if devices is None else parse_devices(devices)
+    except InputError as exc:
+        raise CorpusError(f"--devices: {exc}") from exc
+    names = [str(device) for device in found]
+    if mode == "processes":
+        return names
+    return names if len(names) > 1 and all(n.startswith("cuda") for n in names) else None

@@ -1,0 +1,106 @@
+"""The device worker process of a local job (`--device-workers processes`): one `Model` on
+one device, fed token ids by the driver (worker_pool.py), answering each chunk's vectors.
+
+Why a process: the device threads of one `Model` share one interpreter lock (see
+device_workers.py); here each device has an interpreter of its own, and does nothing but run
+the model: the driver reads, screens, tokenizes and writes. The chunks a worker holds run as
+one `Model.embed_ids_stream`, so its device does not drain between them.
+
+Wire, over two one-way pipes (pickled tuples; token ids and vectors as numpy arrays):
+  driver → worker: `(seq, shard, TokenIds)` per chunk; `None`: no more chunks, exit.
+  worker → driver: `("ready", info)` once the model is loaded; `("done", seq, vectors)` per
+  chunk, in the order received; `("error", seq or None, exception)` then exit.
+A worker that dies says nothing: the driver sees its pipe close and retries its chunks.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import signal
+import threading
+import traceback
+from collections.abc import Iterator
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from typing import Optional
+
+from ..token_ids import TokenIds
+from .crash_hook import maybe_crash
+from .loading import load_model
+
+Task = Optional[tuple[int, int, TokenIds]]  # (seq, shard, token ids); None: stop
+
+
+@dataclass(frozen=True)
+class WorkerSettings:
+    """What every worker of a job loads and runs (picklable: it crosses to the process)."""
+
+    model: str
+    dtype: Optional[str]
+    prompt_name: Optional[str]
+    dimensions: Optional[int]
+    cpu_threads: Optional[int] = None  # torch threads of a CPU worker (several share cores)
+
+
+def worker_main(
+    settings: WorkerSettings, device: str, tasks: Connection, results: Connection
+) -> None:
+    """The process's entry point (multiprocessing, spawn)."""
+    # Ctrl-C reaches the whole process group: the driver stops the workers itself, and a
+    # traceback per worker would bury its message.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    seq: Optional[int] = None
+    try:
+        import torch
+
+        if settings.cpu_threads and device.startswith("cpu"):
+            torch.set_num_threads(settings.cpu_threads)
+        if device.startswith("cuda"):
+            # The current device too, so nothing (a library's handle) lands on cuda:0.
+            torch.cuda.set_device(torch.device(device))
+        model = load_model(settings.model, device, settings.dtype, settings.prompt_name)
+        results.send(("ready", {"info": model.info, "device": str(model.device)}))
+        stream = model.embed_ids_stream(
+            _chunks(tasks), dimensions=settings.dimensions, prompt_name=settings.prompt_name
+        )
+        for (seq, shard), vectors in stream:
+            maybe_crash(shard)  # test hook: dies with part of a shard embedded
+            results.send(("done", seq, vectors))
+    except BaseException as exc:  # reported, then the process ends: the driver decides
+        _report(results, seq, exc)
+
+
+def _chunks(tasks: Connection) -> Iterator[tuple[tuple[int, int], TokenIds]]:
+    """The driver's chunks, received on a thread that always reads: the driver's `send`
+    never waits for the model (it would not read vectors meanwhile, and the worker would
+    wait to send them: a deadlock). The driver bounds how many are in flight."""
+    inbox: queue.Queue[Task] = queue.Queue()
+
+    def receive() -> None:
+        try:
+            while True:
+                task = tasks.recv()
+                inbox.put(task)
+                if task is None:
+                    return
+        except (EOFError, OSError):  # the driver is gone: finish what is here, then stop
+            inbox.put(None)
+
+    threading.Thread(target=receive, name="chunk-receiver", daemon=True).start()
+    while (task := inbox.get()) is not None:
+        seq, shard, ids = task
+        yield (seq, shard), ids
+
+
+def _report(results: Connection, seq: Optional[int], exc: BaseException) -> None:
+    """Sends the exception as is when it pickles (the driver raises the same class: a bad
+    checkpoint stays bad input, a lost GPU a `DeviceError`), else as text."""
+    try:
+        results.send(("error", seq, exc))
+    except Exception:
+        text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+        try:
+            results.send(("error", seq, RuntimeError(f"device worker pid {os.getpid()}: {text}")))
+        except Exception:
+            pass  # the driver is gone too
