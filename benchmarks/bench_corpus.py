@@ -100,7 +100,9 @@ def job_tokens_per_s(
     cmd += ["--shard-rows", str(len(texts))]
     if device_workers:
         cmd += ["--device-workers", device_workers]
-    done = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ})
+    # Run from the work folder: `-m` puts the working directory first on the import path, and
+    # a source checkout there (no compiled router) would shadow the installed package.
+    done = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ}, cwd=work)
     if done.returncode != 0:
         print(done.stderr[-3000:], file=sys.stderr)
         return None
