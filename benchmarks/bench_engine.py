@@ -17,7 +17,9 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -79,20 +81,24 @@ def timed(fn: Callable[[], object]) -> float:
     return time.perf_counter() - start
 
 
-def ours_backfill(model, docs: list[list[int]], max_batch_tokens: int) -> Callable[[], object]:  # type: ignore[no-untyped-def]
+def ours_backfill(
+    model: Any, docs: list[list[int]], max_batch_tokens: int
+) -> Callable[[], list[torch.Tensor]]:
     batches = token_budget_batches([len(d) for d in docs], max_batch_tokens)
     packed = [
         PackedBatch.from_sequences([docs[i] for i in b], position_offset=model.info.position_offset)
         for b in batches
     ]
 
-    def run() -> object:
+    def run() -> list[torch.Tensor]:
         return [model.embed(b) for b in packed]
 
     return run
 
 
-def hf_backfill(hf, docs: list[list[int]], batch_size: int = 32) -> Callable[[], object]:  # type: ignore[no-untyped-def]
+def hf_backfill(
+    hf: Any, docs: list[list[int]], batch_size: int = 32
+) -> Callable[[], list[torch.Tensor]]:
     """What sentence-transformers does: length-sorted batches of 32, padded, mean pooling."""
     order = sorted(range(len(docs)), key=lambda i: -len(docs[i]))
     batches = []
@@ -107,7 +113,7 @@ def hf_backfill(hf, docs: list[list[int]], batch_size: int = 32) -> Callable[[],
         batches.append((ids.cuda(), mask.cuda()))
 
     @torch.inference_mode()
-    def run() -> object:
+    def run() -> list[torch.Tensor]:
         out = []
         for ids, mask in batches:
             hidden = hf(input_ids=ids, attention_mask=mask).last_hidden_state
@@ -135,7 +141,7 @@ def bench_shape(  # type: ignore[no-untyped-def]
 ) -> list[dict]:
     import transformers
 
-    rows = []
+    rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmp:
         folder = write_random_checkpoint(shape, Path(tmp) / shape)
         # (label, CUDA graphs, FP8, FlashAttention 2 instead of ours)
@@ -170,7 +176,7 @@ def bench_shape(  # type: ignore[no-untyped-def]
                 fill = ours_backfill(model, docs, max_batch_tokens)
                 outputs = torch.cat(fill())
                 ours_s = statistics.median(timed(fill) for _ in range(3))
-                q50, q99 = query_latencies(lambda m=model, q=query: m.embed(q), reps)
+                q50, q99 = query_latencies(partial(model.embed, query), reps)
                 if reference_out is None:
                     reference_out = outputs
                 cosine = torch.nn.functional.cosine_similarity(outputs, reference_out, dim=-1)
@@ -202,10 +208,12 @@ def bench_shape(  # type: ignore[no-untyped-def]
         fill()
         hf_s = statistics.median(timed(fill) for _ in range(3))
         ids = torch.tensor(random_ids([24], vocab, seed=2), device="cuda")
+
+        def hf_query(m: Any = hf) -> torch.Tensor:
+            return m(input_ids=ids).last_hidden_state.mean(1)
+
         with torch.inference_mode():
-            h50, h99 = query_latencies(
-                lambda m=hf: m(input_ids=ids).last_hidden_state.mean(1), reps
-            )
+            h50, h99 = query_latencies(hf_query, reps)
         rows.append(
             dict(
                 shape=shape,

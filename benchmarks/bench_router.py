@@ -48,6 +48,7 @@ import tempfile
 import threading
 import time
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -55,7 +56,7 @@ import realistic_traffic as rt
 import torch
 from bench_engine import backfill_lengths, percentiles
 from shapes import BF16_LIMIT_TOKENS_PER_S, with_tokenizer, write_random_checkpoint
-from thread_cpu import ThreadCpu, ThreadStates, first_threads
+from thread_cpu import ThreadCpu, ThreadStates, Window, first_threads
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "http"))
 from loadgen import run as load  # noqa: E402
@@ -181,59 +182,108 @@ def split_variant(variant: str) -> tuple[dict[str, str], list[str]]:
     return env, words
 
 
+def realistic_inputs(
+    shape: str, folder: Path, port: int, args: argparse.Namespace
+) -> tuple[int, list[str], int, list[bytes]]:
+    """The realistic traffic for the model served on `port`: (documents asked for, the
+    documents cut by `folder`'s tokenizer to the served model's input limit, their real
+    tokens, the query bodies)."""
+    tokenizer = rt.plain_tokenizer(folder)  # the router's: the file's limits are not the model's
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/info", timeout=10) as r:
+        model_max = json.load(r)["max_input_length"]
+    # all-MiniLM-L6-v2 takes 256 tokens: its documents are cut there.
+    count = args.docs or (512 if shape == "qwen3-8b" else 2048)
+    max_tokens = min(args.max_tokens, model_max)
+    docs, tokens = rt.documents(tokenizer, count, min(args.min_tokens, max_tokens), max_tokens)
+    return count, docs, tokens, rt.queries(tokenizer)
+
+
+def idle_queries(
+    port: int, bodies: list[bytes], args: argparse.Namespace, seconds: float
+) -> rt.Queries:
+    """A second of warm-up queries, then `seconds` of them on the idle server."""
+    interval = args.query_interval_ms / 1e3
+    raw = args.query_client == "raw"
+    rt.Queries(port, bodies, interval, raw).run(seconds=1.0)
+    idle = rt.Queries(port, bodies, interval, raw)
+    idle.run(seconds=seconds)
+    return idle
+
+
+@dataclass
+class SoloBackfill:
+    """The realistic backfill alone on a server: `passes` over the corpus at `tokens_per_s`,
+    with the router's own figures over them."""
+
+    backfill: rt.Backfill
+    passes: int
+    tokens_per_s: float
+    busy: float  # the share of the time the backend threads spent in forward passes
+    batch_tokens: float  # tokens per bulk batch
+    threads: Window
+    backend_states: ThreadStates
+
+
+def solo_backfill(
+    proc: subprocess.Popen,
+    port: int,
+    client: Any,
+    docs: list[str],
+    tokens: int,
+    args: argparse.Namespace,
+) -> SoloBackfill:
+    """A warm-up pass over part of the corpus, then enough passes that the backfill runs
+    for about `--settle` + `--seconds` (at least `--passes`)."""
+    backfill = rt.Backfill.connect(client, port, docs, tokens, args.clients, DOCS_PER_REQUEST)
+    backfill.call_per_pass = not args.backfill_one_call
+    backfill.docs = docs[: max(DOCS_PER_REQUEST * args.clients, len(docs) // 4)]
+    backfill.run(1)  # warm-up: every bulk code path once
+    backfill.docs = docs
+    # Enough passes that queries meet the backfill for `--seconds` after it settles: a
+    # small model runs the whole corpus in a fraction of a second.
+    estimate = backfill.run(1)
+    passes = max(args.passes, math.ceil((args.settle + args.seconds) * estimate / tokens))
+    before, threads_before = rt.BulkCounters.read(port), ThreadCpu.read(proc.pid)
+    backend_threads = first_threads(proc.pid, "model-backend")
+    with ThreadStates(backend_threads) as backend_states:
+        solo = backfill.run(passes)
+    threads = ThreadCpu.read(proc.pid).since(threads_before)
+    busy, batch_tokens = rt.BulkCounters.read(port).since(before, tokens * passes / solo)
+    return SoloBackfill(backfill, passes, solo, busy, batch_tokens, threads, backend_states)
+
+
+def stop_router(proc: subprocess.Popen) -> None:
+    """SIGTERM, and SIGKILL if the router has not exited a minute later."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 def realistic_row(
     shape: str, folder: Path, port: int, args: argparse.Namespace, client: Any, flags: str
 ) -> dict:
     """Idle queries, the backfill alone, then both together, on one server with `flags`."""
-    from tokenizers import Tokenizer
-
-    tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
-    tokenizer.no_truncation()  # as the router does: the file's own limits are not the model's
-    tokenizer.no_padding()
     env, extra = split_variant(flags)
     if shape == "minilm-real" and torch.cuda.is_available() and "--dtype" not in extra:
         extra += ["--dtype", "float16"]
     proc = serve(folder, port, extra, env=env)
     try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/info", timeout=10) as r:
-            model_max = json.load(r)["max_input_length"]
-        # all-MiniLM-L6-v2 takes 256 tokens: its documents are cut there.
-        count = args.docs or (512 if shape == "qwen3-8b" else 2048)
-        max_tokens = min(args.max_tokens, model_max)
-        docs, tokens = rt.documents(tokenizer, count, min(args.min_tokens, max_tokens), max_tokens)
-        bodies = rt.queries(tokenizer)
-        interval = args.query_interval_ms / 1e3
-        raw = args.query_client == "raw"
-        warm = rt.Queries(port, bodies, interval, raw)
-        warm.run(seconds=1.0)
-        idle = rt.Queries(port, bodies, interval, raw)
-        idle.run(seconds=args.seconds)
-        backfill = rt.Backfill.connect(client, port, docs, tokens, args.clients, DOCS_PER_REQUEST)
-        backfill.call_per_pass = not args.backfill_one_call
-        backfill.docs = docs[: max(DOCS_PER_REQUEST * args.clients, len(docs) // 4)]
-        backfill.run(1)  # warm-up: every bulk code path once
-        backfill.docs = docs
-        # Enough passes that queries meet the backfill for `--seconds` after it settles: a
-        # small model runs the whole corpus in a fraction of a second.
-        estimate = backfill.run(1)
-        passes = max(args.passes, math.ceil((args.settle + args.seconds) * estimate / tokens))
-        before, threads_before = rt.BulkCounters.read(port), ThreadCpu.read(proc.pid)
-        backend_threads = first_threads(proc.pid, "model-backend")
-        with ThreadStates(backend_threads) as backend_states:
-            solo = backfill.run(passes)
-        threads = ThreadCpu.read(proc.pid).since(threads_before)
-        busy, batch_tokens = rt.BulkCounters.read(port).since(before, tokens * passes / solo)
-        loaded = rt.Queries(port, bodies, interval, raw)
+        count, docs, tokens, bodies = realistic_inputs(shape, folder, port, args)
+        idle = idle_queries(port, bodies, args, args.seconds)
+        solo = solo_backfill(proc, port, client, docs, tokens, args)
+        loaded = rt.Queries(port, bodies, args.query_interval_ms / 1e3, args.query_client == "raw")
         under = rt.mixed(
-            backfill,
+            solo.backfill,
             loaded,
-            passes,
+            solo.passes,
             settle_s=args.settle,
             in_process=args.queries_beside_backfill == "process",
         )
     finally:
-        proc.terminate()
-        proc.wait(timeout=60)
+        stop_router(proc)
     if not (idle.latencies and loaded.latencies):
         raise SystemExit(f"{shape}: no query answered ({idle.errors} / {loaded.errors} errors)")
     return {
@@ -245,11 +295,11 @@ def realistic_row(
         "under": percentiles(loaded.latencies),
         "answered": len(loaded.latencies),
         "errors": idle.errors + loaded.errors,
-        "solo": solo,
-        "busy": busy,
-        "batch_tokens": batch_tokens,
-        "threads": threads,
-        "backend_states": backend_states,
+        "solo": solo.tokens_per_s,
+        "busy": solo.busy,
+        "batch_tokens": solo.batch_tokens,
+        "threads": solo.threads,
+        "backend_states": solo.backend_states,
         "mixed": under,
     }
 
@@ -322,20 +372,9 @@ def realistic(args: argparse.Namespace) -> None:
         print(f"{label}: the bulk backend threads, sampled: {r['backend_states'].summary()}")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--shapes", default="bert-large")
-    parser.add_argument(
-        "--tokenizer-from",
-        type=Path,
-        help="tokenizer.json for random shapes (required but for --realistic --shapes minilm-real)",
-    )
-    parser.add_argument("--realistic", action="store_true", help="realistic traffic (above)")
-    parser.add_argument(
-        "--minilm-dir", type=Path, help="realistic: all-MiniLM-L6-v2's folder for minilm-real"
-    )
+def add_traffic_arguments(parser: argparse.ArgumentParser) -> None:
+    """The realistic traffic's options and the router's extra flags (bench_fp8.py takes
+    them too)."""
     parser.add_argument(
         "--docs",
         type=int,
@@ -355,6 +394,34 @@ def main() -> None:
         "--settle", type=float, default=0.5, help="realistic: seconds of backfill before queries"
     )
     parser.add_argument(
+        "--backfill-one-call",
+        action="store_true",
+        help="realistic: send every corpus pass in one client call, so that the server does "
+        "not drain between passes (default: one call per pass)",
+    )
+    parser.add_argument("--clients", type=int, default=8, help="backfill connections")
+    parser.add_argument(
+        "--passes", type=int, default=2, help="backfill corpus repetitions (realistic: at least)"
+    )
+    parser.add_argument("--router-args", default="", help="extra router flags, space-separated")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--shapes", default="bert-large")
+    parser.add_argument(
+        "--tokenizer-from",
+        type=Path,
+        help="tokenizer.json for random shapes (required but for --realistic --shapes minilm-real)",
+    )
+    parser.add_argument("--realistic", action="store_true", help="realistic traffic (above)")
+    parser.add_argument(
+        "--minilm-dir", type=Path, help="realistic: all-MiniLM-L6-v2's folder for minilm-real"
+    )
+    add_traffic_arguments(parser)
+    parser.add_argument(
         "--queries-beside-backfill",
         choices=("process", "thread"),
         default="process",
@@ -362,19 +429,8 @@ def main() -> None:
         "another user's would, or from a thread beside the backfill client, which holds the "
         "interpreter's lock while it builds its answers (tables before the fifteenth session)",
     )
-    parser.add_argument(
-        "--backfill-one-call",
-        action="store_true",
-        help="realistic: send every corpus pass in one client call, so that the server does "
-        "not drain between passes (default: one call per pass)",
-    )
     parser.add_argument("--workloads", default="query,backfill,mixed")
     parser.add_argument("--seconds", type=float, default=5)
-    parser.add_argument("--clients", type=int, default=8, help="backfill connections")
-    parser.add_argument(
-        "--passes", type=int, default=2, help="backfill corpus repetitions (realistic: at least)"
-    )
-    parser.add_argument("--router-args", default="", help="extra router flags, space-separated")
     parser.add_argument(
         "--router-variants",
         default="",

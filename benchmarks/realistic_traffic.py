@@ -294,13 +294,18 @@ def mixed(
     has come, which counted the client's time as the server's (docs/journal/results-log.md,
     fifteenth session). `in_process=False` runs them on a thread here, as earlier tables did."""
     if not in_process:
-        stop = threading.Event()
-        query_thread = threading.Thread(target=lambda: (time.sleep(settle_s), queries.run(stop)))
+        stop_thread = threading.Event()
+
+        def late_queries() -> None:
+            time.sleep(settle_s)
+            queries.run(stop_thread)
+
+        query_thread = threading.Thread(target=late_queries)
         query_thread.start()
         try:
             return backfill.run(passes)
         finally:
-            stop.set()
+            stop_thread.set()
             query_thread.join()
     context = multiprocessing.get_context("spawn")
     ready, go, stop = context.Event(), context.Event(), context.Event()
