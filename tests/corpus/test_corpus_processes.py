@@ -214,7 +214,9 @@ def test_which_devices_get_processes() -> None:
     assert process_devices("threads", "cpu,cpu") is None
     assert process_devices("processes", "cpu,cpu") == ["cpu", "cpu"]
     assert process_devices("processes", "cpu") == ["cpu"]
-    assert process_devices("auto", "cpu,cpu") is None  # auto: several GPUs only
+    # auto: this process, until processes feed several GPUs faster (device_workers.py).
+    assert process_devices("auto", "cuda:0,cuda:1,cuda:2,cuda:3") is None
+    assert process_devices("auto", "cpu,cpu") is None
     assert process_devices("auto", "cpu") is None
     with pytest.raises(CorpusError, match="--device-workers must be one of"):
         process_devices("fibers", "cpu")
