@@ -25,4 +25,3 @@ def main(spec: str) -> None:
     sys.stderr.flush()
     # No interpreter teardown: the device's memory goes with the process.
     os._exit(code)
-
