@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import queue
 import signal
+import sys
 import threading
 import traceback
 from collections.abc import Iterator
@@ -28,6 +29,12 @@ from typing import Optional
 from ..token_ids import TokenIds
 from .crash_hook import maybe_crash
 from .loading import load_model
+
+# How long the model's thread may hold the interpreter before the chunk receiver gets it.
+# A chunk arrives in 64 KiB pieces; at the default 5 ms per hand-over, a busy model thread
+# would keep each piece waiting, and the driver's `send` with it (one driver feeds every
+# worker, so that wait is every device's). The server's backend runs its lanes at this.
+SWITCH_INTERVAL_S = 0.0002
 
 Task = Optional[tuple[int, int, TokenIds]]  # (seq, shard, token ids); None: stop
 
@@ -51,6 +58,7 @@ def worker_main(
     # traceback per worker would bury its message.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     seq: Optional[int] = None
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
     try:
         import torch
 
