@@ -59,14 +59,7 @@ impl WorkerLane {
     }
 
     fn lock(&self) -> MutexGuard<'_, Channel> {
-        // A panic while holding it left the lane in an unknown state: treat it as broken.
-        self.channel.lock().unwrap_or_else(|poisoned| {
-            let mut channel = poisoned.into_inner();
-            channel.broken.get_or_insert(BackendError::Device(
-                "a backend thread panicked while talking to the worker".into(),
-            ));
-            channel
-        })
+        lock(&self.channel)
     }
 
     fn call(&self, op: Op, batch: Option<&Batch>) -> Result<Matrix, BackendError> {
@@ -74,6 +67,18 @@ impl WorkerLane {
         let seq = channel.send(op, batch, self.worker.as_ref())?;
         channel.receive(seq, self.worker.as_ref())
     }
+}
+
+/// The lane's channel. A panic while it was held left the lane in an unknown state: it is
+/// treated as broken.
+fn lock(channel: &Mutex<Channel>) -> MutexGuard<'_, Channel> {
+    channel.lock().unwrap_or_else(|poisoned| {
+        let mut channel = poisoned.into_inner();
+        channel.broken.get_or_insert(BackendError::Device(
+            "a backend thread panicked while talking to the worker".into(),
+        ));
+        channel
+    })
 }
 
 impl Channel {
@@ -133,9 +138,9 @@ impl Channel {
             ));
         }
         self.outstanding.pop_front();
-        let (rows, cols) = reply.outcome.clone()?;
-        let len = reply.matrix_len();
-        if reply.inline {
+        let (len, inline) = (reply.matrix_len(), reply.inline);
+        let (rows, cols) = reply.outcome?;
+        if inline {
             let mut bytes = vec![0u8; len];
             self.socket
                 .read_exact(&mut bytes)
@@ -191,13 +196,7 @@ impl Backend for WorkerLane {
         let channel = self.channel.clone();
         let worker = self.worker.clone();
         Ok(Launched::new(move || {
-            let lane = WorkerLane {
-                channel,
-                worker,
-                pipelines: true,
-            };
-            let mut channel = lane.lock();
-            channel.receive(seq, lane.worker.as_ref())
+            lock(&channel).receive(seq, worker.as_ref())
         }))
     }
 
