@@ -5,8 +5,11 @@ from __future__ import annotations
 import json
 import os
 import random
+import signal
 import subprocess
 import sys
+import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +68,32 @@ def manifest(directory: Path) -> dict[str, Any]:
 
 def cli_command(*args: Any) -> list[str]:
     return [sys.executable, "-m", "trt_tei_runtime.corpus.cli", *map(str, args)]
+
+
+def kill_at_first_shard(
+    args: Sequence[Any], out: Path, seen: Callable[[int], None] | None = None
+) -> int:
+    """Runs trt-tei-embed with `args` and SIGKILLs it as soon as its first shard is in `out`
+    (after calling `seen` with its pid, if given); returns its exit status."""
+    proc = subprocess.Popen(
+        cli_command(*args),
+        cwd=REPO,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not (out / "shard-000000.parquet").exists():
+            assert proc.poll() is None, "the job ended before its first shard"
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        if seen is not None:
+            seen(proc.pid)
+        proc.send_signal(signal.SIGKILL)
+    finally:
+        proc.wait()
+    return proc.returncode
 
 
 def run_cli(*args: Any, env: dict[str, str] | None = None, timeout: float = 300):  # type: ignore[no-untyped-def]

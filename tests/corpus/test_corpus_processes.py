@@ -7,9 +7,6 @@ process."""
 from __future__ import annotations
 
 import io
-import os
-import signal
-import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -17,15 +14,15 @@ from typing import Any
 import numpy as np
 import pytest
 from corpus_util import (
-    REPO,
-    cli_command,
     json_lines,
+    kill_at_first_shard,
     make_texts,
     manifest,
     read_output,
     run_cli,
     write_corpus,
 )
+from processes import children, is_running
 
 from trt_tei_runtime.corpus import BadRowError, CorpusError, JobOptions, worker_pool
 from trt_tei_runtime.corpus.cli import build_parser, execute
@@ -142,26 +139,11 @@ def test_sigkill_of_the_driver_ends_its_workers_and_resumes(tiny_dir, tmp_path):
     out = tmp_path / "out"
     args = [tiny_dir, "--input", path, "--output", out, "--shard-rows", 250, "--chunk-rows", 50]
     args += ["--devices", "cpu,cpu", "--device-workers", "processes"]
-    proc = subprocess.Popen(
-        cli_command(*args),
-        cwd=REPO,
-        env={**os.environ, "HF_HUB_OFFLINE": "1"},
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        deadline = time.monotonic() + 120
-        while not (out / "shard-000000.parquet").exists():
-            assert proc.poll() is None, "the job ended before its first shard"
-            assert time.monotonic() < deadline
-            time.sleep(0.01)
-        workers = _children(proc.pid)
-        proc.send_signal(signal.SIGKILL)
-    finally:
-        proc.wait()
+    workers: list[int] = []
+    kill_at_first_shard(args, out, seen=lambda pid: workers.extend(children(pid)))
     assert len(workers) >= 2
     deadline = time.monotonic() + 60  # each finishes the chunks it holds, then exits
-    while any(_alive(pid) for pid in workers):
+    while any(is_running(pid) for pid in workers):
         assert time.monotonic() < deadline, "a worker outlived its driver"
         time.sleep(0.1)
     killed = manifest(out)
@@ -173,27 +155,6 @@ def test_sigkill_of_the_driver_ends_its_workers_and_resumes(tiny_dir, tmp_path):
     assert summary["complete"] and summary["rows"] + summary["resumed_rows"] == 3000
     ids, _, _ = read_output(out)
     assert ids == list(range(3000))
-
-
-def _children(pid: int) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:
-                continue
-            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
-                found.append(int(entry.name))
-    return found
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
 
 
 def test_bad_rows_and_bad_arguments_as_in_one_process(tiny_dir, tmp_path):  # type: ignore[no-untyped-def]

@@ -5,18 +5,14 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import signal
-import subprocess
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 from corpus_util import (
-    REPO,
-    cli_command,
     json_lines,
+    kill_at_first_shard,
     make_texts,
     manifest,
     read_output,
@@ -81,23 +77,7 @@ def test_sigkill_then_rerun(minilm, minilm_dir, tmp_path):  # type: ignore[no-un
         "--chunk-rows",
         125,
     ]
-    proc = subprocess.Popen(
-        cli_command(*args),
-        cwd=REPO,
-        env={**os.environ, "HF_HUB_OFFLINE": "1"},
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        deadline = time.monotonic() + 120
-        while not (out / "shard-000000.parquet").exists():
-            assert proc.poll() is None, "the job ended before its first shard"
-            assert time.monotonic() < deadline
-            time.sleep(0.01)
-        proc.send_signal(signal.SIGKILL)
-    finally:
-        proc.wait()
-    assert proc.returncode == -signal.SIGKILL
+    assert kill_at_first_shard(args, out) == -signal.SIGKILL
     killed = manifest(out)
     assert not killed["complete"] and len(killed["shards"]) < n // shard_rows
     kept = {s["file"]: s["sha256"] for s in killed["shards"]}

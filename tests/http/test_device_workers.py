@@ -13,6 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from processes import children, is_running
 from test_devices import TEXTS, assert_same, embed_each_concurrently, run_router
 
 pytestmark = pytest.mark.integration
@@ -22,20 +23,7 @@ WORKERS = ("--device-workers", "processes")
 
 def workers_of(pid: int) -> list[int]:
     """The device workers the server started, in the order it started them."""
-    children: list[int] = []
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        text = (task / "children").read_text().split()
-        children.extend(int(c) for c in text)
-    workers = [c for c in children if b"device_worker" in Path(f"/proc/{c}/cmdline").read_bytes()]
-    return sorted(workers)
-
-
-def is_running(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
-    except FileNotFoundError:
-        return False
-    return state != "Z"
+    return [c for c in children(pid) if b"device_worker" in Path(f"/proc/{c}/cmdline").read_bytes()]
 
 
 def test_worker_processes_answer_as_one_device_does(start_server, minilm_dir):
