@@ -9,7 +9,13 @@ varied English text (`corpus_text.py`, seed 0, 64–512 tokens):
   included (docs/performance.md's target: ≥ 95 % of the engine);
 - trt-tei-embed: the corpus job on a Parquet file of the same texts repeated
   `--job-repeat` times (a job's steady state, not its start), its own tokens/s
-  (`--devices` and `--device-workers` as given), when this build has it.
+  (`--devices` and `--device-workers` as given), when this build has it. `--jobs` runs
+  several device sets and modes on the same checkpoint instead, one row each, the corpus
+  repeated `--job-repeat` times per device (a scaling table in one call).
+
+With `JOB_PROFILE_DIR` set and `py-spy` on PATH, each job runs under `py-spy record` (its
+worker processes too), writing collapsed stacks there: where a job's time goes on the GPU
+machine, without a second call.
 
 Works with builds before and after the runtime split (it finds the executor either way),
 so `ab_wheels.sh`-style old/new comparisons run the same file.
@@ -22,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -102,12 +109,32 @@ def job_tokens_per_s(
         cmd += ["--device-workers", device_workers]
     # Run from the work folder: `-m` puts the working directory first on the import path, and
     # a source checkout there (no compiled router) would shadow the installed package.
-    done = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ}, cwd=work)
-    if done.returncode != 0:
-        print(done.stderr[-3000:], file=sys.stderr)
+    if output.exists():
+        shutil.rmtree(output)  # the same work folder for every variant: a fresh job each
+    job = subprocess.Popen(
+        cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=work
+    )
+    profiler = profile(job.pid, f"job-{folder.name}-{devices.count(',') + 1}-{device_workers}")
+    _, stderr = job.communicate()
+    if profiler is not None:
+        profiler.wait()
+    if job.returncode != 0:
+        print(stderr[-3000:], file=sys.stderr)
         return None
     summary = json.loads((output / "manifest.json").read_text()).get("last_run") or {}
     return summary.get("tokens_per_s")
+
+
+def profile(pid: int, name: str) -> subprocess.Popen[bytes] | None:
+    """py-spy attached to the job (and its worker processes) until it ends, if asked for;
+    a profiler that fails leaves the job as it is."""
+    profile_dir = os.environ.get("JOB_PROFILE_DIR")
+    if not profile_dir or not shutil.which("py-spy"):
+        return None
+    out = Path(profile_dir) / f"{name}.txt"
+    cmd = ["py-spy", "record", "--pid", str(pid), "--format", "raw", "--subprocesses"]
+    cmd += ["--nonblocking", "--rate", "50", "--output", str(out)]
+    return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
 def main() -> None:
@@ -126,9 +153,18 @@ def main() -> None:
         help="for trt-tei-embed (left out: the job's default, and builds without the flag work)",
     )
     parser.add_argument("--job-repeat", type=int, default=8, help="corpus copies for the job")
+    parser.add_argument(
+        "--jobs",
+        help="several jobs per shape, ';'-separated DEVICES@MODE (e.g. "
+        "'cuda:0@threads;cuda:0,cuda:1@processes'), the corpus repeated --job-repeat times "
+        "per device; replaces --devices/--device-workers",
+    )
     args = parser.parse_args()
     print(f"device: {torch.cuda.get_device_name()}  commit {os.environ.get('TRT_TEI_COMMIT', '?')}")
     texts = corpus(args.docs)
+    jobs = [(args.devices, args.device_workers)]
+    if args.jobs:
+        jobs = [(d, m or None) for d, _, m in (j.partition("@") for j in args.jobs.split(";"))]
     rows = []
     for shape in args.shapes.split(","):
         with tempfile.TemporaryDirectory() as tmp:
@@ -140,17 +176,20 @@ def main() -> None:
             api = model_tokens_per_s(model, texts, tokens, args.reps)
             del model
             torch.cuda.empty_cache()
-            job = job_tokens_per_s(
-                folder, texts, Path(tmp), args.devices, args.job_repeat, args.device_workers
-            )
-            rows.append((shape, tokens, engine, api, job))
+            for devices, mode in jobs:
+                n = devices.count(",") + 1
+                repeat = args.job_repeat * (n if args.jobs else 1)
+                job = job_tokens_per_s(folder, texts, Path(tmp), devices, repeat, mode)
+                rows.append((shape, tokens, engine, api, devices, mode, n, job))
+                print(f"{shape} {devices} {mode or 'default'}: {job}", flush=True)
     print("\n| shape | tokens | engine tok/s | Model.embed tok/s (of engine) ", end="")
-    print("| trt-tei-embed tok/s (of engine) |")
-    print("|---|---|---|---|---|")
-    for shape, tokens, engine, api, job in rows:
-        job_cell = "—" if job is None else f"{job:,.0f} ({job / engine:.0%})"
+    print("| trt-tei-embed devices, mode | tok/s (of n x engine) |")
+    print("|---|---|---|---|---|---|")
+    for shape, tokens, engine, api, devices, mode, n, job in rows:
+        job_cell = "—" if job is None else f"{job:,.0f} ({job / (n * engine):.2f})"
         api_cell = f"{api:,.0f} ({api / engine:.0%})"
-        print(f"| {shape} | {tokens:,} | {engine:,.0f} | {api_cell} | {job_cell} |")
+        job_name = f"{devices} {mode or 'default'}"
+        print(f"| {shape} | {tokens:,} | {engine:,.0f} | {api_cell} | {job_name} | {job_cell} |")
 
 
 if __name__ == "__main__":

@@ -10,9 +10,11 @@
 #   - bench_router.py --realistic with --devices and 8 x n backfill connections: idle query
 #     p50/p99, backfill tok/s through HTTP, query p50/p99 under the backfill, and the router's
 #     CPU by thread during the solo backfill (thread_cpu.py);
-#   - bench_corpus.py --devices: trt-tei-embed tokens/s against one device's engine.
+#   - bench_corpus.py --jobs: trt-tei-embed tokens/s against n x one device's engine, once
+#     per mode of $JOB_MODES (default "threads processes"; one GPU runs in one process).
 # Every window is a steady state of $SECONDS_PER_WINDOW seconds (default 20); the corpus job
-# runs about as long (its corpus repeated 30 x n times). Target (docs/performance.md): n GPUs
+# runs about as long (its corpus repeated 30 x n times). SERVER_COUNTS and JOB_COUNTS
+# (default COUNTS) run a part alone; JOB=0 skips the jobs. Target (docs/performance.md): n GPUs
 # >= 0.9 x n x one GPU. On a one-GPU machine it runs the count 1 only, which shows it works.
 set -euo pipefail
 
@@ -29,7 +31,7 @@ device_list() {
 }
 
 echo "GPUs visible: $gpus; counts: $counts; shapes: $shapes; commit ${TRT_TEI_COMMIT:-?}"
-for n in $counts; do
+for n in ${SERVER_COUNTS-$counts}; do
     devices=$(device_list "$n")
     echo "=== $n device(s): $devices — server"
     # One GPU is served in one process whatever the mode (`auto`); several once per mode.
@@ -39,8 +41,16 @@ for n in $counts; do
         --router-args "--devices $devices" --router-variants "$variants" \
         --clients $((8 * n)) --seconds "$seconds" --passes 1 \
         2>&1 | grep -A 30 '^device:'
-    [ "${JOB:-1}" = 0 ] && continue
-    echo "=== $n device(s): $devices — trt-tei-embed"
-    python3 "$here/bench_corpus.py" --shapes "$shapes" --tokenizer-from "$tokenizer" \
-        --devices "$devices" --job-repeat $((30 * n)) 2>&1 | grep -E '^\|'
 done
+[ "${JOB:-1}" = 0 ] && exit 0
+# Every job on one checkpoint per shape, so each engine is measured once.
+jobs=""
+for n in ${JOB_COUNTS-$counts}; do
+    devices=$(device_list "$n")
+    for mode in $( [ "$n" -gt 1 ] && echo "${JOB_MODES:-threads processes}" || echo threads ); do
+        jobs="$jobs${jobs:+;}$devices@$mode"
+    done
+done
+echo "=== trt-tei-embed: $jobs"
+python3 "$here/bench_corpus.py" --shapes "$shapes" --tokenizer-from "$tokenizer" --reps 1 \
+    --jobs "$jobs" --job-repeat 30 2>&1 | grep -E '^\||: '

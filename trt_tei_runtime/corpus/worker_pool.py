@@ -9,6 +9,11 @@ chunks are embedded, not what the job does with them. Tokenizing stays here, in 
 driver's reader thread (the tokenizer releases the interpreter lock and runs on every core),
 so a worker only runs its model.
 
+The driver's main thread never blocks on a pipe a worker fills: each worker's answers are
+read by a receiver thread of its own into one inbox, so a worker sends its vectors as soon
+as they are ready, whatever the driver is doing (tokenizing the next chunk, waiting for a
+write), and its device never waits for the driver to come round.
+
 A worker that dies (killed, out of memory, a crash of the process) loses no row: its pipe
 closes, the chunks it held go back to the front of the queue for the workers still alive,
 and a new process is started on its device (`WORKER_RESTARTS` times per device). A chunk is
@@ -20,11 +25,13 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import queue
+import threading
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
-from multiprocessing.connection import Connection, wait
-from typing import Any, Optional, TypeVar
+from multiprocessing.connection import Connection
+from typing import Any, Optional, TypeAlias, TypeVar
 
 import numpy as np
 
@@ -41,6 +48,9 @@ WORKER_RESTARTS = 3  # per device; a device whose worker dies once more is left 
 # not drain between chunks), one more in the pipe: a worker never waits for the driver.
 CHUNKS_IN_FLIGHT_PER_WORKER = 3
 STOP_WAIT_S = 10.0  # a worker with nothing left to do exits at once; this is a backstop
+# How often the driver, while no answer comes, checks that its workers are still alive (a
+# dead worker's pipe closes at once; this catches one whose pipe a child process holds open).
+LIVENESS_CHECK_S = 1.0
 
 
 @dataclass
@@ -50,11 +60,21 @@ class _Task:
     ids: TokenIds
 
 
+# Every worker's answers, as (worker, message); message None: that worker's pipe closed.
+Inbox: TypeAlias = "queue.Queue[tuple[_Worker, Optional[tuple[Any, ...]]]]"
+
+
 class _Worker:
     """The driver's handle on one worker process and the chunks it holds."""
 
     def __init__(
-        self, ctx: Any, index: int, name: str, device: str, settings: WorkerSettings
+        self,
+        ctx: Any,
+        index: int,
+        name: str,
+        device: str,
+        settings: WorkerSettings,
+        inbox: Inbox,
     ) -> None:
         self.index, self.name, self.device = index, name, device
         tasks_in, tasks_out = ctx.Pipe(duplex=False)
@@ -73,6 +93,19 @@ class _Worker:
         results_out.close()
         self.ready = False
         self.in_flight: dict[int, _Task] = {}
+        self._receiver = threading.Thread(
+            target=self._receive, args=(inbox,), name=f"results-{name}", daemon=True
+        )
+        self._receiver.start()
+
+    def _receive(self, inbox: Inbox) -> None:
+        """Every answer into the driver's inbox as it arrives; `None` once the pipe closes
+        (the worker exited or died)."""
+        try:
+            while True:
+                inbox.put((self, self.results.recv()))
+        except (EOFError, OSError):
+            inbox.put((self, None))
 
     def stop(self, graceful: bool) -> Optional[int]:
         """Ends the process (asked to, if it is idle; else killed); returns its exit code."""
@@ -86,6 +119,8 @@ class _Worker:
             self.process.kill()
         self.process.join()
         self.tasks.close()
+        # Its end closed by the exit: the receiver has seen EOF or is about to.
+        self._receiver.join(STOP_WAIT_S)
         self.results.close()
         return self.process.exitcode
 
@@ -112,6 +147,7 @@ class WorkerPool:
         self._ctx = mp.get_context("spawn")  # a fresh interpreter: no CUDA state inherited
         self._restarts = [0] * len(self.devices)
         self._queue: deque[_Task] = deque()  # chunks to hand out; retries go first
+        self._inbox: Inbox = queue.Queue()
         self._tokens: Counter[str] = Counter()
         self._workers: list[Optional[_Worker]] = []
         self._infos: list[ModelInfo] = []  # each ready worker's
@@ -198,7 +234,7 @@ class WorkerPool:
 
     def _start(self, index: int) -> _Worker:
         device = self.devices[index]
-        return _Worker(self._ctx, index, self.names[index], device, self.settings)
+        return _Worker(self._ctx, index, self.names[index], device, self.settings, self._inbox)
 
     def _free_worker(self) -> Optional[_Worker]:
         """The ready worker holding the fewest chunks, if it has room for one more."""
@@ -224,26 +260,28 @@ class WorkerPool:
 
     def _collect(self, done: dict[int, np.ndarray]) -> None:
         """Waits for any worker to answer or die, and handles all that is there."""
-        live = [w for w in self._workers if w is not None]
-        by_handle: dict[Any, _Worker] = {}
-        for worker in live:
-            by_handle[worker.results] = worker
-            by_handle[worker.process.sentinel] = worker
-        for handle in wait(list(by_handle)):
-            worker = by_handle[handle]
-            if self._workers[worker.index] is worker:  # not already found dead
-                self._drain(worker, done)
-        self._dispatch()
-
-    def _drain(self, worker: _Worker, done: dict[int, np.ndarray]) -> None:
         try:
-            while worker.results.poll():
-                self._handle(worker, worker.results.recv(), done)
-        except (EOFError, OSError):  # its pipe closed, mid-answer or between answers
-            self._lost(worker)
-            return
-        if worker.process.exitcode is not None:
-            self._lost(worker)
+            arrivals = [self._inbox.get(timeout=LIVENESS_CHECK_S)]
+        except queue.Empty:
+            # Nothing for a while: a worker that exited while a child of its own holds its
+            # pipe open (so its receiver sees no EOF) is found here.
+            for worker in self._workers:
+                if worker is not None and worker.process.exitcode is not None:
+                    self._lost(worker)
+            arrivals = []
+        while True:
+            try:
+                arrivals.append(self._inbox.get_nowait())
+            except queue.Empty:
+                break
+        for worker, message in arrivals:
+            if self._workers[worker.index] is not worker:
+                continue  # from a worker already found dead
+            if message is None:
+                self._lost(worker)
+            else:
+                self._handle(worker, message, done)
+        self._dispatch()
 
     def _handle(self, worker: _Worker, message: tuple[Any, ...], done: dict[int, Any]) -> None:
         kind = message[0]

@@ -11,6 +11,8 @@ Wire, over two one-way pipes (pickled tuples; token ids and vectors as numpy arr
   worker → driver: `("ready", info)` once the model is loaded; `("done", seq, vectors)` per
   chunk, in the order received; `("error", seq or None, exception)` then exit.
 A worker that dies says nothing: the driver sees its pipe close and retries its chunks.
+Answers go out on a sender thread: the model's thread hands a chunk's vectors over and goes
+on with the next batches even while the driver is busy elsewhere.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import traceback
 from collections.abc import Iterator
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
-from typing import Optional
+from typing import Any, Optional
 
 from ..token_ids import TokenIds
 from .crash_hook import maybe_crash
@@ -59,6 +61,7 @@ def worker_main(
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     seq: Optional[int] = None
     sys.setswitchinterval(SWITCH_INTERVAL_S)
+    sender = _Sender(results)
     try:
         import torch
 
@@ -68,15 +71,45 @@ def worker_main(
             # The current device too, so nothing (a library's handle) lands on cuda:0.
             torch.cuda.set_device(torch.device(device))
         model = load_model(settings.model, device, settings.dtype, settings.prompt_name)
-        results.send(("ready", {"info": model.info, "device": str(model.device)}))
+        sender.send(("ready", {"info": model.info, "device": str(model.device)}))
         stream = model.embed_ids_stream(
             _chunks(tasks), dimensions=settings.dimensions, prompt_name=settings.prompt_name
         )
         for (seq, shard), vectors in stream:
             maybe_crash(shard)  # test hook: dies with part of a shard embedded
-            results.send(("done", seq, vectors))
+            sender.send(("done", seq, vectors))
     except BaseException as exc:  # reported, then the process ends: the driver decides
+        sender.close()  # what was answered goes first
         _report(results, seq, exc)
+        return
+    sender.close()
+
+
+class _Sender:
+    """Sends answers on a thread of its own, in order. The driver bounds how many chunks a
+    worker holds, so the answers waiting here are bounded too."""
+
+    def __init__(self, results: Connection) -> None:
+        self._outbox: queue.Queue[Optional[tuple[Any, ...]]] = queue.Queue()
+        self._thread = threading.Thread(
+            target=self._run, args=(results,), name="answer-sender", daemon=True
+        )
+        self._thread.start()
+
+    def send(self, message: tuple[Any, ...]) -> None:
+        self._outbox.put(message)
+
+    def close(self) -> None:
+        """Returns once everything sent before is out (or the driver is gone)."""
+        self._outbox.put(None)
+        self._thread.join()
+
+    def _run(self, results: Connection) -> None:
+        try:
+            while (message := self._outbox.get()) is not None:
+                results.send(message)
+        except OSError:  # the driver is gone: nobody to answer
+            pass
 
 
 def _chunks(tasks: Connection) -> Iterator[tuple[tuple[int, int], TokenIds]]:
