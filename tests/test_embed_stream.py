@@ -63,3 +63,21 @@ def test_failures_are_raised(model) -> None:  # type: ignore[no-untyped-def]
         list(model.embed_ids_stream([("a", good)], dimensions=0))
     # The model still works after a failed stream.
     assert model.embed_ids(good).shape == (5, model.info.hidden_size)
+
+
+def test_a_chunk_is_assembled_in_input_order_with_narrow_blocks_padded() -> None:
+    """Batches finish in any order and (sparse outputs) in different widths: each row lands
+    at its input position, a narrower block right-padded with zeros."""
+    import torch
+
+    from trt_tei_runtime.runtime.stream import _Pending
+
+    pending: _Pending[str] = _Pending("chunk", size=5, batches=2)
+    pending.parts.append(([4, 0], torch.tensor([[4.0, 4.5, 4.75], [0.0, 0.5, 0.75]])))
+    pending.parts.append(([2, 1, 3], torch.tensor([[2.0, 2.5], [1.0, 1.5], [3.0, 3.5]])))
+    assert pending.complete
+    expected = torch.tensor(
+        [[0.0, 0.5, 0.75], [1.0, 1.5, 0.0], [2.0, 2.5, 0.0], [3.0, 3.5, 0.0], [4.0, 4.5, 4.75]]
+    )
+    assert torch.equal(pending.assemble(), expected)
+    assert _Pending("none", size=0, batches=0).assemble() is None

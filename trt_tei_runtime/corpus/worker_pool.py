@@ -136,10 +136,17 @@ class WorkerPool:
     def __init__(
         self, settings: WorkerSettings, devices: Sequence[str], warn: Callable[[str], None]
     ) -> None:
-        cpus = sum(1 for d in devices if d.startswith("cpu"))
-        if cpus > 1 and settings.cpu_threads is None:
-            # Several CPU workers share the cores instead of each taking all of them.
-            settings = replace(settings, cpu_threads=max(1, (os.cpu_count() or 1) // cpus))
+        if settings.cpu_threads is None:
+            # Each worker's torch thread pool is the size of the host by default, and N of
+            # them contend for the same cores. CPU workers run the model there: they share
+            # the cores. A GPU worker's host work is copies (assembling and normalizing a
+            # chunk's vectors), memory-bound: a few threads each, half the cores left to
+            # the driver's tokenizer. (On 4 H200s with 64 cores and full pools, the workers'
+            # main threads spent most of their time in those copies.)
+            cores = os.cpu_count() or 1
+            cpus = sum(1 for d in devices if d.startswith("cpu"))
+            share = cores // cpus if cpus else cores // (2 * len(devices))
+            settings = replace(settings, cpu_threads=max(1, share))
         self.settings = settings
         self.devices = list(devices)
         self.names = worker_names(self.devices)

@@ -49,7 +49,9 @@ class WorkerSettings:
     dtype: Optional[str]
     prompt_name: Optional[str]
     dimensions: Optional[int]
-    cpu_threads: Optional[int] = None  # torch threads of a CPU worker (several share cores)
+    # Torch's threads per worker: the host's cores shared out, so that N workers' thread
+    # pools (each the size of the host by default) do not fight over the same cores.
+    cpu_threads: Optional[int] = None
 
 
 def worker_main(
@@ -65,7 +67,7 @@ def worker_main(
     try:
         import torch
 
-        if settings.cpu_threads and device.startswith("cpu"):
+        if settings.cpu_threads:
             torch.set_num_threads(settings.cpu_threads)
         if device.startswith("cuda"):
             # The current device too, so nothing (a library's handle) lands on cuda:0.

@@ -50,13 +50,17 @@ class _Pending(Generic[K]):
         return len(self.parts) == self.batches
 
     def assemble(self) -> Optional[torch.Tensor]:
-        """The chunk's rows in input order (None for a chunk of no inputs)."""
+        """The chunk's rows in input order (None for a chunk of no inputs). Each batch's
+        rows are copied once, straight to their places: a chunk is thousands of rows, and
+        its host copies run on the thread that hands every chunk back."""
         if not self.parts:
             return None
-        stacked = cat_rows([out for _, out in self.parts])
-        order = np.fromiter((i for rows, _ in self.parts for i in rows), dtype=np.int64)
-        result = torch.empty_like(stacked)
-        result[torch.from_numpy(order)] = stacked
+        first = self.parts[0][1]
+        width = max(out.shape[1] for _, out in self.parts)
+        result = first.new_empty((self.size, width, *first.shape[2:]))
+        for rows, out in self.parts:
+            index = torch.as_tensor(rows, dtype=torch.int64)
+            result.index_copy_(0, index, _padded(out, width))
         return result
 
 
@@ -65,7 +69,12 @@ def cat_rows(parts: list[torch.Tensor]) -> torch.Tensor:
     zeros first. Only sparse (SPLADE) outputs vary in width: pairs of (index, value), where
     a zero pair is padding (`sparse.top_active`)."""
     width = max(part.shape[1] for part in parts)
-    return torch.cat([F.pad(part, (0, width - part.shape[1])) for part in parts])
+    return torch.cat([_padded(part, width) for part in parts])
+
+
+def _padded(part: torch.Tensor, width: int) -> torch.Tensor:
+    """`part` right-padded with zeros to `width` columns; itself (no copy) if it has them."""
+    return part if part.shape[1] == width else F.pad(part, (0, width - part.shape[1]))
 
 
 # Called for each finished batch with (rows of its chunk, device, tokens).
