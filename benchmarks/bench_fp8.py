@@ -497,20 +497,6 @@ def main() -> None:
     device = torch.cuda.get_device_name() if args.device != "cpu" else "CPU"
     client = rt.ensure_client()
     began = time.perf_counter()
-    results: list[ShapeResult] = []
-    minilm: Build | str | None = None
-    with tempfile.TemporaryDirectory(prefix="bench_fp8-") as tmp:
-        work = Path(tmp)
-        if args.minilm is not None:
-            minilm = minilm_gate(args.minilm, work, args)
-        for index, shape in enumerate(s.strip() for s in args.shapes.split(",") if s.strip()):
-            shape_start = time.perf_counter()
-            try:
-                results.append(run_shape(shape, index, work, args, client))
-            except (Exception, SystemExit) as exc:  # the next shape still runs
-                results.append(ShapeResult(shape, errors={"shape": failure(exc)}))
-            print(f"{shape}: {time.perf_counter() - shape_start:.0f} s in all", flush=True)
-    print()
     print(
         f"device: {device}; torch {torch.__version__}; router flags: "
         f"{' '.join(router_flags(args))}; idle: a {rt.QUERY_TOKENS}-token query every "
@@ -519,14 +505,23 @@ def main() -> None:
         f"{DOCS_PER_REQUEST} documents per request, base64, "
         f"{args.min_tokens}-{args.max_tokens} tokens, "
         f"~{args.seconds:g} s of whole passes; FP8 built with the gate at its default, "
-        f"fp8_fallback {args.fp8_fallback or 'at its default (auto)'}, --force; "
-        f"{time.perf_counter() - began:.0f} s in all"
+        f"fp8_fallback {args.fp8_fallback or 'at its default (auto)'}, --force",
+        flush=True,
     )
-    print()
-    for r in results:
-        print("\n".join(shape_table(r, device)))
-    if minilm is not None:
-        print("\n".join(minilm_table(minilm)))
+    # Each table as soon as its shape is done: a run cut short keeps what it measured.
+    with tempfile.TemporaryDirectory(prefix="bench_fp8-") as tmp:
+        work = Path(tmp)
+        if args.minilm is not None:
+            print("\n".join(["", *minilm_table(minilm_gate(args.minilm, work, args))]), flush=True)
+        for index, shape in enumerate(s.strip() for s in args.shapes.split(",") if s.strip()):
+            shape_start = time.perf_counter()
+            try:
+                result = run_shape(shape, index, work, args, client)
+            except (Exception, SystemExit) as exc:  # the next shape still runs
+                result = ShapeResult(shape, errors={"shape": failure(exc)})
+            print(f"{shape}: {time.perf_counter() - shape_start:.0f} s in all", flush=True)
+            print("\n".join(["", *shape_table(result, device)]), flush=True)
+    print(f"{time.perf_counter() - began:.0f} s in all")
 
 
 if __name__ == "__main__":

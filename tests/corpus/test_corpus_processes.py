@@ -171,12 +171,25 @@ def test_bad_rows_and_bad_arguments_as_in_one_process(tiny_dir, tmp_path):  # ty
         run(tiny_dir, path, tmp_path / "o4", devices="gpu9", device_workers="processes")
 
 
-def test_which_devices_get_processes() -> None:
+def test_which_devices_get_processes(monkeypatch: pytest.MonkeyPatch) -> None:
     assert process_devices("threads", "cpu,cpu") is None
     assert process_devices("processes", "cpu,cpu") == ["cpu", "cpu"]
     assert process_devices("processes", "cpu") == ["cpu"]
-    # auto: this process, until processes feed several GPUs faster (device_workers.py).
-    assert process_devices("auto", "cuda:0,cuda:1,cuda:2,cuda:3") is None
+    # auto: a process per device for several GPUs (as the server), else this process.
+    # GPUs named as parsed on a machine that has them (this one may not).
+    import torch
+
+    from trt_tei_runtime.runtime import devices
+
+    real = devices.parse_devices
+    monkeypatch.setattr(
+        devices,
+        "parse_devices",
+        lambda spec: [torch.device(n) for n in spec.split(",")] if "cuda" in spec else real(spec),
+    )
+    four = ["cuda:0", "cuda:1", "cuda:2", "cuda:3"]
+    assert process_devices("auto", ",".join(four)) == four
+    assert process_devices("auto", "cuda:1") is None
     assert process_devices("auto", "cpu,cpu") is None
     assert process_devices("auto", "cpu") is None
     with pytest.raises(CorpusError, match="--device-workers must be one of"):

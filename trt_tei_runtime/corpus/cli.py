@@ -77,8 +77,8 @@ def build_parser() -> argparse.ArgumentParser:
         "with its own model (this process reads, tokenizes and writes; a worker that dies "
         "is restarted and its chunks embedded again); threads = one model over every device "
         "in this process (its device threads share one interpreter lock, which costs "
-        "throughput past one GPU); auto = threads, for now (default: processes do not yet "
-        "feed several GPUs faster, docs/corpus-jobs.md)",
+        "throughput past one GPU); auto = processes for several GPUs, else threads "
+        "(default; docs/corpus-jobs.md)",
     )
     p.add_argument(
         "--dimensions", type=int, help="Matryoshka: keep the first N dimensions, then normalize"
