@@ -1,6 +1,7 @@
 //! Command line flags: TEI's names and environment variables, plus the backend choice.
 
 use crate::backend::process::DeviceWorkers;
+use crate::models::ModelSpec;
 use crate::schedule::{PolicyFlags, DEFAULT_WARM_EVERY_US};
 use crate::tokenization::PoolPriority;
 use clap::{Parser, ValueEnum};
@@ -31,9 +32,15 @@ pub enum BackendKind {
     about = "TEI- and OpenAI-compatible embedding, reranking and classification server"
 )]
 pub struct Args {
-    /// Hub model id or local folder of the model to serve.
-    #[arg(long, env = "MODEL_ID")]
-    pub model_id: String,
+    /// Hub model id or local folder of a model to serve, as `ID` or `NAME=ID` (the name
+    /// requests select it by with `model`; default: the id's last path component). Give it
+    /// once per model: the first is the default, which answers requests that name none.
+    #[arg(long = "model-id", env = "MODEL_ID", required = true, value_parser = ModelSpec::parse)]
+    pub models: Vec<ModelSpec>,
+
+    /// The model these flags load: `models[model_index]` (set by [`Args::for_model`]).
+    #[arg(skip)]
+    pub model_index: usize,
 
     /// Hub revision (branch, tag or commit) of the model.
     #[arg(long, env = "REVISION")]
@@ -277,6 +284,36 @@ pub struct Args {
 }
 
 impl Args {
+    /// The model these flags load (the default one unless [`Args::for_model`] chose another).
+    pub fn model(&self) -> &ModelSpec {
+        &self.models[self.model_index]
+    }
+
+    /// The hub id or folder of [`Args::model`].
+    pub fn model_id(&self) -> &str {
+        &self.model().id
+    }
+
+    /// These flags for the `index`-th model (its id; every other flag shared).
+    pub fn for_model(&self, index: usize) -> Args {
+        Args {
+            model_index: index,
+            ..self.clone()
+        }
+    }
+
+    /// The name /info and the OpenAI routes report for [`Args::model`]:
+    /// `--served-model-name` or the id for the default model (as TEI does), the model's name
+    /// for the others.
+    pub fn served_name(&self) -> String {
+        if self.model_index > 0 {
+            return self.model().name.clone();
+        }
+        self.served_model_name
+            .clone()
+            .unwrap_or_else(|| self.model_id().to_string())
+    }
+
     /// The flags that the batching and latency policy is resolved from
     /// (`schedule::ServingProfile::resolve`).
     pub fn policy_flags(&self) -> PolicyFlags {
@@ -305,6 +342,7 @@ impl Args {
 
     /// Checks that need no model; model-dependent checks happen once the model is loaded.
     pub fn validate(&self) -> Result<(), String> {
+        crate::models::check_unique(&self.models)?;
         let positive = [
             ("--max-concurrent-requests", self.max_concurrent_requests),
             ("--max-batch-tokens", self.max_batch_tokens),

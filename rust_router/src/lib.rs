@@ -15,6 +15,7 @@ pub mod http_thread;
 pub mod infer;
 pub mod logging;
 pub mod metrics;
+pub mod models;
 pub mod panics;
 #[cfg(feature = "pyo3")]
 pub mod python_module;

@@ -18,7 +18,7 @@ pub fn backend_options(args: &Args) -> PythonBackendOptions {
     }
     PythonBackendOptions {
         class_path: args.python_backend_class.clone(),
-        model_id: args.model_id.clone(),
+        model_id: args.model_id().to_string(),
         revision: args.revision.clone(),
         dtype: args.dtype.clone(),
         pooling: args.pooling.clone(),

@@ -2,11 +2,11 @@
 //! drain, exit.
 
 use crate::backend::wait::{LaneWaits, WarmHook};
-use crate::backend::{BackendFactory, BackendHandle, ModelInfo, ModelType};
+use crate::backend::{BackendFactory, BackendHandle, BackendThreads, ModelInfo, ModelType};
 use crate::cli::Args;
 use crate::connections;
 use crate::http::types::{ClassifierModel, EmbeddingModel, Info, ModelTypeInfo};
-use crate::http::{app, AppContext, AppState, ServeConfig};
+use crate::http::{app, AppState, ModelDirectory, ModelEntry, ServeConfig};
 use crate::http_thread::{self, Handlers, HotPoll};
 use crate::infer::Infer;
 use crate::metrics::Metrics;
@@ -19,8 +19,9 @@ use std::path::Path;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
-/// Builds the backend factory for the parsed flags (the Python bridge supplies it).
-pub type MakeBackend = Box<dyn FnOnce(&Args) -> Result<BackendFactory, String> + Send>;
+/// Builds the backend factory of one model (the flags as [`Args::for_model`] gives them; the
+/// Python bridge supplies it). Called once per served model.
+pub type MakeBackend = Box<dyn Fn(&Args) -> Result<BackendFactory, String> + Send>;
 
 /// Entry point behind `text-embeddings-router`; returns the process exit code.
 pub fn main_with_args(argv: Vec<String>, make_backend: MakeBackend) -> i32 {
@@ -95,7 +96,7 @@ pub fn build_info(args: &Args, info: &ModelInfo, workers: usize) -> Info {
         ModelType::Reranker => ModelTypeInfo::Reranker(classifier()),
     };
     Info {
-        model_id: args.model_id.clone(),
+        model_id: args.model_id().to_string(),
         model_sha: args.revision.clone(),
         model_dtype: info
             .dtype
@@ -103,10 +104,7 @@ pub fn build_info(args: &Args, info: &ModelInfo, workers: usize) -> Info {
             .or_else(|| args.dtype.clone())
             .unwrap_or_else(|| "float32".into()),
         model_type,
-        served_model_name: args
-            .served_model_name
-            .clone()
-            .unwrap_or_else(|| args.model_id.clone()),
+        served_model_name: args.served_name(),
         max_concurrent_requests: args.max_concurrent_requests,
         max_input_length: info.max_input_length,
         max_batch_tokens: args.max_batch_tokens,
@@ -219,7 +217,80 @@ fn run(mut args: Args, make_backend: MakeBackend) -> Result<(), String> {
     }
     tracing::info!(open_files, max_connections, "open-file limit raised");
     let listeners = bind(&listen_addrs(&args.hostname, args.port)?)?;
-    tracing::info!(model_id = %args.model_id, backend = ?args.backend, "loading model");
+    let mut models = Vec::with_capacity(args.models.len());
+    for index in 0..args.models.len() {
+        let model_args = args.for_model(index);
+        let name = model_args.model().name.clone();
+        // A model that does not load stops the start-up, named.
+        let loaded = load_model(model_args, &make_backend).map_err(|e| {
+            if args.models.len() > 1 {
+                format!("model `{name}`: {e}")
+            } else {
+                e
+            }
+        })?;
+        models.push(loaded);
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("router-worker")
+        .build()
+        .map_err(|e| format!("cannot start the async runtime: {e}"))?;
+    let shutdown_timeout = args.shutdown_timeout;
+    let signal_at = Arc::new(OnceLock::new());
+    let (models, backend_threads): (Vec<_>, Vec<_>) = models
+        .into_iter()
+        .map(|m| {
+            let (model, threads) = m.split();
+            (model, threads)
+        })
+        .unzip();
+    let serving = Serving {
+        args,
+        models,
+        listeners,
+    };
+    let result = runtime.block_on(serving.serve(signal_at.clone()));
+    // Every backend handle is gone once the runtime is dropped; the threads then drop the
+    // model and end. Join them so nothing runs during interpreter teardown, but never past
+    // the shutdown deadline: a forward pass that does not return must not keep the process.
+    drop(runtime);
+    let exit_by = signal_at.get().copied().unwrap_or_else(Instant::now) + shutdown_timeout;
+    let (done_tx, done_rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let joined: Vec<_> = backend_threads.into_iter().map(|t| t.join()).collect();
+        let _ = done_tx.send(joined);
+    });
+    let wait = exit_by
+        .saturating_duration_since(Instant::now())
+        .max(Duration::from_secs(1));
+    if done_rx.recv_timeout(wait).is_err() {
+        tracing::error!(
+            "the backend did not stop by the shutdown deadline (a forward pass is still \
+             running); exiting without waiting for it"
+        );
+        result?;
+        exit_now(0);
+    }
+    tracing::info!("stopped");
+    result
+}
+
+/// One model, started: its backend's threads, its tokenizer pool, its policy.
+struct LoadedModel {
+    model: ServedModel,
+    threads: BackendThreads,
+}
+
+impl LoadedModel {
+    fn split(self) -> (ServedModel, BackendThreads) {
+        (self.model, self.threads)
+    }
+}
+
+/// Starts the backend of the model `args` name ([`Args::for_model`]) and its tokenizer.
+fn load_model(args: Args, make_backend: &MakeBackend) -> Result<LoadedModel, String> {
+    tracing::info!(model = %args.model().name, model_id = %args.model_id(), backend = ?args.backend, "loading model");
     let factory = make_backend(&args)?;
     let flags = args.policy_flags();
     // The backend threads' waits are the one part of the policy needed before the backend
@@ -244,6 +315,7 @@ fn run(mut args: Args, make_backend: MakeBackend) -> Result<(), String> {
         interactive_lane = profile.describe_interactive_lane(),
         backend_spin_us = ?args.backend_spin_us,
         query_warm_us = args.query_warm_us,
+        model = %args.model().name,
         "model loaded"
     );
     check_batch_tokens(args.max_batch_tokens, info.max_input_length)?;
@@ -271,45 +343,17 @@ fn run(mut args: Args, make_backend: MakeBackend) -> Result<(), String> {
         tokenization_priority,
     );
     warm_hook.set(tokenization.warmer());
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .thread_name("router-worker")
-        .build()
-        .map_err(|e| format!("cannot start the async runtime: {e}"))?;
-    let shutdown_timeout = args.shutdown_timeout;
-    let signal_at = Arc::new(OnceLock::new());
-    let serving = Serving {
-        args,
-        profile,
-        info,
-        tokenization,
-        backend,
-        workers,
-        listeners,
-    };
-    let result = runtime.block_on(serving.serve(signal_at.clone()));
-    // Every backend handle is gone once the runtime is dropped; the threads then drop the
-    // model and end. Join them so nothing runs during interpreter teardown, but never past
-    // the shutdown deadline: a forward pass that does not return must not keep the process.
-    drop(runtime);
-    let exit_by = signal_at.get().copied().unwrap_or_else(Instant::now) + shutdown_timeout;
-    let (done_tx, done_rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = done_tx.send(backend_threads.join());
-    });
-    let wait = exit_by
-        .saturating_duration_since(Instant::now())
-        .max(Duration::from_secs(1));
-    if done_rx.recv_timeout(wait).is_err() {
-        tracing::error!(
-            "the backend did not stop by the shutdown deadline (a forward pass is still \
-             running); exiting without waiting for it"
-        );
-        result?;
-        exit_now(0);
-    }
-    tracing::info!("stopped");
-    result
+    Ok(LoadedModel {
+        model: ServedModel {
+            args,
+            profile,
+            info,
+            tokenization,
+            backend,
+            workers,
+        },
+        threads: backend_threads,
+    })
 }
 
 /// Ends the process at once, without `exit`'s atexit handlers and C++ static destructors: a
@@ -334,8 +378,8 @@ fn check_batch_tokens(max_batch_tokens: usize, max_input_length: usize) -> Resul
     Ok(())
 }
 
-/// What `serve` runs: the loaded model, its tokenizer and the bound sockets.
-struct Serving {
+/// One served model: its flags, policy, tokenizer and backend.
+struct ServedModel {
     args: Args,
     /// The batching and latency policy, resolved once the backend started.
     profile: ServingProfile,
@@ -343,41 +387,54 @@ struct Serving {
     tokenization: Tokenization,
     backend: BackendHandle,
     workers: usize,
+}
+
+/// What `serve` runs: the loaded models (the default first) and the bound sockets.
+struct Serving {
+    args: Args,
+    models: Vec<ServedModel>,
     listeners: Vec<std::net::TcpListener>,
 }
 
 impl Serving {
     /// Serves until the shutdown sequence ends; notes when the signal came in `signal_at`.
     async fn serve(self, signal_at: Arc<OnceLock<Instant>>) -> Result<(), String> {
-        let metrics = Arc::new(Metrics::new(self.info.max_input_length));
-        let hot = hot_poll(self.profile.http_spin, self.tokenization.load());
-        let info_body = build_info(&self.args, &self.info, self.workers);
-        let compute_type = self.info.device.clone().unwrap_or_else(|| "cpu".into());
-        let (infer, batching_task) = Infer::new(
-            self.tokenization,
-            self.backend,
-            Arc::new(self.info),
-            &self.profile,
-            self.args.max_concurrent_requests,
-            metrics.clone(),
-        );
+        let default = &self.models[0];
+        let metrics = Arc::new(Metrics::new(default.info.max_input_length));
+        let hot = hot_poll(default.profile.http_spin, default.tokenization.load());
         let shutdown = Shutdown::default();
-        let state = AppState::new(AppContext {
-            infer: infer.clone(),
-            info: Arc::new(info_body.clone()),
-            metrics: metrics.clone(),
-            config: Arc::new(ServeConfig {
-                max_client_batch_size: self.args.max_client_batch_size,
-                auto_truncate: self.args.auto_truncate,
-                served_model_name: info_body.served_model_name.clone(),
-                api_key: self.args.api_key.clone(),
-                payload_limit: self.args.payload_limit,
-                cors_allow_origin: self.args.cors_allow_origin.clone(),
-                compute_type,
-                body_read_timeout: self.args.body_read_timeout,
-            }),
-            shutdown: shutdown.clone(),
-        });
+        let mut entries = Vec::with_capacity(self.models.len());
+        let mut batching_tasks = Vec::with_capacity(self.models.len());
+        for model in self.models {
+            let info_body = build_info(&model.args, &model.info, model.workers);
+            let compute_type = model.info.device.clone().unwrap_or_else(|| "cpu".into());
+            let (infer, batching_task) = Infer::new(
+                model.tokenization,
+                model.backend,
+                Arc::new(model.info),
+                &model.profile,
+                self.args.max_concurrent_requests,
+                metrics.clone(),
+            );
+            batching_tasks.push(batching_task);
+            entries.push(ModelEntry {
+                spec: model.args.model().clone(),
+                infer,
+                info: Arc::new(info_body.clone()),
+                config: Arc::new(ServeConfig {
+                    max_client_batch_size: self.args.max_client_batch_size,
+                    auto_truncate: self.args.auto_truncate,
+                    served_model_name: info_body.served_model_name.clone(),
+                    api_key: self.args.api_key.clone(),
+                    payload_limit: self.args.payload_limit,
+                    cors_allow_origin: self.args.cors_allow_origin.clone(),
+                    compute_type,
+                    body_read_timeout: self.args.body_read_timeout,
+                }),
+            });
+        }
+        let directory = Arc::new(ModelDirectory::new(entries));
+        let state = AppState::for_default(directory.clone(), metrics.clone(), shutdown.clone());
         for listener in &self.listeners {
             if let Ok(addr) = listener.local_addr() {
                 tracing::info!("listening on {addr}");
@@ -415,11 +472,13 @@ impl Serving {
             Ok::<(), String>(())
         })
         .await??;
-        // Every connection is closed and every handler has returned; let the batching tasks finish
-        // and release the self.backend.
-        infer.shutdown();
-        drop(infer);
-        let _ = batching_task.await;
+        // Every connection is closed and every handler has returned; let the batching tasks
+        // finish and release the backends.
+        directory.shutdown();
+        drop(directory);
+        for task in batching_tasks {
+            let _ = task.await;
+        }
         Ok(())
     }
 }

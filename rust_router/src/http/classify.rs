@@ -37,6 +37,7 @@ fn descending(a: f32, b: f32) -> Ordering {
 pub async fn predict(State(state): State<AppState>, req: TeiJson<PredictRequest>) -> Response {
     let result = async {
         let req = req.0;
+        let state = state.for_model(req.model.as_deref())?;
         let start = Instant::now();
         state.require(Needs::Classifier, "/predict")?;
         let (batched, sequences) = match req.inputs {
@@ -114,6 +115,7 @@ pub async fn predict(State(state): State<AppState>, req: TeiJson<PredictRequest>
 pub async fn rerank(State(state): State<AppState>, req: TeiJson<RerankRequest>) -> Response {
     let result = async {
         let req = req.0;
+        let state = state.for_model(req.model.as_deref())?;
         let start = Instant::now();
         state.require(Needs::Reranker, "/rerank")?;
         let top_n = top_n(req.top_n)?;

@@ -92,9 +92,16 @@ fn bad_json(err: serde_json::Error) -> Response {
 /// similarity body (`inputs: {source_sentence, ...}`) are told by their fields; any other
 /// body is the model's own route's (`/embed`, `/embed_sparse` for SPLADE models, or
 /// `/predict` for classifiers and rerankers).
-/// A body of a route the model does not serve is 424, like that route itself.
+/// A body of a route the model does not serve is 424, like that route itself. The body's
+/// `model`, if any, picks the model first.
 pub(crate) async fn dispatch(state: AppState, body: Value) -> Response {
-    let model = state.infer.info().model_type;
+    // The body's `model` picks the model whose type decides the route (the route's handler
+    // selects it again from the same field).
+    let named = body.get("model").and_then(Value::as_str);
+    let model = match state.for_model(named) {
+        Ok(selected) => selected.infer.info().model_type,
+        Err(e) => return e.into_response(),
+    };
     let is_rerank = body.get("query").is_some() && body.get("texts").is_some();
     let is_similarity = body
         .get("inputs")

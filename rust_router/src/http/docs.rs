@@ -5,7 +5,7 @@ use super::error::{ErrorResponse, ErrorType, OpenAIErrorResponse};
 use super::openapi::{InputDoc, InputIdsDoc, PredictInputDoc};
 use super::state::AppState;
 use super::types::*;
-use super::{classify, cloud, embed, meta, openai, quantize, rerank_compat, sparse};
+use super::{classify, cloud, embed, meta, models, openai, quantize, rerank_compat, sparse};
 use crate::tokenization::TruncationDirection;
 use axum::Json;
 use utoipa::OpenApi;
@@ -17,7 +17,7 @@ use utoipa::OpenApi;
         embed::embed, embed::embed_all, sparse::embed_sparse, embed::similarity,
         classify::predict, classify::rerank, openai::embeddings,
         rerank_compat::rerank_v1, rerank_compat::rerank_v2,
-        cloud::root, cloud::invocations, cloud::vertex, meta::root_probe,
+        cloud::root, cloud::invocations, cloud::vertex, meta::root_probe, models::list,
     ),
     components(schemas(
         InputDoc, PredictInputDoc, TruncationDirection, EmbedRequest, EmbedResponse,
@@ -31,7 +31,7 @@ use utoipa::OpenApi;
         rerank_compat::CompatRerankResponse, rerank_compat::RerankMeta, rerank_compat::ApiVersion,
         rerank_compat::BilledUnits, rerank_compat::MetaTokens, rerank_compat::RerankUsage,
         rerank_compat::RankFieldDoc, Info, ModelTypeInfo, EmbeddingModel, ClassifierModel,
-        DeviceInfo, HealthDegraded, DeviceRef,
+        DeviceInfo, HealthDegraded, DeviceRef, models::ModelList, models::ModelCard,
         ErrorResponse, ErrorType, OpenAIErrorResponse,
         sparse::EmbedSparseRequest, sparse::SparseValue, sparse::EmbedSparseResponse,
         cloud::InvocationDoc, cloud::InvocationAnswerDoc, cloud::VertexRequest, cloud::VertexResponse,

@@ -83,6 +83,7 @@ pub(crate) fn encode_options(
 pub async fn embed(State(state): State<AppState>, req: TeiJson<EmbedRequest>) -> Response {
     let result = async {
         let req = req.0;
+        let state = state.for_model(req.model.as_deref())?;
         let start = Instant::now();
         state.require(Needs::Embedding, "/embed")?;
         let (batched, inputs) = req.inputs.into_vec();
@@ -129,6 +130,7 @@ pub async fn embed(State(state): State<AppState>, req: TeiJson<EmbedRequest>) ->
 pub async fn embed_all(State(state): State<AppState>, req: TeiJson<EmbedAllRequest>) -> Response {
     let result = async {
         let req = req.0;
+        let state = state.for_model(req.model.as_deref())?;
         let start = Instant::now();
         state.require(Needs::Embedding, "/embed_all")?;
         let (batched, inputs) = req.inputs.into_vec();
@@ -180,6 +182,7 @@ pub async fn similarity(
 ) -> Response {
     let result = async {
         let req = req.0;
+        let state = state.for_model(req.model.as_deref())?;
         let start = Instant::now();
         state.require(Needs::Embedding, "/similarity")?;
         if req.inputs.sentences.is_empty() {

@@ -26,6 +26,8 @@ pub enum ErrorType {
     MethodNotAllowed,
     /// The route does not fit the loaded model.
     ModelType,
+    /// The request's `model` is none of the served models.
+    ModelNotFound,
     /// The request body did not arrive within `--body-read-timeout`.
     Timeout,
     /// Answers that their clients have not read fill `--response-buffer-limit`: new work
@@ -51,7 +53,7 @@ impl ErrorType {
             Self::Empty => StatusCode::BAD_REQUEST,
             Self::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             Self::Unauthorized => StatusCode::UNAUTHORIZED,
-            Self::NotFound => StatusCode::NOT_FOUND,
+            Self::NotFound | Self::ModelNotFound => StatusCode::NOT_FOUND,
             Self::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             Self::Timeout => StatusCode::REQUEST_TIMEOUT,
             Self::Congested => StatusCode::SERVICE_UNAVAILABLE,
@@ -73,6 +75,7 @@ impl ErrorType {
             Self::NotFound => "not_found",
             Self::MethodNotAllowed => "method_not_allowed",
             Self::ModelType => "model_type",
+            Self::ModelNotFound => "model_not_found",
             Self::Timeout => "timeout",
             Self::Congested => "congested",
             Self::ShuttingDown => "shutting_down",
@@ -136,6 +139,14 @@ impl ApiError {
 
     pub fn validation(message: impl Into<String>) -> Self {
         Self::new(ErrorType::Validation, message)
+    }
+
+    /// A request's `model` that no served model answers to.
+    pub fn unknown_model(requested: &str, served: &[&str]) -> Self {
+        Self::new(
+            ErrorType::ModelNotFound,
+            format!("model `{requested}` is not served here; served models: {served:?}"),
+        )
     }
 
     pub fn status(&self) -> StatusCode {

@@ -97,4 +97,7 @@ pub struct DeviceRef {
     pub index: usize,
     #[schema(example = "cuda:1")]
     pub name: String,
+    /// The model whose device it is (only when several models are served).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
 }

@@ -5,7 +5,7 @@ use super::error::{ApiError, ErrorResponse, ErrorType};
 use super::openapi::{AuthRefusal, BodyRefusals};
 use super::state::AppState;
 use super::types::*;
-use axum::extract::State;
+use axum::extract::{Query, State};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -26,6 +26,7 @@ use futures_util::future::try_join_all;
 pub async fn tokenize(State(state): State<AppState>, req: TeiJson<TokenizeRequest>) -> Response {
     let result = async {
         let req = req.0;
+        let state = state.for_model(req.model.as_deref())?;
         let inputs = match req.inputs {
             TokenizeInput::Single(s) => vec![s],
             TokenizeInput::Batch(b) => b,
@@ -71,6 +72,7 @@ pub async fn tokenize(State(state): State<AppState>, req: TeiJson<TokenizeReques
 pub async fn decode(State(state): State<AppState>, req: TeiJson<DecodeRequest>) -> Response {
     let result = async {
         let req = req.0;
+        let state = state.for_model(req.model.as_deref())?;
         let ids = match req.ids {
             InputIds::Single(ids) => vec![ids],
             InputIds::Batch(b) => b,
@@ -94,13 +96,19 @@ pub async fn decode(State(state): State<AppState>, req: TeiJson<DecodeRequest>) 
 /// Text Embeddings Inference endpoint info.
 #[utoipa::path(
     get, path = "/info", tag = "Text Embeddings Inference",
+    params(ModelQuery),
     responses(
-        (status = 200, description = "Served model info", body = Info),
+        (status = 200, description = "The default model's info, or with `?model=NAME` that model's", body = Info),
+        (status = 404, description = "With several models served, `model` names none of them", body = ErrorResponse),
         (status = 503, description = "The server is shutting down", body = ErrorResponse),
         AuthRefusal,
     )
 )]
-pub async fn info(State(state): State<AppState>) -> Json<Info> {
+pub async fn info(State(state): State<AppState>, Query(query): Query<ModelQuery>) -> Response {
+    let state = match state.for_model(query.model.as_deref()) {
+        Ok(state) => state,
+        Err(e) => return e.into_response(),
+    };
     let mut info = state.info.as_ref().clone();
     info.devices = state
         .infer
@@ -108,7 +116,14 @@ pub async fn info(State(state): State<AppState>) -> Json<Info> {
         .into_iter()
         .map(DeviceInfo::from)
         .collect();
-    Json(info)
+    Json(info).into_response()
+}
+
+/// `?model=NAME` of the GET routes that describe one model.
+#[derive(Debug, Default, serde::Deserialize, utoipa::IntoParams)]
+pub struct ModelQuery {
+    /// A served model's name (`/v1/models`); the default model when absent.
+    pub model: Option<String>,
 }
 
 /// The base URL's probe (load balancers often probe `GET /`): as `/health`.
@@ -140,36 +155,44 @@ pub async fn health(State(state): State<AppState>) -> Response {
         )
         .into_response();
     }
-    let health = state.infer.health().await;
-    // Devices that failed before were logged then; only new failures are logged here.
-    for f in health.failures.iter().filter(|f| !f.known) {
-        match health.devices {
-            1 => tracing::error!("health check failed: {}", f.error),
-            _ => tracing::error!(
-                device = f.index,
-                name = %f.name,
-                "health check failed: {}",
-                f.error
-            ),
+    // Every model's devices: the server serves while each model has a device that does.
+    let several = state.models.entries().len() > 1;
+    let mut degraded = Vec::new();
+    for entry in state.models.entries() {
+        let health = entry.infer.health().await;
+        let model = &entry.spec.name;
+        // Devices that failed before were logged then; only new failures are logged here.
+        for f in health.failures.iter().filter(|f| !f.known) {
+            match health.devices {
+                1 => tracing::error!(model = %model, "health check failed: {}", f.error),
+                _ => tracing::error!(
+                    model = %model,
+                    device = f.index,
+                    name = %f.name,
+                    "health check failed: {}",
+                    f.error
+                ),
+            }
         }
+        if !health.is_serving() {
+            let message = match several {
+                true => format!("model `{model}` is unhealthy: {}", health.message()),
+                false => format!("unhealthy: {}", health.message()),
+            };
+            return ApiError::new(ErrorType::Unhealthy, message).into_response();
+        }
+        degraded.extend(health.failures.into_iter().map(|f| DeviceRef {
+            index: f.index,
+            name: f.name,
+            model: several.then(|| model.clone()),
+        }));
     }
-    if health.failures.is_empty() {
+    if degraded.is_empty() {
         return StatusCode::OK.into_response();
-    }
-    if !health.is_serving() {
-        let message = format!("unhealthy: {}", health.message());
-        return ApiError::new(ErrorType::Unhealthy, message).into_response();
     }
     let body = HealthDegraded {
         status: "degraded",
-        unhealthy_devices: health
-            .failures
-            .into_iter()
-            .map(|f| DeviceRef {
-                index: f.index,
-                name: f.name,
-            })
-            .collect(),
+        unhealthy_devices: degraded,
     };
     (StatusCode::OK, Json(body)).into_response()
 }

@@ -11,6 +11,7 @@ mod fields;
 mod info;
 mod meta;
 pub mod model_routes;
+pub mod models;
 mod openai;
 mod openapi;
 pub mod quantize;
@@ -20,7 +21,7 @@ mod sparse;
 pub mod state;
 pub mod types;
 
-pub use state::{AppContext, AppState, ServeConfig};
+pub use state::{AppContext, AppState, ModelDirectory, ModelEntry, ServeConfig};
 
 #[cfg(test)]
 pub(crate) mod test_util;
@@ -38,6 +39,8 @@ mod tests_errors;
 mod tests_hardening;
 #[cfg(test)]
 mod tests_metrics;
+#[cfg(test)]
+mod tests_models;
 #[cfg(test)]
 mod tests_sparse;
 #[cfg(test)]
@@ -212,6 +215,7 @@ pub fn app(state: AppState) -> Router {
         .route("/invocations", post(cloud::invocations))
         .route("/vertex", post(cloud::vertex))
         .route("/info", get(meta::info))
+        .route("/v1/models", get(models::list))
         .route("/embed", post(embed::embed))
         .route("/embed_all", post(embed::embed_all))
         .route("/embed_sparse", post(sparse::embed_sparse))

@@ -38,6 +38,7 @@ pub async fn embeddings(
 ) -> Response {
     let result = async {
         let req = req.0;
+        let state = state.for_model(req.model.as_deref())?;
         let start = Instant::now();
         state.require(Needs::Embedding, "/v1/embeddings")?;
         let (batched, inputs) = req.input.into_vec();

@@ -80,7 +80,8 @@ pub enum DocumentDoc {
 /// (`max_chunks_per_doc`, `max_tokens_per_doc`, ...) are ignored.
 #[derive(Debug, Deserialize, ToSchema)]
 pub struct CompatRerankRequest {
-    /// Accepted for compatibility; the served model answers whatever is asked.
+    /// The served model to run (`/v1/models`); the default model when absent. With one
+    /// model served any name is accepted; with several, an unknown one is refused with 404.
     #[serde(default)]
     pub model: Option<String>,
     #[schema(min_length = 1, example = "What is Deep Learning?")]
@@ -211,6 +212,7 @@ async fn rerank(
     version: &'static str,
 ) -> Response {
     let result = async {
+        let state = state.for_model(req.model.as_deref())?;
         let start = Instant::now();
         state.require(Needs::Reranker, route)?;
         let top_n = classify::top_n(req.top_n)?;

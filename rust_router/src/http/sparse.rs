@@ -20,6 +20,10 @@ use utoipa::ToSchema;
 
 #[derive(Debug, Deserialize, ToSchema)]
 pub struct EmbedSparseRequest {
+    /// The served model to run (`/v1/models`; a name or its full id); the default model
+    /// when absent. With several models, any other name is refused with 404.
+    #[serde(default)]
+    pub model: Option<String>,
     #[schema(value_type = InputDoc, example = "What is Deep Learning?")]
     pub inputs: super::types::Input,
     #[serde(default)]
@@ -64,6 +68,7 @@ pub async fn embed_sparse(
 ) -> Response {
     let result = async {
         let req = req.0;
+        let state = state.for_model(req.model.as_deref())?;
         let start = Instant::now();
         state.require(Needs::Sparse, "/embed_sparse")?;
         let (batched, inputs): (bool, Vec<InputType>) = req.inputs.into_vec();

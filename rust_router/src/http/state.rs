@@ -7,6 +7,7 @@ use super::quantize;
 use super::types::{self, Info};
 use crate::infer::Infer;
 use crate::metrics::Metrics;
+use crate::models::ModelSpec;
 use crate::shutdown::Shutdown;
 use axum::response::{IntoResponse, Response};
 use std::sync::Arc;
@@ -33,12 +34,78 @@ pub struct ServeConfig {
 #[derive(Clone)]
 pub struct AppState(Arc<AppContext>);
 
+/// What a handler sees: one model (the default, or the one its request named: see
+/// [`AppState::for_model`]) and what every model shares.
 pub struct AppContext {
     pub infer: Infer,
     pub info: Arc<Info>,
     pub metrics: Arc<Metrics>,
     pub config: Arc<ServeConfig>,
     pub shutdown: Shutdown,
+    /// Every served model, the default first.
+    pub models: Arc<ModelDirectory>,
+}
+
+/// One served model, as the handlers use it.
+pub struct ModelEntry {
+    pub spec: ModelSpec,
+    pub infer: Infer,
+    /// Its `/info` body.
+    pub info: Arc<Info>,
+    pub config: Arc<ServeConfig>,
+}
+
+/// The served models by name; the first is the default.
+pub struct ModelDirectory {
+    entries: Vec<ModelEntry>,
+    /// When serving began (Unix seconds; `created` in `/v1/models`).
+    started: u64,
+}
+
+impl ModelDirectory {
+    pub fn new(entries: Vec<ModelEntry>) -> Self {
+        assert!(!entries.is_empty(), "a server serves at least one model");
+        let started = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        Self { entries, started }
+    }
+
+    pub fn started(&self) -> u64 {
+        self.started
+    }
+
+    pub fn entries(&self) -> &[ModelEntry] {
+        &self.entries
+    }
+
+    /// The model a request's `model` names. With one model, any name selects it (a client
+    /// that sends its own model name, as OpenAI's SDKs always do, keeps working as with TEI);
+    /// with several, a name that is none of theirs is a 404 listing them. The default model
+    /// also answers to `--served-model-name`.
+    pub fn find(&self, requested: Option<&str>) -> Result<usize, ApiError> {
+        let Some(name) = requested else {
+            return Ok(0);
+        };
+        if self.entries.len() == 1 {
+            return Ok(0);
+        }
+        self.entries
+            .iter()
+            .position(|e| e.spec.answers_to(name) || e.config.served_model_name == name)
+            .ok_or_else(|| ApiError::unknown_model(name, &self.names()))
+    }
+
+    pub fn names(&self) -> Vec<&str> {
+        self.entries.iter().map(|e| e.spec.name.as_str()).collect()
+    }
+
+    /// Closes every model's queue: each batching task ends once its queue has drained.
+    pub fn shutdown(&self) {
+        for entry in &self.entries {
+            entry.infer.shutdown();
+        }
+    }
 }
 
 impl std::ops::Deref for AppState {
@@ -52,6 +119,48 @@ impl std::ops::Deref for AppState {
 impl AppState {
     pub fn new(context: AppContext) -> Self {
         Self(Arc::new(context))
+    }
+
+    /// The state of the default model.
+    pub fn for_default(
+        models: Arc<ModelDirectory>,
+        metrics: Arc<Metrics>,
+        shutdown: Shutdown,
+    ) -> Self {
+        Self::of(0, models, metrics, shutdown)
+    }
+
+    fn of(
+        index: usize,
+        models: Arc<ModelDirectory>,
+        metrics: Arc<Metrics>,
+        shutdown: Shutdown,
+    ) -> Self {
+        let entry = &models.entries[index];
+        Self::new(AppContext {
+            infer: entry.infer.clone(),
+            info: entry.info.clone(),
+            config: entry.config.clone(),
+            metrics,
+            shutdown,
+            models,
+        })
+    }
+
+    /// The state of the model a request's `model` field names (`None`: the default one, this
+    /// state itself when it is the default's). An unknown name is a 404 listing the served
+    /// names.
+    pub fn for_model(&self, requested: Option<&str>) -> Result<AppState, ApiError> {
+        let index = self.models.find(requested)?;
+        if Arc::ptr_eq(&self.info, &self.models.entries[index].info) {
+            return Ok(self.clone());
+        }
+        Ok(Self::of(
+            index,
+            self.models.clone(),
+            self.metrics.clone(),
+            self.shutdown.clone(),
+        ))
     }
 
     /// Rejects an empty request (400) and one over `--max-client-batch-size` (422).

@@ -1,6 +1,6 @@
 //! A full app over the fake backend and a word-level tokenizer, driven with `oneshot`.
 
-use super::{app, AppContext, AppState, ServeConfig};
+use super::{app, AppState, ModelDirectory, ModelEntry, ServeConfig};
 use crate::backend::fake::{FakeBackend, Gate, SeenBatch};
 use crate::backend::{BackendHandle, ModelInfo};
 use crate::cli::Args;
@@ -39,6 +39,8 @@ pub struct Options {
     pub shutdown: Shutdown,
     /// Fake devices, one executor each (named `fake:<i>` when more than one).
     pub devices: usize,
+    /// More served models after the default one (`fake/model`): `NAME=ID` and its info.
+    pub more_models: Vec<(&'static str, ModelInfo)>,
 }
 
 impl Default for Options {
@@ -59,6 +61,7 @@ impl Default for Options {
             body_read_timeout: Duration::from_secs(30),
             shutdown: Shutdown::default(),
             devices: 1,
+            more_models: Vec::new(),
         }
     }
 }
@@ -115,10 +118,10 @@ pub fn test_app(opts: Options) -> TestApp {
         metrics.clone(),
     );
     let metrics_handle = metrics.clone();
-    let state = AppState::new(AppContext {
+    let entry = ModelEntry {
+        spec: crate::models::ModelSpec::parse("fake/model").expect("a model spec"),
         infer,
         info: Arc::new(body),
-        metrics,
         config: Arc::new(ServeConfig {
             max_client_batch_size: opts.max_client_batch_size,
             auto_truncate: opts.auto_truncate,
@@ -129,14 +132,70 @@ pub fn test_app(opts: Options) -> TestApp {
             compute_type: "cpu".into(),
             body_read_timeout: opts.body_read_timeout,
         }),
-        shutdown: opts.shutdown.clone(),
-    });
+    };
+    let mut entries = vec![entry];
+    for (spec, info) in opts.more_models {
+        entries.push(another_model(spec, info, &metrics, &entries[0].config));
+    }
+    let directory = Arc::new(ModelDirectory::new(entries));
+    let state = AppState::for_default(directory, metrics, opts.shutdown.clone());
     TestApp {
         router: app(state.clone()),
         state,
         seen,
         metrics: metrics_handle,
         broken,
+    }
+}
+
+/// A second (third, ...) served model over its own fake backend, with the default model's
+/// settings.
+fn another_model(
+    spec: &str,
+    info: ModelInfo,
+    metrics: &Arc<Metrics>,
+    config: &ServeConfig,
+) -> ModelEntry {
+    let spec = crate::models::ModelSpec::parse(spec).expect("a model spec");
+    let (backend, info, _threads) =
+        BackendHandle::spawn(FakeBackend::devices_factory(vec![FakeBackend::new(info)])).unwrap();
+    let tokenization = Tokenization::new(
+        test_tokenizer(),
+        2,
+        TokenizerConfig {
+            max_input_length: info.max_input_length,
+            position_offset: info.position_offset,
+            prompts: info.prompts.clone().unwrap_or_default(),
+            ..Default::default()
+        },
+    );
+    let args = Args::try_parse_from([
+        "router",
+        "--model-id",
+        "fake/model",
+        "--model-id",
+        &format!("{}={}", spec.name, spec.id),
+    ])
+    .unwrap()
+    .for_model(1);
+    let body = build_info(&args, &info, 2);
+    let profile = ServingProfile::resolve(&args.policy_flags(), BackendFacts::of(&backend));
+    let (infer, _task) = Infer::new(
+        tokenization,
+        backend,
+        Arc::new(info),
+        &profile,
+        16,
+        metrics.clone(),
+    );
+    ModelEntry {
+        config: Arc::new(ServeConfig {
+            served_model_name: body.served_model_name.clone(),
+            ..config.clone()
+        }),
+        spec,
+        infer,
+        info: Arc::new(body),
     }
 }
 

@@ -191,6 +191,10 @@ impl<'de> Deserialize<'de> for PredictInput {
 
 #[derive(Debug, Deserialize, ToSchema)]
 pub struct EmbedRequest {
+    /// The served model to run (`/v1/models`; a name or its full id); the default model
+    /// when absent. With several models, any other name is refused with 404.
+    #[serde(default)]
+    pub model: Option<String>,
     #[schema(value_type = InputDoc, example = "What is Deep Learning?")]
     pub inputs: Input,
     /// Truncate inputs longer than the model's limit instead of failing; defaults to
@@ -232,6 +236,10 @@ fn default_true() -> bool {
 
 #[derive(Debug, Deserialize, ToSchema)]
 pub struct EmbedAllRequest {
+    /// The served model to run (`/v1/models`; a name or its full id); the default model
+    /// when absent. With several models, any other name is refused with 404.
+    #[serde(default)]
+    pub model: Option<String>,
     #[schema(value_type = InputDoc, example = "What is Deep Learning?")]
     pub inputs: Input,
     #[serde(default)]
@@ -254,6 +262,10 @@ pub struct EmbedAllResponse(pub Vec<Vec<Vec<f32>>>);
 
 #[derive(Debug, Deserialize, ToSchema)]
 pub struct PredictRequest {
+    /// The served model to run (`/v1/models`; a name or its full id); the default model
+    /// when absent. With several models, any other name is refused with 404.
+    #[serde(default)]
+    pub model: Option<String>,
     #[schema(value_type = PredictInputDoc, example = "I like you.")]
     pub inputs: PredictInput,
     #[serde(default)]
@@ -280,6 +292,10 @@ pub enum PredictResponse {
 
 #[derive(Debug, Deserialize, ToSchema)]
 pub struct RerankRequest {
+    /// The served model to run (`/v1/models`; a name or its full id); the default model
+    /// when absent. With several models, any other name is refused with 404.
+    #[serde(default)]
+    pub model: Option<String>,
     #[schema(min_length = 1, example = "What is Deep Learning?")]
     pub query: String,
     /// At least one non-empty text, at most `--max-client-batch-size` (`/info`).
@@ -340,6 +356,10 @@ pub struct SimilarityParameters {
 
 #[derive(Debug, Deserialize, ToSchema)]
 pub struct SimilarityRequest {
+    /// The served model to run (`/v1/models`; a name or its full id); the default model
+    /// when absent. With several models, any other name is refused with 404.
+    #[serde(default)]
+    pub model: Option<String>,
     pub inputs: SimilarityInput,
     #[serde(default)]
     pub parameters: Option<SimilarityParameters>,
@@ -360,6 +380,10 @@ pub enum TokenizeInput {
 
 #[derive(Debug, Deserialize, ToSchema)]
 pub struct TokenizeRequest {
+    /// The served model to run (`/v1/models`; a name or its full id); the default model
+    /// when absent. With several models, any other name is refused with 404.
+    #[serde(default)]
+    pub model: Option<String>,
     pub inputs: TokenizeInput,
     #[serde(default = "default_true")]
     #[schema(default = true)]
@@ -427,6 +451,10 @@ impl<'de> Deserialize<'de> for InputIds {
 
 #[derive(Debug, Deserialize, ToSchema)]
 pub struct DecodeRequest {
+    /// The served model to run (`/v1/models`; a name or its full id); the default model
+    /// when absent. With several models, any other name is refused with 404.
+    #[serde(default)]
+    pub model: Option<String>,
     #[schema(value_type = InputIdsDoc, example = json!([101, 7592, 102]))]
     pub ids: InputIds,
     #[serde(default = "default_true")]
@@ -442,7 +470,9 @@ pub struct DecodeResponse(pub Vec<String>);
 pub struct OpenAICompatRequest {
     #[schema(value_type = InputDoc, example = "What is Deep Learning?")]
     pub input: Input,
-    /// Accepted for compatibility; the served model answers whatever is asked.
+    /// The served model to run (`/v1/models`); the default model when absent. With one
+    /// model served any name is accepted (as OpenAI's SDKs always send one); with several,
+    /// an unknown one is refused with 404.
     #[serde(default)]
     pub model: Option<String>,
     /// `float` (default, also for `null`), `base64`, or a quantized encoding as on `/embed`.
