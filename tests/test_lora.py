@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from checkpoints import make_checkpoint, make_decoder_checkpoint
+from checkpoints import make_checkpoint, make_decoder_checkpoint, make_family_checkpoint
 from checkpoints.lora import make_lora_adapter, peft_hidden, peft_model
 from reference import cosine
 
@@ -95,6 +95,27 @@ def test_each_adapter_matches_peft_unmerged_and_merged(family):  # type: ignore[
     plain = _hidden(executor, ids, [0] * len(ids))
     for index in (1, 2):
         assert (_hidden(executor, ids, [index] * len(ids)) - plain).abs().max() > 1e-2
+
+
+@pytest.mark.parametrize(
+    ("architecture", "targets"),
+    [
+        # Checkpoint names differ from transformers' (and PEFT's) module names here.
+        ("NomicBertModel", ["q_proj", "o_proj", "gate_proj", "down_proj"]),
+        # q/k/v and gate/up fused in the checkpoint itself.
+        ("ModernBertModel", ["Wqkv", "Wi", "Wo"]),
+    ],
+)
+def test_other_families_match_peft(tmp_path, architecture, targets):  # type: ignore[no-untyped-def]
+    base = make_family_checkpoint(tmp_path / "base", architecture)
+    folder = make_lora_adapter(base, tmp_path / "a", r=8, targets=targets, seed=3)
+    executor = load_executor(base, lora_adapters={"a": folder})
+    ids = _ids([5, 17], executor.model.network.vocab_size, seed=2)
+    ours = _hidden(executor, ids, [1, 1])
+    expected = peft_hidden(peft_model(base, folder), ids)
+    assert cosine(ours, expected).min() >= 0.99999
+    assert (ours - expected).abs().max() <= 1e-4
+    assert (_hidden(executor, ids, [0, 0]) - expected).abs().max() > 1e-2
 
 
 def test_batch_of_mixed_adapters_equals_one_by_one(family):  # type: ignore[no-untyped-def]
