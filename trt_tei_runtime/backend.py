@@ -80,12 +80,14 @@ class Backend:
         devices: str | None = None,
         max_active_dims: int | None = None,
         max_bulk_step_ms: float | None = DEFAULT_MAX_STEP_MS,
+        lora_adapters: dict[str, str] | None = None,
     ) -> None:
         """`device` names one device, `devices` several ("all", "cuda:0,cuda:1", "cpu,cpu");
         neither: every visible GPU, else the CPU. `max_active_dims` caps a SPLADE model's
         active dimensions per vector. `max_bulk_step_ms`: the longest step of bulk work a
         query should wait behind, where layers are longer (`runtime.preemption`); 0 or
-        None: whole layers."""
+        None: whole layers. `lora_adapters`: name -> PEFT LoRA folder; a token's type id
+        then carries its adapter (`ModelInfo.lora_adapters`, `models.lora`)."""
         if device is not None and devices is not None:
             raise ValueError("pass device or devices, not both")
         # The router's batch limits size the CUDA graphs: every batch it sends replays one.
@@ -101,6 +103,7 @@ class Backend:
             full_length_must_fit=max_batch_tokens is not None,
             max_active_dims=max_active_dims,
             max_bulk_step_ms=max_bulk_step_ms,
+            lora_adapters=lora_adapters,
         )
         # Every executor holds the same model; the first answers for all in `info()`.
         self.model = self.executors[0]

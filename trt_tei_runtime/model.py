@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import threading
 from collections import Counter
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import TypeVar, Union
 
 import numpy as np
@@ -45,6 +45,10 @@ class Model:
     `device`: one device (default: the first GPU, else the CPU), or several, which then
     share every call's batches: `"all"` (every visible GPU), `"cuda:0,cuda:1"` or a list.
     Texts are tokenized on a thread of their own, ahead of the devices.
+
+    `lora_adapters`: name -> PEFT LoRA folder, loaded onto the base weights; each call
+    picks one by name (`embed(texts, adapter="name")`), the base weights without one.
+    Calls for different adapters may run at once and share batches.
     """
 
     def __init__(
@@ -59,6 +63,7 @@ class Model:
         task: str | None = None,
         cuda_graphs: bool | None = None,
         max_active_dims: int | None = None,
+        lora_adapters: Mapping[str, str | os.PathLike[str]] | None = None,
     ) -> None:
         if max_batch_tokens <= 0:
             raise InputError(f"max_batch_tokens must be positive, got {max_batch_tokens}")
@@ -71,6 +76,7 @@ class Model:
             task=task,
             cuda_graphs=cuda_graphs,
             max_active_dims=max_active_dims,
+            lora_adapters=lora_adapters,
             max_num_tokens=max_batch_tokens,
             # No queries arrive between a Model's batches: nothing to keep a lane free for.
             interactive_lane=False,
@@ -123,20 +129,24 @@ class Model:
         prompt_name: str | None = None,
         truncate: bool = True,
         show_progress_bar: bool | None = None,
+        adapter: str | None = None,
     ) -> np.ndarray:
-        """Embeddings `(n, dim)` float32; `dimensions` truncates (Matryoshka) before normalizing."""
+        """Embeddings `(n, dim)` float32; `dimensions` truncates (Matryoshka) before normalizing.
+        `adapter`: the name of a LoRA adapter to embed with (see `Model`); it takes the
+        place of the adapter a prompt name would pick (jina-embeddings-v3's tasks)."""
         texts = [texts] if isinstance(texts, str) else list(texts)
         self._check_dimensions(dimensions)
         self._check_strings(texts)
         prompt_name = prompt_name or None
         self.tokenizer.encode_ids([], prompt_name)  # checks the prompt name
+        index = self.adapter_index(adapter)
 
         def chunks() -> Iterator[Chunk[int]]:
             for start in range(0, len(texts), TOKENIZE_CHUNK):
                 part = texts[start : start + TOKENIZE_CHUNK]
                 # Models with per-request adapters read the adapter from the token type ids.
                 ids, types = self.tokenizer.encode_ids(part, prompt_name, truncate=truncate)
-                yield Chunk(start, ids, types, first=start)
+                yield Chunk(start, ids, self._adapter_types(ids, types, index), first=start)
 
         outputs = self._run(len(texts), chunks(), show_progress_bar, Executor.embed)
         return self._finish(outputs, normalize, dimensions)
@@ -150,6 +160,7 @@ class Model:
         max_active_dims: int | None = None,
         sparse_tensor: bool = False,
         show_progress_bar: bool | None = None,
+        adapter: str | None = None,
     ) -> list[dict[int, float]] | torch.Tensor:
         """A SPLADE model's sparse vectors, one per text: `{vocabulary index: value}` of the
         active dimensions in index order, or with `sparse_tensor=True` one float32
@@ -167,12 +178,13 @@ class Model:
         self._check_strings(texts)
         prompt_name = prompt_name or None
         self.tokenizer.encode_ids([], prompt_name)  # checks the prompt name
+        index = self.adapter_index(adapter)
 
         def chunks() -> Iterator[Chunk[int]]:
             for start in range(0, len(texts), TOKENIZE_CHUNK):
                 part = texts[start : start + TOKENIZE_CHUNK]
                 ids, _ = self.tokenizer.encode_ids(part, prompt_name, truncate=truncate)
-                yield Chunk(start, ids, first=start)
+                yield Chunk(start, ids, self._adapter_types(ids, None, index), first=start)
 
         def method(executor: Executor, batch: PackedBatch) -> torch.Tensor:
             return executor.embed_sparse(batch, max_active_dims=max_active_dims)
@@ -214,13 +226,16 @@ class Model:
         normalize: bool = True,
         dimensions: int | None = None,
         show_progress_bar: bool | None = None,
+        adapter: str | None = None,
     ) -> np.ndarray:
         """`embed` on token ids from `tokenize`/`tokenize_ids` (or any tokenizer of the
-        model's vocabulary): `(n, dim)` float32. Every sequence needs at least one token."""
+        model's vocabulary): `(n, dim)` float32. Every sequence needs at least one token.
+        `adapter`: a LoRA adapter's name, as in `embed`."""
         self._check_dimensions(dimensions)
         tokens = _token_ids(ids)
+        types = self._adapter_types(tokens, None, self.adapter_index(adapter))
         outputs = self._run(
-            len(tokens), iter([Chunk(0, tokens)]), show_progress_bar, Executor.embed
+            len(tokens), iter([Chunk(0, tokens, types)]), show_progress_bar, Executor.embed
         )
         return self._finish(outputs, normalize, dimensions)
 
@@ -230,6 +245,7 @@ class Model:
         normalize: bool = True,
         dimensions: int | None = None,
         prompt_name: str | None = None,
+        adapter: str | None = None,
     ) -> Iterator[tuple[K, np.ndarray]]:
         """`embed_ids` over a stream of `(key, ids)` chunks: yields `(key, (n, dim) float32)`
         per chunk, in order, as soon as the chunk is done, while later chunks already run.
@@ -238,11 +254,16 @@ class Model:
         (as an empty array) in its place: a marker for the caller.
 
         `prompt_name`: the prompt the ids were tokenized with (`tokenize_ids`); it picks
-        the task adapter of models that have them (jina-embeddings-v3), else changes nothing."""
+        the task adapter of models that have them (jina-embeddings-v3), else changes nothing.
+        `adapter`: a LoRA adapter's name, as in `embed` (it takes the prompt's place)."""
         self._check_dimensions(dimensions)
         dim = dimensions or self.info.hidden_size
-        adapter = self.tokenizer.adapter(prompt_name or None)
-        stream = (_with_adapter(key, _token_ids(ids), adapter) for key, ids in chunks)
+        index = self.adapter_index(adapter)
+        if index is None:
+            type_id = self.tokenizer.adapter(prompt_name or None)
+        else:
+            type_id = index * self.info.adapter_type_stride
+        stream = (_with_adapter(key, _token_ids(ids), type_id) for key, ids in chunks)
         for key, out in run_chunks(
             self.executors,
             stream,
@@ -256,6 +277,32 @@ class Model:
             else:
                 vectors = finish_embeddings(out, normalize=normalize, dimensions=dimensions)
                 yield key, vectors.numpy()
+
+    def adapter_index(self, adapter: str | None) -> int | None:
+        """The 1-based index of the LoRA adapter named `adapter` (`info.lora_adapters`);
+        None for None. An unknown name is an `InputError` naming the loaded ones."""
+        if adapter is None:
+            return None
+        index = self.info.lora_adapters.get(adapter)
+        if index is None:
+            loaded = ", ".join(repr(n) for n in self.info.lora_adapters) or "none"
+            raise InputError(f"unknown adapter {adapter!r}; loaded adapters: {loaded}")
+        return index
+
+    def _adapter_types(
+        self, ids: TokenIds, types: TokenIds | None, index: int | None
+    ) -> TokenIds | None:
+        """Type ids carrying adapter `index` (`ModelInfo.lora_adapters`): each token's own
+        type (all 0 when `types` is None) plus `index` times the stride. `types` as they are
+        for `index` None."""
+        if index is None:
+            return types
+        stride = self.info.adapter_type_stride
+        offset = np.uint32(index * stride)
+        if types is None:
+            return TokenIds(np.full(ids.num_tokens, offset, np.uint32), ids.offsets)
+        # The real type's range: a model that reads no types (stride 1) gets type 0.
+        return TokenIds(types.ids % np.uint32(stride) + offset, types.offsets)
 
     def _check_dimensions(self, dimensions: int | None) -> None:
         if dimensions is not None and not 0 < dimensions <= self.info.hidden_size:
@@ -282,15 +329,18 @@ class Model:
         raw_scores: bool = False,
         truncate: bool = True,
         show_progress_bar: bool | None = None,
+        adapter: str | None = None,
     ) -> np.ndarray:
         """Scores `(n, num_labels)`: sigmoid/softmax as TEI applies them, or raw logits.
 
         For a model with a pair template (yes/no rerankers), each (query, document) pair is
-        formatted with it; a single string is scored as given (already formatted)."""
+        formatted with it; a single string is scored as given (already formatted).
+        `adapter`: a LoRA adapter's name, as in `embed`."""
         items = _as_items(texts_or_pairs)
+        index = self.adapter_index(adapter)
         logits = self._run(
             len(items),
-            self._pair_chunks(items, truncate),
+            self._pair_chunks(items, truncate, index),
             show_progress_bar,
             Executor.predict,
         )
@@ -307,23 +357,27 @@ class Model:
         raw_scores: bool = False,
         truncate: bool = True,
         top_n: int | None = None,
+        adapter: str | None = None,
     ) -> list[tuple[int, float]]:
-        """(index into `texts`, score) pairs, best first."""
+        """(index into `texts`, score) pairs, best first; `adapter` as in `predict`."""
         if self.info.model_type != "reranker":
             raise InputError(
                 f"rerank needs a single-label reranker; this model is a {self.info.model_type}"
             )
-        scores = self.predict([(query, t) for t in texts], raw_scores=raw_scores, truncate=truncate)
+        pairs = [(query, t) for t in texts]
+        scores = self.predict(pairs, raw_scores=raw_scores, truncate=truncate, adapter=adapter)
         order = sorted(range(len(texts)), key=lambda i: -float(scores[i, 0]))
         return [(i, float(scores[i, 0])) for i in order[:top_n]]
 
-    def _pair_chunks(self, items: list[TextOrPair], truncate: bool) -> Iterator[Chunk[int]]:
+    def _pair_chunks(
+        self, items: list[TextOrPair], truncate: bool, adapter: int | None = None
+    ) -> Iterator[Chunk[int]]:
         """Tokenized texts or pairs (a pair with the model's pair template, if it has one),
         a chunk at a time."""
         for start in range(0, len(items), TOKENIZE_CHUNK):
             part = items[start : start + TOKENIZE_CHUNK]
             ids, type_ids = self.tokenizer.encode_flat(part, truncate=truncate, first=start)
-            yield Chunk(start, ids, type_ids, first=start)
+            yield Chunk(start, ids, self._adapter_types(ids, type_ids, adapter), first=start)
 
     def _count_tokens(self, rows: int, device: torch.device, tokens: int) -> None:
         with self._tokens_lock:
@@ -385,7 +439,8 @@ def _token_ids(ids: Ids) -> TokenIds:
 
 
 def _with_adapter(key: K, ids: TokenIds, adapter: int) -> Chunk[K]:
-    """A chunk whose every token carries `adapter` as its type id (0: none)."""
+    """A chunk whose every token carries `adapter` as its type id (0: none), an adapter
+    index times `ModelInfo.adapter_type_stride`."""
     if not adapter:
         return Chunk(key, ids)
     return Chunk(key, ids, TokenIds(np.full(ids.num_tokens, adapter, np.uint32), ids.offsets))

@@ -15,6 +15,11 @@ from .. import kernels
 class Linear(nn.Module):
     """y = x W^T + b with weights loaded from a checkpoint (no init cost)."""
 
+    # The checkpoint projections whose rows this layer stacks, as (Hugging Face module
+    # name, rows) in order; set where it is built from a checkpoint (`models.linears`), so
+    # that a LoRA adapter naming one of them lands on its slice (`models.lora`).
+    parts: tuple[tuple[str, int], ...] = ()
+
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
         super().__init__()
         self.weight = nn.Parameter(weight, requires_grad=False)

@@ -1,5 +1,5 @@
-"""LoRA adapters chosen per token, for models that serve several adapters at once
-(jina-embeddings-v3's task adapters).
+"""LoRA adapters chosen per token, for models that serve several adapters at once (PEFT
+LoRA folders given at load, jina-embeddings-v3's task adapters).
 
 Every adapter of a projection is kept unmerged: `down` stacks the adapters' A matrices
 (`[K, in]`, K = the sum of their ranks), `up` their B matrices scaled by alpha / r
@@ -15,6 +15,8 @@ no data-dependent control flow, so the same CUDA graph serves every mix. A fused
 
 from __future__ import annotations
 
+import threading
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -22,10 +24,21 @@ from torch import nn
 
 class AdapterSelection:
     """Each token's adapter index for the forward pass under way (set by the model before
-    its layers run; 0 = base weights only)."""
+    its layers run; 0 = base weights only).
+
+    Per thread: the bulk and the interactive lane run the same network from two threads at
+    once, and a bulk pass paused between layers must not read the query's selection."""
 
     def __init__(self) -> None:
-        self.token_adapters: torch.Tensor | None = None
+        self._local = threading.local()
+
+    @property
+    def token_adapters(self) -> torch.Tensor | None:
+        return getattr(self._local, "token_adapters", None)
+
+    @token_adapters.setter
+    def token_adapters(self, value: torch.Tensor | None) -> None:
+        self._local.token_adapters = value
 
 
 class LowRankDelta(nn.Module):

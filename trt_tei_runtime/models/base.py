@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from enum import Enum
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from torch import nn
@@ -14,6 +14,10 @@ from ..layers import AttentionMetadata
 from ..templates import PairTemplate, Vocabulary
 from ..weights import WeightReader
 from .config import ClassifierInfo
+
+if TYPE_CHECKING:
+    from ..layers.lora import AdapterSelection
+    from .peft import LoraAdapter, Pair
 
 
 class Task(str, Enum):
@@ -80,9 +84,13 @@ class TransformerModel(nn.Module):
     packed_attention: ClassVar[bool] = True
     # How (query, document) pairs become one prompt, for models trained on a template.
     pair_template: PairTemplate | None = None
-    # Names of adapters chosen per request (jina-embeddings-v3's LoRA tasks); a batch's
-    # token type ids then carry each token's adapter index, 1-based (0: none).
+    # Names of the LoRA adapters chosen per request (`models.lora`), in index order; a
+    # batch's token type ids then carry each token's adapter index, 1-based (0: none), as
+    # `index * adapter_type_stride + token type`.
     adapter_names: tuple[str, ...] = ()
+    adapter_type_stride: int = 1
+    # Why LoRA adapters cannot be attached to this family, where they cannot.
+    lora_unsupported: ClassVar[str | None] = None
 
     def __init__(self) -> None:
         super().__init__()
@@ -94,6 +102,18 @@ class TransformerModel(nn.Module):
     def adapter_index(self, task: str) -> int | None:
         """1-based index of the adapter a task (prompt) name selects, or None."""
         return None
+
+    def checkpoint_adapters(self) -> list[LoraAdapter]:
+        """LoRA adapters the checkpoint itself ships (jina-embeddings-v3's tasks), read by
+        `from_checkpoint`, to be attached first (indices 1..k); handed over once."""
+        return []
+
+    def attach_embedding_adapters(
+        self, weights: list[dict[str, Pair]], selection: AdapterSelection
+    ) -> list[set[str]]:
+        """Adapts the family's embeddings where it supports LoRA on them: per adapter, the
+        module names it used. None by default (`models.lora` refuses such adapters)."""
+        return [set() for _ in weights]
 
     def logits(self, hidden: torch.Tensor, batch: PackedBatch) -> torch.Tensor:
         if self.head is None:

@@ -259,6 +259,10 @@ class DebertaV2Model(BertModel):
     # DeBERTa-v3 has no token-type embeddings (its pair ids are ignored, as transformers
     # does); with them (`type_vocab_size` > 0) the ids are used, just not range-checked.
     uses_token_types: ClassVar[bool] = False
+    lora_unsupported: ClassVar[str | None] = (
+        "its relative-position table goes through the same query/key projections as the "
+        "tokens, shared by every sequence of a batch, so a per-request adapter cannot apply"
+    )
     rel_embeddings: nn.Parameter | None
     rel_norm: LayerNorm | None
 

@@ -15,7 +15,9 @@ def take_linear(
 ) -> Linear:
     """`{name}.weight` `[out_f, in_f]` and, with `bias`, `{name}.bias`."""
     weight = reader.take(f"{name}.weight", (out_f, in_f))
-    return Linear(weight, reader.take(f"{name}.bias", (out_f,)) if bias else None)
+    linear = Linear(weight, reader.take(f"{name}.bias", (out_f,)) if bias else None)
+    linear.parts = ((name, out_f),)
+    return linear
 
 
 def take_fused_linear(
@@ -26,4 +28,6 @@ def take_fused_linear(
     parts = [take_linear(reader, n, o, in_f, bias) for n, o in zip(names, outs, strict=True)]
     weight = torch.cat([p.weight.data for p in parts])
     biases = [p.bias.data for p in parts if p.bias is not None]
-    return Linear(weight, torch.cat(biases) if bias else None)
+    fused = Linear(weight, torch.cat(biases) if bias else None)
+    fused.parts = tuple(part for p in parts for part in p.parts)
+    return fused

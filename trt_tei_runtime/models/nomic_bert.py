@@ -23,6 +23,7 @@ from ..errors import CheckpointError
 from ..layers import (
     AttentionMetadata,
     LayerNorm,
+    Linear,
     RopeAngles,
     RopeConfig,
     RotaryEmbedding,
@@ -155,11 +156,31 @@ class RotaryEncoderLayer(nn.Module):
             self.up = take_linear(reader, fc1, ffn, h, config.bias)
             down = _pick(reader, f"{old}.mlp.fc2", f"{new}.mlp.fc2")
         self.down: nn.Module = take_linear(reader, down, h, ffn, config.bias)
+        self._name_lora_parts(new, h, inner, ffn)
         self.act_name = config.hidden_act
         self.act = get_activation(config.hidden_act)
         norm2 = _pick(reader, f"{old}.norm2", f"{new}.post_mlp_layernorm")
         self.mlp_norm = _norm(reader, norm2, h, config.layer_norm_eps)
         self.scale = 1.0 / math.sqrt(d)
+
+    def _name_lora_parts(self, new: str, h: int, inner: int, ffn: int) -> None:
+        """transformers loads the original checkpoints (`encoder.layers.{i}.mixer.Wqkv`, ...)
+        into modules of its own names (`layers.{i}.self_attn.q_proj`, ...), and PEFT
+        adapters name those: the linears' parts take them, whichever layout was read."""
+        attn, mlp = f"{new}.self_attn", f"{new}.mlp"
+        names: list[tuple[nn.Module, tuple[tuple[str, int], ...]]] = [
+            (self.qkv, tuple((f"{attn}.{n}_proj", inner) for n in "qkv")),
+            (self.o_proj, ((f"{attn}.o_proj", h),)),
+        ]
+        if self.gated:
+            names.append((self.up, ((f"{mlp}.gate_proj", ffn), (f"{mlp}.up_proj", ffn))))
+            names.append((self.down, ((f"{mlp}.down_proj", h),)))
+        else:
+            names.append((self.up, ((f"{mlp}.fc1", ffn),)))
+            names.append((self.down, ((f"{mlp}.fc2", h),)))
+        for linear, parts in names:
+            assert isinstance(linear, Linear)
+            linear.parts = parts
 
     def forward(self, x: torch.Tensor, rope: RopeAngles, meta: AttentionMetadata) -> torch.Tensor:
         tokens = x.shape[0]

@@ -359,7 +359,8 @@ class Executor:
         largest_id = int(input_ids.max())
         if largest_id >= net.vocab_size:
             raise InputError(f"token id {largest_id} is outside the vocabulary ({net.vocab_size})")
-        if net.uses_token_types:
+        # With LoRA adapters the type ids carry each token's adapter (`models.lora`).
+        if net.uses_token_types or net.adapter_names:
             largest_type = int(token_type_ids.max())
             if largest_type >= net.type_vocab_size:
                 raise InputError(

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,8 @@ from ..checkpoint import (
 from ..dense import DenseLayer
 from ..errors import CheckpointError, InputError
 from ..models import Task, TransformerModel, architecture_class
+from ..models.lora import attach_adapters
+from ..models.peft import LoraAdapter, read_adapter
 from ..pooling import canonical_pooling, score_activation
 from ..sparse import SpladeConfig
 from ..templates import PairTemplate, Vocabulary
@@ -49,9 +52,15 @@ class ModelInfo:
     default_prompt_name: str | None = None
     # Set for models trained on one prompt per (query, document) pair (yes/no rerankers).
     pair_template: PairTemplate | None = None
-    # Prompt name -> adapter index for models with per-request adapters (jina-embeddings-v3):
-    # the token type ids of a request's tokens (see `TransformerModel.adapter_names`).
+    # Prompt name -> adapter index for models whose prompts pick an adapter
+    # (jina-embeddings-v3's tasks): the token type ids of a request's tokens.
     adapters: dict[str, int] = field(default_factory=dict)
+    # Every LoRA adapter loaded (the checkpoint's own, then `lora_adapters`' in the order
+    # given), by name -> its 1-based index. A token of token type t under adapter i carries
+    # type id `i * adapter_type_stride + t` (0 for the base weights); the stride is the
+    # number of token types the model reads, 1 for models that read none (decoders).
+    lora_adapters: dict[str, int] = field(default_factory=dict)
+    adapter_type_stride: int = 1
 
     # SPLADE models: how token logits are pooled, and the default cap on active dimensions.
     splade: SpladeConfig | None = None
@@ -92,6 +101,7 @@ def load_model(
     max_num_tokens: int | None = None,
     full_length_must_fit: bool = False,
     max_active_dims: int | None = None,
+    lora_adapters: Mapping[str, str | os.PathLike[str]] | None = None,
 ) -> LoadedModel:
     """Loads a checkpoint folder, hub id or engine directory.
 
@@ -100,7 +110,8 @@ def load_model(
     `task` loads a checkpoint for a task other than its architecture's (see
     `models.TASKS`), e.g. "rerank-yes-no" for Qwen3-Reranker's `Qwen3ForCausalLM`.
     `max_active_dims` caps the active dimensions of a SPLADE model's sparse vectors (as
-    sentence-transformers' `SparseEncoder(max_active_dims=...)`)."""
+    sentence-transformers' `SparseEncoder(max_active_dims=...)`). `lora_adapters`: name ->
+    PEFT LoRA folder, stacked onto the base weights and chosen per token (`models.lora`)."""
     if max_active_dims is not None and max_active_dims <= 0:
         raise InputError(f"max_active_dims must be a positive integer, got {max_active_dims}")
     model_dir = resolve_model_dir(model_id, revision)
@@ -122,6 +133,13 @@ def load_model(
         if dtype is not None and parse_dtype(dtype, torch_device, None) != built:
             raise InputError(f"engine {model_dir} was built for {manifest['dtype']}, not {dtype}")
         torch_dtype = built
+        if lora_adapters:
+            # An engine's linears may be FP8 and its module tree is rebuilt without
+            # adapters: serve adapters from the checkpoint instead.
+            raise InputError(
+                f"lora_adapters are not supported with an engine directory ({model_dir}); "
+                "load the checkpoint the engine was built from instead"
+            )
         network = load_engine_network(arch, config, model_dir, manifest, torch_device)
         checkpoint_tensors = {k: tuple(v) for k, v in manifest["checkpoint_tensors"].items()}
     else:
@@ -134,8 +152,12 @@ def load_model(
         network = arch.from_checkpoint(config, reader, Vocabulary(model_dir))
         reader.finish()
         checkpoint_tensors = reader.taken
+        bundled = network.checkpoint_adapters()
+        attach_adapters(network, bundled + _read_adapters(lora_adapters or {}))
     dense = [DenseLayer(spec).eval() for spec in st.dense]
     info = _model_info(arch_name, network, model_dir, st, dense, pooling)
+    info.lora_adapters = {name: i for i, name in enumerate(network.adapter_names, 1)}
+    info.adapter_type_stride = network.adapter_type_stride
     if max_active_dims is not None and info.splade is None:
         raise InputError(f"max_active_dims applies to SPLADE models; {arch_name} is not one")
     info.max_active_dims = max_active_dims
@@ -218,6 +240,17 @@ def _model_info(
     return info
 
 
+def _read_adapters(folders: Mapping[str, str | os.PathLike[str]]) -> list[LoraAdapter]:
+    adapters = []
+    for name, folder in folders.items():
+        if not isinstance(name, str) or not name.strip():
+            raise InputError(
+                f"lora_adapters: adapter names must be non-empty strings, got {name!r}"
+            )
+        adapters.append(read_adapter(Path(folder), name))
+    return adapters
+
+
 def _adapter_prompts(
     network: TransformerModel, prompts: dict[str, str]
 ) -> tuple[dict[str, str], dict[str, int]]:
@@ -232,7 +265,9 @@ def _adapter_prompts(
         if index is not None:
             adapters[name] = index
     for index, name in enumerate(network.adapter_names, 1):
-        if index not in adapters.values():
+        # Only adapters a prompt may pick (the checkpoint's tasks); those given as
+        # `lora_adapters` are chosen by name, apart from prompts (`ModelInfo.lora_adapters`).
+        if index not in adapters.values() and network.adapter_index(name) == index:
             prompts.setdefault(name, "")
             adapters[name] = index
     return prompts, adapters
