@@ -139,6 +139,10 @@ class Backend:
             "pair_template": None if info.pair_template is None else info.pair_template.as_dict(),
             # Prompt name -> adapter index, sent as every token's type id (jina-embeddings-v3).
             "adapters": dict(info.adapters),
+            # Every LoRA adapter by name -> index; a token of type t under adapter i carries
+            # i * adapter_type_stride + t (models.lora).
+            "lora_adapters": dict(info.lora_adapters),
+            "adapter_type_stride": info.adapter_type_stride,
             "dtype": str(self.model.dtype).removeprefix("torch."),
             "device": str(self.model.device),
             "devices": [str(executor.device) for executor in self.executors],

@@ -1,7 +1,7 @@
 //! Command line flags: TEI's names and environment variables, plus the backend choice.
 
 use crate::backend::process::DeviceWorkers;
-use crate::models::ModelSpec;
+use crate::models::{LoraSpec, ModelSpec};
 use crate::schedule::{PolicyFlags, DEFAULT_WARM_EVERY_US};
 use crate::tokenization::PoolPriority;
 use clap::{Parser, ValueEnum};
@@ -41,6 +41,18 @@ pub struct Args {
     /// The model these flags load: `models[model_index]` (set by [`Args::for_model`]).
     #[arg(skip)]
     pub model_index: usize,
+
+    /// A PEFT LoRA adapter folder to serve, as `NAME=PATH`; requests select it with
+    /// `model: NAME`. It loads onto the served model its `adapter_config.json`'s
+    /// `base_model_name_or_path` names (by id or name), else onto the default model. Give it
+    /// once per adapter; requests for several adapters of one model and for the model itself
+    /// share batches.
+    #[arg(long = "lora-adapter", value_parser = LoraSpec::parse)]
+    pub lora_adapters: Vec<LoraSpec>,
+
+    /// The adapters of the model these flags load (set by [`Args::for_model`]).
+    #[arg(skip)]
+    pub model_adapters: Vec<LoraSpec>,
 
     /// Hub revision (branch, tag or commit) of the model.
     #[arg(long, env = "REVISION")]
@@ -294,10 +306,11 @@ impl Args {
         &self.model().id
     }
 
-    /// These flags for the `index`-th model (its id; every other flag shared).
-    pub fn for_model(&self, index: usize) -> Args {
+    /// These flags for the `index`-th model (its id and adapters; every other flag shared).
+    pub fn for_model(&self, index: usize, adapters: Vec<LoraSpec>) -> Args {
         Args {
             model_index: index,
+            model_adapters: adapters,
             ..self.clone()
         }
     }
@@ -342,7 +355,7 @@ impl Args {
 
     /// Checks that need no model; model-dependent checks happen once the model is loaded.
     pub fn validate(&self) -> Result<(), String> {
-        crate::models::check_unique(&self.models)?;
+        crate::models::check_unique(&self.models, &self.lora_adapters)?;
         let positive = [
             ("--max-concurrent-requests", self.max_concurrent_requests),
             ("--max-batch-tokens", self.max_batch_tokens),

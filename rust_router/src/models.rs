@@ -1,5 +1,6 @@
 //! Which models one server serves: every `--model-id`, each as `ID` or `NAME=ID`, the first
-//! being the default (the model of requests that name none).
+//! being the default (the model of requests that name none), and the LoRA adapters
+//! (`--lora-adapter NAME=PATH`) each of them loads.
 
 use std::collections::HashSet;
 
@@ -45,14 +46,86 @@ fn last_component(id: &str) -> &str {
     trimmed.rsplit('/').next().unwrap_or(trimmed)
 }
 
-/// Refuses two models under one name: a request could not tell them apart.
-pub fn check_unique(models: &[ModelSpec]) -> Result<(), String> {
+/// One `--lora-adapter NAME=PATH`: a PEFT LoRA folder (`adapter_config.json`,
+/// `adapter_model.safetensors`) that requests select with `model: NAME`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LoraSpec {
+    pub name: String,
+    pub path: String,
+}
+
+impl LoraSpec {
+    pub fn parse(value: &str) -> Result<Self, String> {
+        match value.trim().split_once('=') {
+            Some((name, path))
+                if !name.trim().is_empty()
+                    && !path.trim().is_empty()
+                    && !name.trim().chars().any(char::is_whitespace) =>
+            {
+                Ok(Self {
+                    name: name.trim().to_string(),
+                    path: path.trim().to_string(),
+                })
+            }
+            _ => Err(format!(
+                "`{value}`: expected NAME=PATH (a name without spaces, a PEFT LoRA folder)"
+            )),
+        }
+    }
+
+    /// `base_model_name_or_path` of its `adapter_config.json` (None when it names none).
+    fn base_model(&self) -> Result<Option<String>, String> {
+        let config = std::path::Path::new(&self.path).join("adapter_config.json");
+        let text = std::fs::read_to_string(&config).map_err(|e| {
+            format!(
+                "--lora-adapter {}: cannot read {}: {e} (expected a PEFT LoRA folder)",
+                self.name,
+                config.display()
+            )
+        })?;
+        let json: serde_json::Value = serde_json::from_str(&text)
+            .map_err(|e| format!("--lora-adapter {}: {}: {e}", self.name, config.display()))?;
+        Ok(json
+            .get("base_model_name_or_path")
+            .and_then(|v| v.as_str())
+            .map(str::to_string))
+    }
+}
+
+/// Each model's adapters, in model order: an adapter goes to the model its
+/// `base_model_name_or_path` names (by id or name), else to the default model.
+pub fn assign_adapters(
+    models: &[ModelSpec],
+    adapters: &[LoraSpec],
+) -> Result<Vec<Vec<LoraSpec>>, String> {
+    let mut assigned = vec![Vec::new(); models.len()];
+    for adapter in adapters {
+        let base = adapter.base_model()?;
+        let index = base
+            .and_then(|b| models.iter().position(|m| m.answers_to(&b)))
+            .unwrap_or(0);
+        assigned[index].push(adapter.clone());
+    }
+    Ok(assigned)
+}
+
+/// Refuses two models or adapters under one name: a request could not tell them apart.
+pub fn check_unique(models: &[ModelSpec], adapters: &[LoraSpec]) -> Result<(), String> {
     let mut seen = HashSet::new();
     for model in models {
         if !seen.insert(model.name.as_str()) {
             return Err(format!(
                 "two models are named `{}`: give them names with --model-id NAME=ID",
                 model.name
+            ));
+        }
+    }
+    for adapter in adapters {
+        if !seen.insert(adapter.name.as_str()) {
+            return Err(format!(
+                "`{}` names a model or adapter already: each --lora-adapter needs a name of \
+                 its own",
+                adapter.name
             ));
         }
     }
@@ -89,13 +162,57 @@ mod tests {
             ModelSpec::parse("a/m").unwrap(),
             ModelSpec::parse("b/m").unwrap(),
         ];
-        assert!(check_unique(&two)
+        assert!(check_unique(&two, &[])
             .unwrap_err()
             .contains("two models are named `m`"));
         let ok = [
             ModelSpec::parse("a/m").unwrap(),
             ModelSpec::parse("n=b/m").unwrap(),
         ];
-        assert!(check_unique(&ok).is_ok());
+        assert!(check_unique(&ok, &[]).is_ok());
+        let clash = [LoraSpec::parse("n=/x").unwrap()];
+        assert!(check_unique(&ok, &clash)
+            .unwrap_err()
+            .contains("`n` names a model"));
+        assert!(LoraSpec::parse("/just/a/path")
+            .unwrap_err()
+            .contains("NAME=PATH"));
+    }
+
+    #[test]
+    fn adapters_go_to_the_model_their_config_names_else_the_default() {
+        let dir = std::env::temp_dir().join(format!("lora-spec-{}", std::process::id()));
+        let write = |name: &str, base: &str| {
+            let folder = dir.join(name);
+            std::fs::create_dir_all(&folder).unwrap();
+            let config = format!(r#"{{"base_model_name_or_path": "{base}", "r": 8}}"#);
+            std::fs::write(folder.join("adapter_config.json"), config).unwrap();
+            LoraSpec::parse(&format!("{name}={}", folder.display())).unwrap()
+        };
+        let models = [
+            ModelSpec::parse("org/embedder").unwrap(),
+            ModelSpec::parse("rr=org/reranker").unwrap(),
+        ];
+        let adapters = [
+            write("a", "org/reranker"),
+            write("b", "rr"),
+            write("c", "someone/else"),
+        ];
+        let assigned = assign_adapters(&models, &adapters).unwrap();
+        let names = |i: usize| {
+            assigned[i]
+                .iter()
+                .map(|a| a.name.as_str())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(names(0), ["c"]);
+        assert_eq!(names(1), ["a", "b"]);
+        let missing = LoraSpec::parse("m=/no/such/folder").unwrap();
+        let err = assign_adapters(&models, &[missing]).unwrap_err();
+        assert!(
+            err.contains("cannot read") && err.contains("PEFT LoRA folder"),
+            "{err}"
+        );
+        std::fs::remove_dir_all(dir).unwrap();
     }
 }

@@ -33,6 +33,11 @@ pub fn backend_options(args: &Args) -> PythonBackendOptions {
         env,
         device_workers: args.device_workers,
         json_logs: args.json_output,
+        lora_adapters: args
+            .model_adapters
+            .iter()
+            .map(|a| (a.name.clone(), a.path.clone()))
+            .collect(),
     }
 }
 

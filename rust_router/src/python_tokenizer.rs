@@ -210,6 +210,7 @@ impl FlatTokenizer {
             prompt_name,
             apply_prompts: true,
             inline: true,
+            adapter: None,
         };
         if texts.is_empty() {
             // The prompt name is checked all the same.
@@ -238,6 +239,7 @@ impl FlatTokenizer {
             prompt_name: None,
             apply_prompts: false,
             inline: true,
+            adapter: None,
         };
         let inputs = inputs
             .into_iter()

@@ -217,9 +217,10 @@ fn run(mut args: Args, make_backend: MakeBackend) -> Result<(), String> {
     }
     tracing::info!(open_files, max_connections, "open-file limit raised");
     let listeners = bind(&listen_addrs(&args.hostname, args.port)?)?;
+    let adapters = crate::models::assign_adapters(&args.models, &args.lora_adapters)?;
     let mut models = Vec::with_capacity(args.models.len());
-    for index in 0..args.models.len() {
-        let model_args = args.for_model(index);
+    for (index, adapters) in adapters.into_iter().enumerate() {
+        let model_args = args.for_model(index, adapters);
         let name = model_args.model().name.clone();
         // A model that does not load stops the start-up, named.
         let loaded = load_model(model_args, &make_backend).map_err(|e| {
@@ -339,12 +340,15 @@ fn load_model(args: Args, make_backend: &MakeBackend) -> Result<LoadedModel, Str
             pair_template: info.pair_template.clone(),
             adapters: info.adapters.clone().unwrap_or_default(),
             default_adapter: default_adapter(&args, &info),
+            adapter_type_stride: info.adapter_type_stride.unwrap_or(1),
         },
         tokenization_priority,
     );
     warm_hook.set(tokenization.warmer());
+    let adapters = adapter_indexes(&args, &info)?;
     Ok(LoadedModel {
         model: ServedModel {
+            adapters,
             args,
             profile,
             info,
@@ -354,6 +358,25 @@ fn load_model(args: Args, make_backend: &MakeBackend) -> Result<LoadedModel, Str
         },
         threads: backend_threads,
     })
+}
+
+/// Each `--lora-adapter` of the model with the index its backend gave it.
+fn adapter_indexes(
+    args: &Args,
+    info: &ModelInfo,
+) -> Result<Vec<(crate::models::LoraSpec, u32)>, String> {
+    let loaded = info.lora_adapters.clone().unwrap_or_default();
+    args.model_adapters
+        .iter()
+        .map(|adapter| match loaded.get(&adapter.name) {
+            Some(&index) => Ok((adapter.clone(), index)),
+            None => Err(format!(
+                "--lora-adapter {}: the backend loaded it under no index (its `lora_adapters` \
+                 in info(): {loaded:?})",
+                adapter.name
+            )),
+        })
+        .collect()
 }
 
 /// Ends the process at once, without `exit`'s atexit handlers and C++ static destructors: a
@@ -381,6 +404,8 @@ fn check_batch_tokens(max_batch_tokens: usize, max_input_length: usize) -> Resul
 /// One served model: its flags, policy, tokenizer and backend.
 struct ServedModel {
     args: Args,
+    /// Its LoRA adapters with their indexes in the model.
+    adapters: Vec<(crate::models::LoraSpec, u32)>,
     /// The batching and latency policy, resolved once the backend started.
     profile: ServingProfile,
     info: ModelInfo,
@@ -419,6 +444,7 @@ impl Serving {
             batching_tasks.push(batching_task);
             entries.push(ModelEntry {
                 spec: model.args.model().clone(),
+                adapters: model.adapters,
                 infer,
                 info: Arc::new(info_body.clone()),
                 config: Arc::new(ServeConfig {

@@ -37,6 +37,8 @@ pub struct SeenBatch {
     pub device: usize,
     /// The first token id of the first sequence after `[CLS]`, to tell batches apart.
     pub first_id: Option<u32>,
+    /// Every token's type id (where LoRA adapters' indexes ride).
+    pub token_type_ids: Vec<u32>,
 }
 
 /// Keeps every forward pass of a batch holding [`HOLD_ID`] running until the test opens it:
@@ -164,6 +166,8 @@ impl FakeBackend {
             default_prompt_name: None,
             pair_template: None,
             adapters: None,
+            lora_adapters: None,
+            adapter_type_stride: None,
             dtype: Some("float32".into()),
             device: Some("cpu".into()),
             interactive_lane: false,
@@ -308,6 +312,7 @@ impl Backend for FakeBackend {
             thread: std::thread::current().name().unwrap_or_default().into(),
             device: self.device,
             first_id: batch.input_ids.get(1).copied(),
+            token_type_ids: batch.token_type_ids.to_vec(),
         });
         if !self.delay.is_zero() {
             std::thread::sleep(self.delay);

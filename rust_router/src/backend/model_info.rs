@@ -68,6 +68,14 @@ pub struct ModelInfo {
     /// (jina-embeddings-v3's LoRA tasks): the token type id of every token of such a request.
     #[serde(default)]
     pub adapters: Option<HashMap<String, u32>>,
+    /// LoRA adapter name -> index (1-based; 0 is the base weights), every adapter the model
+    /// loaded: a request selects one by name (`model: NAME`) and each of its tokens carries
+    /// the index in its type id, `index * adapter_type_stride + its own type`.
+    #[serde(default)]
+    pub lora_adapters: Option<HashMap<String, u32>>,
+    /// See `lora_adapters`; default 1.
+    #[serde(default)]
+    pub adapter_type_stride: Option<u32>,
     /// The weights' dtype and the device, for `/info` and the `x-compute-type` header.
     #[serde(default)]
     pub dtype: Option<String>,
@@ -86,7 +94,7 @@ pub struct ModelInfo {
 
 impl ModelInfo {
     /// Every key of the contract, in the struct's order.
-    pub const FIELDS: [&'static str; 18] = [
+    pub const FIELDS: [&'static str; 20] = [
         "model_type",
         "tokenizer_path",
         "max_input_length",
@@ -101,6 +109,8 @@ impl ModelInfo {
         "default_prompt_name",
         "pair_template",
         "adapters",
+        "lora_adapters",
+        "adapter_type_stride",
         "dtype",
         "device",
         "interactive_lane",

@@ -47,6 +47,10 @@ pub struct PythonBackendOptions {
     pub device_workers: DeviceWorkers,
     /// `--json-output`, for the logs of device workers.
     pub json_logs: bool,
+    /// `--lora-adapter`s of this model: name -> PEFT folder. Passed as `lora_adapters=` only
+    /// when there are some, and then the constructor must accept it.
+    #[serde(default)]
+    pub lora_adapters: std::collections::BTreeMap<String, String>,
 }
 
 /// Whether the runtime says the device itself failed: an exception of a class named
@@ -185,6 +189,15 @@ fn constructor_kwargs<'py>(
         if accepts("max_bulk_step_ms")? {
             kwargs.set_item("max_bulk_step_ms", ms)?;
         }
+    }
+    if !opts.lora_adapters.is_empty() {
+        if !accepts("lora_adapters")? {
+            return Err(pyo3::exceptions::PyTypeError::new_err(
+                "`--lora-adapter` was given, but the backend class takes no `lora_adapters` \
+                 argument",
+            ));
+        }
+        kwargs.set_item("lora_adapters", &opts.lora_adapters)?;
     }
     Ok((kwargs, accepts("devices")?))
 }

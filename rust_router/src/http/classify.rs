@@ -58,6 +58,7 @@ pub async fn predict(State(state): State<AppState>, req: TeiJson<PredictRequest>
         let opts = EncodeOptions {
             truncate: req.truncate.unwrap_or(state.config.auto_truncate),
             direction: req.truncation_direction,
+            adapter: state.adapter,
             ..Default::default()
         };
         let request = InferRequest {
@@ -122,6 +123,7 @@ pub async fn rerank(State(state): State<AppState>, req: TeiJson<RerankRequest>) 
         let opts = EncodeOptions {
             truncate: req.truncate.unwrap_or(state.config.auto_truncate),
             direction: req.truncation_direction,
+            adapter: state.adapter,
             ..Default::default()
         };
         let ranked = rank(

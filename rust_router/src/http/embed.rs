@@ -65,6 +65,7 @@ pub(crate) fn encode_options(
         prompt_name,
         apply_prompts: true,
         inline: false,
+        adapter: state.adapter,
     }
 }
 

@@ -19,9 +19,11 @@ pub struct ModelCard {
     /// When the server started serving it (Unix seconds).
     pub created: u64,
     pub owned_by: &'static str,
-    /// The hub id or folder it was loaded from.
+    /// The hub id or folder it was loaded from (an adapter's: its PEFT folder).
     #[schema(example = "sentence-transformers/all-MiniLM-L6-v2")]
     pub root: String,
+    /// For a LoRA adapter, the model it runs on; null for a model.
+    pub parent: Option<String>,
     /// `embedding`, `sparse` (SPLADE: `/embed_sparse`), `classifier` or `reranker`.
     pub model_type: &'static str,
     /// Whether requests that name no model go to it.
@@ -46,7 +48,7 @@ pub struct ModelList {
     pub data: Vec<ModelCard>,
 }
 
-/// The served models, the default first.
+/// The served models, the default first, then the LoRA adapters (each with its `parent`).
 #[utoipa::path(
     get, path = "/v1/models", tag = "Text Embeddings Inference",
     responses(
@@ -56,21 +58,28 @@ pub struct ModelList {
 )]
 pub async fn list(State(state): State<AppState>) -> Json<ModelList> {
     let directory = &state.models;
-    let data = directory
-        .entries()
-        .iter()
-        .enumerate()
-        .map(|(index, entry)| ModelCard {
-            id: entry.spec.name.clone(),
+    let card =
+        |id: &str, root: &str, parent: Option<&str>, info: &crate::backend::ModelInfo| ModelCard {
+            id: id.to_string(),
             object: "model",
             created: directory.started(),
             owned_by: "trt-tei-runtime",
-            root: entry.spec.id.clone(),
-            model_type: type_name(entry.infer.info().model_type),
-            default: index == 0,
-            max_input_length: entry.infer.info().max_input_length,
-        })
-        .collect();
+            root: root.to_string(),
+            parent: parent.map(str::to_string),
+            model_type: type_name(info.model_type),
+            default: parent.is_none() && id == directory.entries()[0].spec.name,
+            max_input_length: info.max_input_length,
+        };
+    let entries = directory.entries();
+    let models = entries
+        .iter()
+        .map(|e| card(&e.spec.name, &e.spec.id, None, e.infer.info()));
+    let adapters = entries.iter().flat_map(|e| {
+        e.adapters
+            .iter()
+            .map(|(a, _)| card(&a.name, &a.path, Some(&e.spec.name), e.infer.info()))
+    });
+    let data = models.chain(adapters).collect();
     Json(ModelList {
         object: "list",
         data,

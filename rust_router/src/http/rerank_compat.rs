@@ -227,6 +227,7 @@ async fn rerank(
         let opts = EncodeOptions {
             truncate: req.truncate.unwrap_or(true),
             direction: TruncationDirection::Right,
+            adapter: state.adapter,
             ..Default::default()
         };
         let texts = req.documents.0;

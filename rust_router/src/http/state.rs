@@ -7,7 +7,7 @@ use super::quantize;
 use super::types::{self, Info};
 use crate::infer::Infer;
 use crate::metrics::Metrics;
-use crate::models::ModelSpec;
+use crate::models::{LoraSpec, ModelSpec};
 use crate::shutdown::Shutdown;
 use axum::response::{IntoResponse, Response};
 use std::sync::Arc;
@@ -44,11 +44,15 @@ pub struct AppContext {
     pub shutdown: Shutdown,
     /// Every served model, the default first.
     pub models: Arc<ModelDirectory>,
+    /// The LoRA adapter the request named (`model: NAME`), by its index in the model.
+    pub adapter: Option<u32>,
 }
 
 /// One served model, as the handlers use it.
 pub struct ModelEntry {
     pub spec: ModelSpec,
+    /// Its LoRA adapters: (spec, index in the model).
+    pub adapters: Vec<(LoraSpec, u32)>,
     pub infer: Infer,
     /// Its `/info` body.
     pub info: Arc<Info>,
@@ -83,21 +87,34 @@ impl ModelDirectory {
     /// that sends its own model name, as OpenAI's SDKs always do, keeps working as with TEI);
     /// with several, a name that is none of theirs is a 404 listing them. The default model
     /// also answers to `--served-model-name`.
-    pub fn find(&self, requested: Option<&str>) -> Result<usize, ApiError> {
+    pub fn find(&self, requested: Option<&str>) -> Result<(usize, Option<u32>), ApiError> {
         let Some(name) = requested else {
-            return Ok(0);
+            return Ok((0, None));
         };
+        // An adapter's name selects its model, with the adapter's index.
+        for (index, entry) in self.entries.iter().enumerate() {
+            if let Some((_, adapter)) = entry.adapters.iter().find(|(a, _)| a.name == name) {
+                return Ok((index, Some(*adapter)));
+            }
+        }
         if self.entries.len() == 1 {
-            return Ok(0);
+            return Ok((0, None));
         }
         self.entries
             .iter()
             .position(|e| e.spec.answers_to(name) || e.config.served_model_name == name)
+            .map(|index| (index, None))
             .ok_or_else(|| ApiError::unknown_model(name, &self.names()))
     }
 
+    /// Every name a request may give: the models', then their adapters'.
     pub fn names(&self) -> Vec<&str> {
-        self.entries.iter().map(|e| e.spec.name.as_str()).collect()
+        let models = self.entries.iter().map(|e| e.spec.name.as_str());
+        let adapters = self
+            .entries
+            .iter()
+            .flat_map(|e| e.adapters.iter().map(|(a, _)| a.name.as_str()));
+        models.chain(adapters).collect()
     }
 
     /// Closes every model's queue: each batching task ends once its queue has drained.
@@ -127,11 +144,11 @@ impl AppState {
         metrics: Arc<Metrics>,
         shutdown: Shutdown,
     ) -> Self {
-        Self::of(0, models, metrics, shutdown)
+        Self::of((0, None), models, metrics, shutdown)
     }
 
     fn of(
-        index: usize,
+        (index, adapter): (usize, Option<u32>),
         models: Arc<ModelDirectory>,
         metrics: Arc<Metrics>,
         shutdown: Shutdown,
@@ -144,6 +161,7 @@ impl AppState {
             metrics,
             shutdown,
             models,
+            adapter,
         })
     }
 
@@ -151,12 +169,13 @@ impl AppState {
     /// state itself when it is the default's). An unknown name is a 404 listing the served
     /// names.
     pub fn for_model(&self, requested: Option<&str>) -> Result<AppState, ApiError> {
-        let index = self.models.find(requested)?;
-        if Arc::ptr_eq(&self.info, &self.models.entries[index].info) {
+        let selected = self.models.find(requested)?;
+        let same_model = Arc::ptr_eq(&self.info, &self.models.entries[selected.0].info);
+        if same_model && selected.1 == self.adapter {
             return Ok(self.clone());
         }
         Ok(Self::of(
-            index,
+            selected,
             self.models.clone(),
             self.metrics.clone(),
             self.shutdown.clone(),

@@ -41,6 +41,8 @@ pub struct Options {
     pub devices: usize,
     /// More served models after the default one (`fake/model`): `NAME=ID` and its info.
     pub more_models: Vec<(&'static str, ModelInfo)>,
+    /// The default model's LoRA adapters, with their indexes.
+    pub adapters: Vec<(crate::models::LoraSpec, u32)>,
 }
 
 impl Default for Options {
@@ -62,6 +64,7 @@ impl Default for Options {
             shutdown: Shutdown::default(),
             devices: 1,
             more_models: Vec::new(),
+            adapters: Vec::new(),
         }
     }
 }
@@ -95,6 +98,7 @@ pub fn test_app(opts: Options) -> TestApp {
         max_input_length: info.max_input_length,
         position_offset: info.position_offset,
         prompts: info.prompts.clone().unwrap_or_default(),
+        adapter_type_stride: info.adapter_type_stride.unwrap_or(1),
         ..Default::default()
     };
     let tokenization = Tokenization::new(test_tokenizer(), 2, config);
@@ -120,6 +124,7 @@ pub fn test_app(opts: Options) -> TestApp {
     let metrics_handle = metrics.clone();
     let entry = ModelEntry {
         spec: crate::models::ModelSpec::parse("fake/model").expect("a model spec"),
+        adapters: opts.adapters,
         infer,
         info: Arc::new(body),
         config: Arc::new(ServeConfig {
@@ -177,7 +182,7 @@ fn another_model(
         &format!("{}={}", spec.name, spec.id),
     ])
     .unwrap()
-    .for_model(1);
+    .for_model(1, Vec::new());
     let body = build_info(&args, &info, 2);
     let profile = ServingProfile::resolve(&args.policy_flags(), BackendFacts::of(&backend));
     let (infer, _task) = Infer::new(
@@ -189,6 +194,7 @@ fn another_model(
         metrics.clone(),
     );
     ModelEntry {
+        adapters: Vec::new(),
         config: Arc::new(ServeConfig {
             served_model_name: body.served_model_name.clone(),
             ..config.clone()

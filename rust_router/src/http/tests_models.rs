@@ -141,3 +141,63 @@ async fn with_one_model_any_name_is_that_model() {
     assert_eq!(list.json["data"].as_array().unwrap().len(), 1);
     assert_eq!(list.json["data"][0]["id"], "model");
 }
+
+/// The default model with two LoRA adapters (indexes 1 and 2) and BERT's type-id stride 2.
+fn with_adapters() -> TestApp {
+    let adapter = |spec: &str, index| (crate::models::LoraSpec::parse(spec).unwrap(), index);
+    test_app(Options {
+        info: crate::backend::ModelInfo {
+            lora_adapters: Some([("a".to_string(), 1), ("b".to_string(), 2)].into()),
+            adapter_type_stride: Some(2),
+            ..FakeBackend::info()
+        },
+        adapters: vec![adapter("a=/peft/a", 1), adapter("b=/peft/b", 2)],
+        more_models: vec![("clf=fake/classifier", FakeBackend::classifier_info(3))],
+        ..Default::default()
+    })
+}
+
+#[tokio::test]
+async fn an_adapter_name_runs_its_model_with_the_adapter_index_in_every_type_id() {
+    let app = with_adapters();
+    let seen = |app: &TestApp| app.seen.lock().unwrap().last().cloned().unwrap();
+    let base = app.post("/embed", json!({"inputs": "hello world"})).await;
+    assert_eq!(base.status, 200, "{}", base.text);
+    assert!(seen(&app).token_type_ids.iter().all(|&t| t == 0));
+    for (name, index) in [("a", 1), ("b", 2)] {
+        let r = app
+            .post("/embed", json!({"inputs": "hello world", "model": name}))
+            .await;
+        assert_eq!(r.status, 200, "{}", r.text);
+        // index * stride + the token's own type (0 for a single text).
+        let types = seen(&app).token_type_ids;
+        assert!(
+            !types.is_empty() && types.iter().all(|&t| t == 2 * index),
+            "{types:?}"
+        );
+    }
+    // An adapter of the default model does not select the other model.
+    let r = app
+        .post("/predict", json!({"inputs": "x", "model": "a"}))
+        .await;
+    assert_eq!(r.status, 424, "{}", r.text);
+    // Unknown names list the adapters too.
+    let r = app
+        .post("/embed", json!({"inputs": "x", "model": "c"}))
+        .await;
+    assert_eq!(r.status, 404);
+    assert!(
+        r.text.contains(r#"[\"model\", \"clf\", \"a\", \"b\"]"#),
+        "{}",
+        r.text
+    );
+    // /v1/models lists each adapter under its base model.
+    let list = app.get("/v1/models").await.json;
+    let data = list["data"].as_array().unwrap();
+    let ids: Vec<&str> = data.iter().map(|m| m["id"].as_str().unwrap()).collect();
+    assert_eq!(ids, ["model", "clf", "a", "b"]);
+    assert_eq!(data[2]["parent"], "model");
+    assert_eq!(data[2]["root"], "/peft/a");
+    assert_eq!(data[2]["model_type"], "embedding");
+    assert!(data[0]["parent"].is_null());
+}

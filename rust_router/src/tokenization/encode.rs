@@ -80,6 +80,9 @@ pub struct EncodeOptions {
     /// thread hand-offs to and from the pool cost far more than tokenizing a few dozen tokens;
     /// see `Infer::inline_ok`.
     pub inline: bool,
+    /// A LoRA adapter the request selected (`model: NAME`): its index rides on every token's
+    /// type id (`TokenizerConfig::adapter_type_stride`). It overrides a prompt's adapter.
+    pub adapter: Option<u32>,
 }
 
 /// One token as `/tokenize` reports it; offsets are in characters of the (prompted) input.
@@ -150,6 +153,10 @@ pub struct TokenizerConfig {
     pub adapters: HashMap<String, u32>,
     /// The adapter of texts sent without a prompt name (the default prompt's).
     pub default_adapter: u32,
+    /// How a LoRA adapter's index and a token's own type id share the type id: adapter `i`,
+    /// type `t` is `i * stride + t` (`Backend.info()`'s `adapter_type_stride`; 1 where the
+    /// model reads no token types, 2 for BERT-style pairs).
+    pub adapter_type_stride: u32,
 }
 
 #[derive(Debug)]
@@ -349,12 +356,18 @@ impl Encoder {
                 if ids.len() > max {
                     return Err(too_long(ids.len()));
                 }
-                match cfg.adapter(opts) {
-                    Some(adapter) => {
-                        let n = ids.len();
-                        (ids, vec![adapter; n])
+                if let Some(adapter) = opts.adapter {
+                    let base = adapter * cfg.model.adapter_type_stride.max(1);
+                    let type_ids = type_ids.iter().map(|t| base + t).collect();
+                    (ids, type_ids)
+                } else {
+                    match cfg.adapter(opts) {
+                        Some(adapter) => {
+                            let n = ids.len();
+                            (ids, vec![adapter; n])
+                        }
+                        None => (ids, type_ids),
                     }
-                    None => (ids, type_ids),
                 }
             }
         };

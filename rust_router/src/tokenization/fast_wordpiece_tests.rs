@@ -298,6 +298,7 @@ async fn the_router_encodes_as_the_tokenizer_does() {
                 prompt_name: prompt.map(str::to_string),
                 apply_prompts: true,
                 inline,
+                adapter: None,
             };
             let got = tokenization
                 .encode(EncodingInput::Single(text.clone()), opts)
