@@ -1,6 +1,7 @@
 //! Command line flags: TEI's names and environment variables, plus the backend choice.
 
 use crate::backend::process::DeviceWorkers;
+use crate::infer::parse_max_queue_ms;
 use crate::schedule::{PolicyFlags, DEFAULT_WARM_EVERY_US};
 use crate::tokenization::PoolPriority;
 use clap::{Parser, ValueEnum};
@@ -89,6 +90,13 @@ pub struct Args {
     /// has one, so queries are not stuck behind corpus backfills. 0 turns the lane off.
     #[arg(long, env = "INTERACTIVE_MAX_TOKENS", default_value_t = 256)]
     pub interactive_max_tokens: usize,
+
+    /// Longest a request may wait in the queue before it starts running, in milliseconds (1 to
+    /// 3600000); past it the request is answered 503 `queue_timeout` without running. A
+    /// request's `X-Max-Queue-Ms` header overrides it. A request of which some inputs have
+    /// started runs to the end. [default: no limit]
+    #[arg(long, env = "MAX_QUEUE_MS", value_parser = parse_max_queue_ms)]
+    pub max_queue_ms: Option<Duration>,
 
     /// Where the runtime has no interactive lane (CPU), one backend thread runs both queues
     /// and a query waits for the bulk batch in progress: bulk batches are then bounded to
@@ -290,6 +298,7 @@ impl Args {
             query_spin_us: self.query_spin_us,
             http_spin_us: self.http_spin_us,
             tokenization_priority: self.tokenization_priority,
+            max_queue: self.max_queue_ms,
         }
     }
 
