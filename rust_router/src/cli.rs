@@ -1,6 +1,7 @@
 //! Command line flags: TEI's names and environment variables, plus the backend choice.
 
 use crate::backend::process::DeviceWorkers;
+use crate::infer::parse_max_queue_ms;
 use crate::models::{LoraSpec, ModelSpec};
 use crate::schedule::{PolicyFlags, DEFAULT_WARM_EVERY_US};
 use crate::tokenization::PoolPriority;
@@ -35,7 +36,13 @@ pub struct Args {
     /// Hub model id or local folder of a model to serve, as `ID` or `NAME=ID` (the name
     /// requests select it by with `model`; default: the id's last path component). Give it
     /// once per model: the first is the default, which answers requests that name none.
-    #[arg(long = "model-id", env = "MODEL_ID", required = true, value_parser = ModelSpec::parse)]
+    #[arg(
+        long = "model-id",
+        env = "MODEL_ID",
+        value_name = "MODEL_ID",
+        required = true,
+        value_parser = ModelSpec::parse
+    )]
     pub models: Vec<ModelSpec>,
 
     /// The model these flags load: `models[model_index]` (set by [`Args::for_model`]).
@@ -47,7 +54,7 @@ pub struct Args {
     /// `base_model_name_or_path` names (by id or name), else onto the default model. Give it
     /// once per adapter; requests for several adapters of one model and for the model itself
     /// share batches.
-    #[arg(long = "lora-adapter", value_parser = LoraSpec::parse)]
+    #[arg(long = "lora-adapter", value_name = "NAME=PATH", value_parser = LoraSpec::parse)]
     pub lora_adapters: Vec<LoraSpec>,
 
     /// The adapters of the model these flags load (set by [`Args::for_model`]).
@@ -108,6 +115,13 @@ pub struct Args {
     /// has one, so queries are not stuck behind corpus backfills. 0 turns the lane off.
     #[arg(long, env = "INTERACTIVE_MAX_TOKENS", default_value_t = 256)]
     pub interactive_max_tokens: usize,
+
+    /// Longest a request may wait in the queue before it starts running, in milliseconds (1 to
+    /// 3600000); past it the request is answered 503 `queue_timeout` without running. A
+    /// request's `X-Max-Queue-Ms` header overrides it. A request of which some inputs have
+    /// started runs to the end. [default: no limit]
+    #[arg(long, env = "MAX_QUEUE_MS", value_parser = parse_max_queue_ms)]
+    pub max_queue_ms: Option<Duration>,
 
     /// Where the runtime has no interactive lane (CPU), one backend thread runs both queues
     /// and a query waits for the bulk batch in progress: bulk batches are then bounded to
@@ -340,6 +354,7 @@ impl Args {
             query_spin_us: self.query_spin_us,
             http_spin_us: self.http_spin_us,
             tokenization_priority: self.tokenization_priority,
+            max_queue: self.max_queue_ms,
         }
     }
 

@@ -253,3 +253,23 @@ fn the_server_docs_flag_table_lists_every_flag_and_no_other() {
         "docs/server.md's flag table against --help"
     );
 }
+
+#[test]
+fn max_queue_ms_is_unset_by_default_and_bounded() {
+    assert_eq!(parse(&[]).unwrap().max_queue_ms, None);
+    assert_eq!(parse(&[]).unwrap().policy_flags().max_queue, None);
+    let a = parse(&["--max-queue-ms", "250"]).unwrap();
+    assert_eq!(a.max_queue_ms, Some(Duration::from_millis(250)));
+    assert_eq!(a.policy_flags().max_queue, Some(Duration::from_millis(250)));
+    for bad in ["0", "-1", "1.5", "3600001", "soon"] {
+        let flag = format!("--max-queue-ms={bad}");
+        let err = parse(&[&flag]).unwrap_err().to_string();
+        assert!(err.contains("3600000"), "{bad}: {err}");
+    }
+    use clap::CommandFactory;
+    let help = Args::command().render_long_help().to_string();
+    assert!(
+        help.contains("--max-queue-ms") && help.contains("MAX_QUEUE_MS"),
+        "{help}"
+    );
+}

@@ -95,6 +95,10 @@ pub fn help(name: &str) -> Option<&'static str> {
         }
         "te_request_input_length" => "Tokens of each input queued for inference",
         "te_queue_size" => "Sequences waiting in the queue, both lanes",
+        "te_queue_timeout_count" => {
+            "Requests answered 503 queue_timeout: none of them had started when their queue \
+             deadline (X-Max-Queue-Ms, --max-queue-ms) passed, and they never ran"
+        }
         "te_batch_next_size" => "Sequences in each batch packed for the backend, by lane",
         "te_batch_next_tokens" => "Tokens in each batch packed for the backend, by lane",
         "te_batch_inference_success" => "Forward passes that returned a result",

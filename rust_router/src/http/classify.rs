@@ -10,7 +10,7 @@ use super::types::{
     PredictInput, PredictRequest, PredictResponse, Prediction, Rank, RerankRequest, RerankResponse,
     Sequence,
 };
-use crate::infer::{InferMetadata, InferRequest};
+use crate::infer::{InferMetadata, InferRequest, Priority};
 use crate::tokenization::{EncodeOptions, EncodingInput};
 use axum::extract::State;
 use axum::response::Response;
@@ -65,6 +65,7 @@ pub async fn predict(State(state): State<AppState>, req: TeiJson<PredictRequest>
             inputs,
             opts,
             batched,
+            priority: req.priority,
         };
         let results = state
             .infer
@@ -133,6 +134,7 @@ pub async fn rerank(State(state): State<AppState>, req: TeiJson<RerankRequest>) 
             "texts",
             opts,
             req.raw_scores,
+            req.priority,
         )
         .await?;
         let ranks: Vec<Rank> = ranked
@@ -182,6 +184,7 @@ pub(crate) async fn rank(
     field: &str,
     opts: EncodeOptions,
     raw_scores: bool,
+    priority: Option<Priority>,
 ) -> Result<Ranked, ApiError> {
     if query.is_empty() {
         return Err(ApiError::empty("query"));
@@ -200,6 +203,7 @@ pub(crate) async fn rank(
         inputs: pairs,
         opts,
         batched: true,
+        priority,
     };
     let results = state
         .infer

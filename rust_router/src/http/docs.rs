@@ -2,7 +2,7 @@
 //! and `/api-doc/openapi.json`) and Swagger UI at `/docs`.
 
 use super::error::{ErrorResponse, ErrorType, OpenAIErrorResponse};
-use super::openapi::{InputDoc, InputIdsDoc, PredictInputDoc};
+use super::openapi::{InputDoc, InputIdsDoc, PredictInputDoc, PriorityDoc, QueueDeadlineHeader};
 use super::state::AppState;
 use super::types::*;
 use super::{classify, cloud, embed, meta, models, openai, quantize, rerank_compat, sparse};
@@ -20,7 +20,7 @@ use utoipa::OpenApi;
         cloud::root, cloud::invocations, cloud::vertex, meta::root_probe, models::list,
     ),
     components(schemas(
-        InputDoc, PredictInputDoc, TruncationDirection, EmbedRequest, EmbedResponse,
+        InputDoc, PredictInputDoc, PriorityDoc, TruncationDirection, EmbedRequest, EmbedResponse,
         EmbedAllRequest, EmbedAllResponse, PredictRequest, Prediction, PredictResponse,
         RerankRequest, Rank, RerankResponse, SimilarityInput, SimilarityParameters,
         SimilarityRequest, SimilarityResponse, TokenizeInput, TokenizeRequest, SimpleToken,
@@ -36,6 +36,7 @@ use utoipa::OpenApi;
         sparse::EmbedSparseRequest, sparse::SparseValue, sparse::EmbedSparseResponse,
         cloud::InvocationDoc, cloud::InvocationAnswerDoc, cloud::VertexRequest, cloud::VertexResponse,
     )),
+    modifiers(&QueueDeadlineHeader),
     tags((name = "Text Embeddings Inference", description = "TEI-compatible API")),
     info(
         title = "trt-tei-runtime router",

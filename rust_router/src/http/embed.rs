@@ -10,7 +10,7 @@ use super::types::{
     EmbedAllRequest, EmbedAllResponse, EmbedRequest, EmbedResponse, InputType, SimilarityRequest,
     SimilarityResponse,
 };
-use crate::infer::{InferError, InferMetadata, InferRequest};
+use crate::infer::{InferError, InferMetadata, InferRequest, Priority};
 use crate::tokenization::EncodeOptions;
 use axum::extract::State;
 use axum::response::Response;
@@ -39,11 +39,13 @@ pub(crate) async fn embed_inputs(
     opts: EncodeOptions,
     normalize: bool,
     dimensions: Option<usize>,
+    priority: Option<Priority>,
 ) -> Result<(Vec<Vec<f32>>, Vec<InferMetadata>), InferError> {
     let request = InferRequest {
         inputs: inputs.into_iter().map(Into::into).collect(),
         opts,
         batched,
+        priority,
     };
     // The queue may put the sequences in different batches; `Infer` reassembles them in order.
     let results = state
@@ -103,10 +105,17 @@ pub async fn embed(State(state): State<AppState>, req: TeiJson<EmbedRequest>) ->
             req.truncation_direction,
             req.prompt_name,
         );
-        let (embeddings, metas) =
-            embed_inputs(&state, inputs, batched, opts, req.normalize, req.dimensions)
-                .await
-                .map_err(|e| ApiError::inference(e, names, TRUNCATE_HINT))?;
+        let (embeddings, metas) = embed_inputs(
+            &state,
+            inputs,
+            batched,
+            opts,
+            req.normalize,
+            req.dimensions,
+            req.priority,
+        )
+        .await
+        .map_err(|e| ApiError::inference(e, names, TRUNCATE_HINT))?;
         let meta = ResponseMeta::new(start, chars, &metas);
         let method = if batched { "batch" } else { "single" };
         let embeddings = embeddings.into_iter().map(|e| encoder.encode(e)).collect();
@@ -147,6 +156,7 @@ pub async fn embed_all(State(state): State<AppState>, req: TeiJson<EmbedAllReque
             inputs: inputs.into_iter().map(Into::into).collect(),
             opts,
             batched,
+            priority: req.priority,
         };
         let results = state
             .infer
@@ -200,9 +210,10 @@ pub async fn similarity(
             params.truncation_direction,
             params.prompt_name,
         );
-        let (embeddings, metas) = embed_inputs(&state, inputs, true, opts, true, None)
-            .await
-            .map_err(|e| ApiError::inference(e, names, TRUNCATE_HINT))?;
+        let (embeddings, metas) =
+            embed_inputs(&state, inputs, true, opts, true, None, req.priority)
+                .await
+                .map_err(|e| ApiError::inference(e, names, TRUNCATE_HINT))?;
         // Normalized vectors: cosine similarity is the dot product.
         let source = &embeddings[0];
         let scores = embeddings[1..]

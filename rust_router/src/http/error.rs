@@ -36,6 +36,9 @@ pub enum ErrorType {
     /// The server is shutting down: the request was half-sent when draining began, or was
     /// still running at the `--shutdown-timeout` deadline.
     ShuttingDown,
+    /// The request waited in the queue past its deadline (`X-Max-Queue-Ms`, `--max-queue-ms`)
+    /// and was dropped without running.
+    QueueTimeout,
 }
 
 impl ErrorType {
@@ -58,6 +61,7 @@ impl ErrorType {
             Self::Timeout => StatusCode::REQUEST_TIMEOUT,
             Self::Congested => StatusCode::SERVICE_UNAVAILABLE,
             Self::ShuttingDown => StatusCode::SERVICE_UNAVAILABLE,
+            Self::QueueTimeout => StatusCode::SERVICE_UNAVAILABLE,
         }
     }
 
@@ -79,6 +83,7 @@ impl ErrorType {
             Self::Timeout => "timeout",
             Self::Congested => "congested",
             Self::ShuttingDown => "shutting_down",
+            Self::QueueTimeout => "queue_timeout",
         }
     }
 }
@@ -237,6 +242,7 @@ impl From<InferError> for ApiError {
                 _ => ErrorType::Validation,
             },
             InferError::Overloaded(_) => ErrorType::Overloaded,
+            InferError::QueueTimeout(_) => ErrorType::QueueTimeout,
             // A device failure is no fault of the request: 503 tells the client to retry,
             // and another device answers.
             InferError::Backend(
@@ -346,6 +352,8 @@ mod tests {
             (ErrorType::Timeout, false, 408),
             (ErrorType::ShuttingDown, true, 503),
             (ErrorType::Congested, false, 503),
+            (ErrorType::QueueTimeout, false, 503),
+            (ErrorType::QueueTimeout, true, 503),
         ];
         for (kind, openai, status) in cases {
             assert_eq!(

@@ -9,6 +9,7 @@
 //!   `"encoding_format": null` when the caller passes `None`); serde refuses `null` for a
 //!   field that is not an `Option`.
 
+use crate::infer::Priority;
 use serde::{de, Deserialize, Deserializer};
 use serde_json::Value;
 use std::fmt::Display;
@@ -68,6 +69,24 @@ pub(crate) fn dimensions<'de, D: Deserializer<'de>>(d: D) -> Result<Option<usize
 /// own message (it must be at least 1, see `classify::top_n`).
 pub(crate) fn top_n<'de, D: Deserializer<'de>>(d: D) -> Result<Option<i64>, D::Error> {
     optional(d, "top_n")
+}
+
+/// `priority` of the inference routes: `"high"`, `"low"`, or `null` / left out (by size).
+/// Read here rather than by serde's enum so the refusal names the field and every value it
+/// takes.
+pub(crate) fn priority<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Priority>, D::Error> {
+    match Option::<Value>::deserialize(d)? {
+        None | Some(Value::Null) => Ok(None),
+        Some(value) => value
+            .as_str()
+            .and_then(Priority::parse)
+            .map(Some)
+            .ok_or_else(|| {
+                de::Error::custom(format!(
+                    "`priority` must be \"high\", \"low\" or null (decided by size), got {value}"
+                ))
+            }),
+    }
 }
 
 /// A field whose `null` is its default, as OpenAI's API reads it.

@@ -42,6 +42,8 @@ mod tests_metrics;
 #[cfg(test)]
 mod tests_models;
 #[cfg(test)]
+mod tests_priority;
+#[cfg(test)]
 mod tests_sparse;
 #[cfg(test)]
 mod tests_types;
@@ -51,7 +53,7 @@ mod tests_validation;
 use crate::metrics::Metrics;
 use crate::shutdown::Phase;
 use axum::extract::{DefaultBodyLimit, Request, State};
-use axum::http::{header, HeaderValue, Method};
+use axum::http::{header, HeaderName, HeaderValue, Method};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -168,6 +170,30 @@ impl Drop for Unanswered<'_> {
     }
 }
 
+/// The request header that bounds a request's wait in the queue (over `--max-queue-ms`).
+pub(crate) const MAX_QUEUE_HEADER: &str = "x-max-queue-ms";
+
+/// Reads `X-Max-Queue-Ms` on the routes that run the model and makes it the queue deadline of
+/// every inference call the handler makes; a value that is not a whole number of milliseconds
+/// from 1 to `infer::MAX_QUEUE_MS_CAP` is refused with 422 before the body is read.
+async fn queue_deadline(req: Request, next: Next) -> Response {
+    let Some(value) = req.headers().get(MAX_QUEUE_HEADER) else {
+        return next.run(req).await;
+    };
+    let limit = value
+        .to_str()
+        .map_err(|_| "must be a whole number of milliseconds, got bytes that are not text".into())
+        .and_then(crate::infer::parse_max_queue_ms);
+    match limit {
+        Ok(limit) => crate::infer::with_max_queue(limit, next.run(req)).await,
+        Err(why) => ApiError::validation(format!(
+            "Input validation error: header `X-Max-Queue-Ms` {why}"
+        ))
+        .openai(is_openai_path(req.uri().path()))
+        .into_response(),
+    }
+}
+
 /// A route asked with a method it does not take: 405 in the route's error shape. axum adds
 /// the `Allow` header, which lists the methods it takes.
 async fn method_not_allowed(req: Request) -> Response {
@@ -204,18 +230,21 @@ fn cors_layer(origins: Option<&[String]>) -> CorsLayer {
     };
     CorsLayer::new()
         .allow_methods([Method::GET, Method::POST])
-        .allow_headers([header::CONTENT_TYPE, header::AUTHORIZATION])
+        .allow_headers([
+            header::CONTENT_TYPE,
+            header::AUTHORIZATION,
+            HeaderName::from_static(MAX_QUEUE_HEADER),
+        ])
         .allow_origin(allow_origin)
 }
 
 /// The whole HTTP application.
 pub fn app(state: AppState) -> Router {
-    let protected = Router::new()
+    // The routes that run the model (`openapi::INFERENCE_ROUTES`), which take a queue deadline.
+    let inference = Router::new()
         .route("/", post(cloud::root))
         .route("/invocations", post(cloud::invocations))
         .route("/vertex", post(cloud::vertex))
-        .route("/info", get(meta::info))
-        .route("/v1/models", get(models::list))
         .route("/embed", post(embed::embed))
         .route("/embed_all", post(embed::embed_all))
         .route("/embed_sparse", post(sparse::embed_sparse))
@@ -224,10 +253,14 @@ pub fn app(state: AppState) -> Router {
         .route("/rerank", post(classify::rerank))
         .route("/v1/rerank", post(rerank_compat::rerank_v1))
         .route("/v2/rerank", post(rerank_compat::rerank_v2))
-        .route("/tokenize", post(meta::tokenize))
-        .route("/decode", post(meta::decode))
         .route("/v1/embeddings", post(openai::embeddings))
         .route("/embeddings", post(openai::embeddings))
+        .route_layer(middleware::from_fn(queue_deadline));
+    let protected = inference
+        .route("/info", get(meta::info))
+        .route("/v1/models", get(models::list))
+        .route("/tokenize", post(meta::tokenize))
+        .route("/decode", post(meta::decode))
         .route_layer(middleware::from_fn_with_state(state.clone(), guard));
     // Probes and scrapers must work without the key.
     let public = Router::new()

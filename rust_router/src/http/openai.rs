@@ -52,9 +52,17 @@ pub async fn embeddings(
             req.dimensions,
         )?;
         let opts = encode_options(&state, None, TruncationDirection::Right, None);
-        let (embeddings, metas) = embed_inputs(&state, inputs, batched, opts, true, req.dimensions)
-            .await
-            .map_err(|e| ApiError::inference(e, names, AUTO_TRUNCATE_HINT))?;
+        let (embeddings, metas) = embed_inputs(
+            &state,
+            inputs,
+            batched,
+            opts,
+            true,
+            req.dimensions,
+            req.priority,
+        )
+        .await
+        .map_err(|e| ApiError::inference(e, names, AUTO_TRUNCATE_HINT))?;
         let meta = ResponseMeta::new(start, chars, &metas);
         let data = embeddings
             .into_iter()

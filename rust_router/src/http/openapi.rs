@@ -97,6 +97,76 @@ pub enum InputIdsDoc {
     Batch(#[schema(inline)] TokenIdsBatchDoc),
 }
 
+// Mirrors `infer::Priority`.
+/// Which lane the request takes: `high`, the interactive lane (queries) whatever its size, up
+/// to one batch (`--max-batch-tokens`; a larger request takes the bulk lane); `low`, the bulk
+/// lane even when small. Left out or `null`: by size (`--interactive-max-tokens`).
+#[allow(dead_code)]
+#[derive(ToSchema)]
+#[schema(rename_all = "lowercase")]
+pub enum PriorityDoc {
+    High,
+    Low,
+}
+
+/// Adds the `X-Max-Queue-Ms` header to every route that runs the model.
+pub struct QueueDeadlineHeader;
+
+/// The routes that run the model, which take `X-Max-Queue-Ms` (`http::app` layers them).
+pub const INFERENCE_ROUTES: &[&str] = &[
+    "/",
+    "/invocations",
+    "/vertex",
+    "/embed",
+    "/embed_all",
+    "/embed_sparse",
+    "/similarity",
+    "/predict",
+    "/rerank",
+    "/v1/rerank",
+    "/v2/rerank",
+    "/v1/embeddings",
+    "/embeddings",
+];
+
+impl utoipa::Modify for QueueDeadlineHeader {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        use utoipa::openapi::path::{ParameterBuilder, ParameterIn};
+        use utoipa::openapi::schema::{ObjectBuilder, Type};
+        use utoipa::openapi::Required;
+        let header = ParameterBuilder::new()
+            .name("X-Max-Queue-Ms")
+            .parameter_in(ParameterIn::Header)
+            .required(Required::False)
+            .description(Some(format!(
+                "Longest the request may wait in the queue before it starts running, in \
+                 milliseconds (1 to {}; overrides `--max-queue-ms`). Past it the request is \
+                 answered 503 `queue_timeout` without running; once any of its inputs has \
+                 started, it runs to the end. Any other value is refused with 422.",
+                crate::infer::MAX_QUEUE_MS_CAP
+            )))
+            .schema(Some(
+                ObjectBuilder::new()
+                    .schema_type(Type::Integer)
+                    .minimum(Some(1))
+                    .maximum(Some(crate::infer::MAX_QUEUE_MS_CAP)),
+            ))
+            .build();
+        for route in INFERENCE_ROUTES {
+            if let Some(op) = openapi
+                .paths
+                .paths
+                .get_mut(*route)
+                .and_then(|item| item.post.as_mut())
+            {
+                op.parameters
+                    .get_or_insert_with(Vec::new)
+                    .push(RefOr::T(header.clone()));
+            }
+        }
+    }
+}
+
 const UNAUTHORIZED: (&str, &str) = ("401", "Missing or invalid API key (with `--api-key`)");
 const BODY_TIMEOUT: (&str, &str) = (
     "408",
@@ -106,7 +176,8 @@ const PAYLOAD_TOO_LARGE: (&str, &str) = ("413", "The request body is over `--pay
 const OVERLOADED: (&str, &str) = ("429", "Model is overloaded");
 const UNAVAILABLE: (&str, &str) = (
     "503",
-    "The model cannot run, or the server is shutting down",
+    "The model cannot run, the server is shutting down, or the request waited in the queue \
+     past its deadline (`X-Max-Queue-Ms`, `--max-queue-ms`) and was not run (`queue_timeout`)",
 );
 
 /// `(status, description)` rows answered with the error body `B`.

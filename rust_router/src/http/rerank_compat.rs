@@ -108,6 +108,12 @@ pub struct CompatRerankRequest {
     /// truncate long documents rather than fail).
     #[serde(default)]
     pub truncate: Option<bool>,
+    /// `high`: the interactive lane whatever the request's size (up to one batch's
+    /// `--max-batch-tokens`; a larger request runs in the bulk lane), `low`: the bulk lane even
+    /// when small; absent or `null`: by size (`--interactive-max-tokens`).
+    #[serde(default, deserialize_with = "super::fields::priority")]
+    #[schema(value_type = Option<super::openapi::PriorityDoc>, nullable)]
+    pub priority: Option<crate::infer::Priority>,
 }
 
 #[derive(Debug, Clone, Serialize, ToSchema)]
@@ -235,7 +241,16 @@ async fn rerank(
             scores,
             metas,
             chars,
-        } = classify::rank(&state, &req.query, &texts, "documents", opts, false).await?;
+        } = classify::rank(
+            &state,
+            &req.query,
+            &texts,
+            "documents",
+            opts,
+            false,
+            req.priority,
+        )
+        .await?;
         let results = scores
             .into_iter()
             .take(top_n)

@@ -34,6 +34,12 @@ pub struct EmbedSparseRequest {
     /// and so is a prompt with token ids.
     #[serde(default)]
     pub prompt_name: Option<String>,
+    /// `high`: the interactive lane whatever the request's size (up to one batch's
+    /// `--max-batch-tokens`; a larger request runs in the bulk lane), `low`: the bulk lane even
+    /// when small; absent or `null`: by size (`--interactive-max-tokens`).
+    #[serde(default, deserialize_with = "super::fields::priority")]
+    #[schema(value_type = Option<super::openapi::PriorityDoc>, nullable)]
+    pub priority: Option<crate::infer::Priority>,
 }
 
 /// One active dimension of a sparse vector: a vocabulary index and its weight.
@@ -84,6 +90,7 @@ pub async fn embed_sparse(
             inputs: inputs.into_iter().map(Into::into).collect(),
             opts,
             batched,
+            priority: req.priority,
         };
         let results = state
             .infer

@@ -1,13 +1,16 @@
 //! Wire types: TEI's request and response bodies, field for field, plus OpenAI embeddings.
 
 use super::fields;
-use super::openapi::{InputDoc, InputIdsDoc, PredictInputDoc, TextDoc, TokenizeBatchDoc};
+use super::openapi::{
+    InputDoc, InputIdsDoc, PredictInputDoc, PriorityDoc, TextDoc, TokenizeBatchDoc,
+};
 use super::quantize::{Ranges, RangesDoc};
 // Defined beside their code, named here with the other wire types.
 pub use super::info::{
     ClassifierModel, DeviceInfo, DeviceRef, EmbeddingModel, HealthDegraded, Info, ModelTypeInfo,
 };
 pub use super::quantize::{Embedding, EncodingFormat};
+use crate::infer::Priority;
 use crate::tokenization::{EncodingInput, TruncationDirection};
 use serde::{de, Deserialize, Deserializer, Serialize};
 use serde_json::Value;
@@ -228,6 +231,12 @@ pub struct EmbedRequest {
     #[serde(default)]
     #[schema(value_type = Option<RangesDoc>)]
     pub quantization_ranges: Option<Ranges>,
+    /// `high`: the interactive lane whatever the request's size (up to one batch's
+    /// `--max-batch-tokens`; a larger request runs in the bulk lane), `low`: the bulk lane even
+    /// when small; absent or `null`: by size (`--interactive-max-tokens`).
+    #[serde(default, deserialize_with = "fields::priority")]
+    #[schema(value_type = Option<PriorityDoc>, nullable)]
+    pub priority: Option<Priority>,
 }
 
 fn default_true() -> bool {
@@ -250,6 +259,12 @@ pub struct EmbedAllRequest {
     /// and so is a prompt with token ids.
     #[serde(default)]
     pub prompt_name: Option<String>,
+    /// `high`: the interactive lane whatever the request's size (up to one batch's
+    /// `--max-batch-tokens`; a larger request runs in the bulk lane), `low`: the bulk lane even
+    /// when small; absent or `null`: by size (`--interactive-max-tokens`).
+    #[serde(default, deserialize_with = "fields::priority")]
+    #[schema(value_type = Option<PriorityDoc>, nullable)]
+    pub priority: Option<Priority>,
 }
 
 #[derive(Debug, Serialize, ToSchema)]
@@ -275,6 +290,12 @@ pub struct PredictRequest {
     /// Return logits instead of sigmoid / softmax scores.
     #[serde(default)]
     pub raw_scores: bool,
+    /// `high`: the interactive lane whatever the request's size (up to one batch's
+    /// `--max-batch-tokens`; a larger request runs in the bulk lane), `low`: the bulk lane even
+    /// when small; absent or `null`: by size (`--interactive-max-tokens`).
+    #[serde(default, deserialize_with = "fields::priority")]
+    #[schema(value_type = Option<PriorityDoc>, nullable)]
+    pub priority: Option<Priority>,
 }
 
 #[derive(Debug, Serialize, ToSchema)]
@@ -316,6 +337,12 @@ pub struct RerankRequest {
     #[serde(default, deserialize_with = "fields::top_n")]
     #[schema(minimum = 1)]
     pub top_n: Option<i64>,
+    /// `high`: the interactive lane whatever the request's size (up to one batch's
+    /// `--max-batch-tokens`; a larger request runs in the bulk lane), `low`: the bulk lane even
+    /// when small; absent or `null`: by size (`--interactive-max-tokens`).
+    #[serde(default, deserialize_with = "fields::priority")]
+    #[schema(value_type = Option<PriorityDoc>, nullable)]
+    pub priority: Option<Priority>,
 }
 
 #[derive(Debug, Serialize, ToSchema)]
@@ -363,6 +390,12 @@ pub struct SimilarityRequest {
     pub inputs: SimilarityInput,
     #[serde(default)]
     pub parameters: Option<SimilarityParameters>,
+    /// `high`: the interactive lane whatever the request's size (up to one batch's
+    /// `--max-batch-tokens`; a larger request runs in the bulk lane), `low`: the bulk lane even
+    /// when small; absent or `null`: by size (`--interactive-max-tokens`).
+    #[serde(default, deserialize_with = "fields::priority")]
+    #[schema(value_type = Option<PriorityDoc>, nullable)]
+    pub priority: Option<Priority>,
 }
 
 #[derive(Debug, Serialize, ToSchema)]
@@ -491,6 +524,12 @@ pub struct OpenAICompatRequest {
     pub dimensions: Option<usize>,
     #[serde(default)]
     pub user: Option<String>,
+    /// `high`: the interactive lane whatever the request's size (up to one batch's
+    /// `--max-batch-tokens`; a larger request runs in the bulk lane), `low`: the bulk lane even
+    /// when small; absent or `null`: by size (`--interactive-max-tokens`).
+    #[serde(default, deserialize_with = "fields::priority")]
+    #[schema(value_type = Option<PriorityDoc>, nullable)]
+    pub priority: Option<Priority>,
 }
 
 #[derive(Debug, Serialize, ToSchema)]

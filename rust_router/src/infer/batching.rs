@@ -241,7 +241,7 @@ async fn fail_everything_queued(queue: &Queue, take: Take, err: BackendError) {
     tracing::error!("{err}; failing queued requests");
     while let Some(next) = queue.next_batch(take).await {
         for m in next.metadata {
-            let _ = m.response_tx.send(Err(err.clone()));
+            let _ = m.response_tx.send(Err(err.clone().into()));
         }
     }
 }
@@ -305,7 +305,7 @@ impl Job {
             tracing::error!(batch_size = self.metadata.len(), "{err}");
         }
         for m in self.metadata {
-            let _ = m.response_tx.send(Err(err.clone()));
+            let _ = m.response_tx.send(Err(err.clone().into()));
         }
     }
 
@@ -353,7 +353,7 @@ impl Job {
                     request_id = meta.request_id,
                     "the model returned non-finite values for a sequence"
                 );
-                Err(BackendError::NonFinite)
+                Err(BackendError::NonFinite.into())
             };
             let _ = meta.response_tx.send(result);
         }

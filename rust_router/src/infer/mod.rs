@@ -5,13 +5,18 @@
 
 mod batching;
 mod hot_wait;
+mod policy;
 mod stalls;
+
+pub use policy::{
+    lane_for, lane_for_request, parse_max_queue_ms, with_max_queue, Priority, MAX_QUEUE_MS_CAP,
+};
 
 use crate::backend::{
     BackendError, BackendHandle, BatchKind, DeviceStatus, Health, Lane, ModelInfo, ScoreActivation,
 };
 use crate::metrics::Metrics;
-use crate::queue::{Entry, InferResult, Metadata, Queue, RequestId};
+use crate::queue::{Entry, InferResult, Metadata, Queue, QueueError, RequestId};
 use crate::schedule::ServingProfile;
 use crate::tokenization::{
     EncodeOptions, EncodingInput, Tokenization, TokenizationError, ValidEncoding, INLINE_MAX_BYTES,
@@ -43,6 +48,14 @@ pub enum InferError {
     Backend(#[from] BackendError),
     #[error("Model is overloaded: more than {0} requests are in flight, retry later")]
     Overloaded(usize),
+    /// None of the request had started when its queue deadline (`X-Max-Queue-Ms`, else
+    /// `--max-queue-ms`) passed: it was taken out of the queue and never ran.
+    #[error(
+        "Queue timeout: the request waited longer than its limit of {} ms in the queue \
+         (X-Max-Queue-Ms or --max-queue-ms) and was not run; retry later or on another replica",
+        .0.as_millis()
+    )]
+    QueueTimeout(Duration),
 }
 
 /// Per-sequence accounting, summed or averaged into the response headers.
@@ -62,6 +75,8 @@ pub struct InferRequest {
     pub inputs: Vec<EncodingInput>,
     pub opts: EncodeOptions,
     pub batched: bool,
+    /// The body's `priority`: overrides the lane the request's size gives it.
+    pub priority: Option<Priority>,
 }
 
 #[derive(Clone)]
@@ -74,21 +89,13 @@ pub struct Infer {
     permits: Arc<Semaphore>,
     max_concurrent_requests: usize,
     interactive_max_tokens: usize,
+    /// `--max-queue-ms`: the queue deadline of requests that set none.
+    default_max_queue: Option<Duration>,
     /// How queries' handlers wait for their results (`ServingProfile::query_spin`).
     hot_wait: Arc<HotWait>,
     next_request_id: Arc<AtomicU64>,
     info: Arc<ModelInfo>,
     metrics: Arc<Metrics>,
-}
-
-/// A request's lane, from the tokens of all its inputs together: a query's latency is what
-/// the interactive lane protects, and a large request split into small inputs is no query.
-pub fn lane_for(total_tokens: usize, interactive_max_tokens: usize) -> Lane {
-    if interactive_max_tokens > 0 && total_tokens <= interactive_max_tokens {
-        Lane::Interactive
-    } else {
-        Lane::Bulk
-    }
 }
 
 pub fn l2_normalize(v: &mut [f32]) {
@@ -135,6 +142,9 @@ fn method(batched: bool) -> &'static str {
         "single"
     }
 }
+
+/// Where a queued sequence's result arrives.
+type Waiting = oneshot::Receiver<Result<InferResult, QueueError>>;
 
 /// Takes a request's sequences out of the queue when its handler is dropped before they ran
 /// (the client went away, or the shutdown deadline answered it), so they cost no compute and
@@ -192,6 +202,7 @@ impl Infer {
             permits: Arc::new(Semaphore::new(max_concurrent_requests)),
             max_concurrent_requests,
             interactive_max_tokens: profile.interactive_max_tokens,
+            default_max_queue: profile.max_queue,
             hot_wait: Arc::new(HotWait::new(profile.query_spin)),
             next_request_id: Arc::default(),
             info,
@@ -279,10 +290,20 @@ impl Infer {
         ))
         .await?;
         let total_tokens = encodings.iter().map(|e| e.input_ids.len()).sum();
-        let lane = lane_for(total_tokens, self.interactive_max_tokens);
+        let fits_one_batch = self
+            .queue
+            .fits_one_query_batch(encodings.len(), total_tokens);
+        let lane = lane_for_request(
+            request.priority,
+            total_tokens,
+            fits_one_batch,
+            self.interactive_max_tokens,
+        );
         let tokenization = start.elapsed();
         let request_id = self.next_request_id.fetch_add(1, Ordering::Relaxed);
-        let waiting = self.enqueue(encodings, kind, lane, request_id);
+        let limit = policy::max_queue(self.default_max_queue);
+        let (waiting, deadline) = self.enqueue(encodings, kind, lane, request_id, limit);
+        let sequences = waiting.len();
         let mut abandoned = Abandoned {
             queue: &self.queue,
             request: request_id,
@@ -291,12 +312,16 @@ impl Infer {
         let hot = lane == Lane::Interactive;
         // The first failure drops the other receivers, which makes the queue skip their
         // sequences.
-        let results = try_join_all(waiting.into_iter().map(|(prompt_tokens, rx)| async move {
+        let joined = try_join_all(waiting.into_iter().map(|(prompt_tokens, rx)| async move {
             let result = self
                 .hot_wait
                 .receive(rx, hot)
                 .await
-                .ok_or(BackendError::Stopped)??;
+                .unwrap_or(Err(QueueError::Backend(BackendError::Stopped)))
+                .map_err(|e| match e {
+                    QueueError::Backend(e) => InferError::Backend(e),
+                    QueueError::Expired => InferError::QueueTimeout(limit.unwrap_or_default()),
+                })?;
             let meta = InferMetadata {
                 prompt_tokens,
                 tokenization,
@@ -305,22 +330,61 @@ impl Infer {
                 inference: result.inference,
             };
             Ok::<_, InferError>((result, meta))
-        }))
-        .await;
-        abandoned.finished = results.is_ok();
+        }));
+        let results = match (deadline, limit) {
+            (Some(at), Some(limit)) => {
+                self.until_deadline(joined, at, limit, request_id, sequences)
+                    .await
+            }
+            _ => joined.await,
+        };
+        let timed_out = matches!(results, Err(InferError::QueueTimeout(_)));
+        if timed_out {
+            self.metrics.inc("te_queue_timeout_count", &[]);
+        }
+        // Timed out, none of it is queued any more.
+        abandoned.finished = results.is_ok() || timed_out;
         results
     }
 
-    /// Queues one request's sequences in `lane`; returns each one's token count and receiver.
+    /// Awaits `results`, a request's, whose sequences may not start after `deadline`: at the
+    /// deadline, the request is taken out of the queue and answered
+    /// [`InferError::QueueTimeout`] if none of it has started (packing answers sequences
+    /// found expired the same way, so none reaches the backend late; this answers the client
+    /// on time even while no batch is packed); if some of it has, it runs to the end.
+    async fn until_deadline<T>(
+        &self,
+        results: impl Future<Output = Result<T, InferError>>,
+        deadline: Instant,
+        limit: Duration,
+        request_id: RequestId,
+        sequences: usize,
+    ) -> Result<T, InferError> {
+        let mut results = std::pin::pin!(results);
+        tokio::select! {
+            biased;
+            done = &mut results => return done,
+            _ = tokio::time::sleep_until(deadline.into()) => {}
+        }
+        if self.queue.expire_request(request_id, sequences) {
+            return Err(InferError::QueueTimeout(limit));
+        }
+        results.await
+    }
+
+    /// Queues one request's sequences in `lane`, to start within `limit` if given; returns
+    /// each one's token count and receiver, and the deadline.
     fn enqueue(
         &self,
         encodings: Vec<ValidEncoding>,
         kind: BatchKind,
         lane: Lane,
         request_id: RequestId,
-    ) -> Vec<(usize, oneshot::Receiver<Result<InferResult, BackendError>>)> {
+        limit: Option<Duration>,
+    ) -> (Vec<(usize, Waiting)>, Option<Instant>) {
         let watch = HandoverWatch::start();
         let queued_at = Instant::now();
+        let deadline = limit.map(|limit| queued_at + limit);
         let mut waiting = Vec::with_capacity(encodings.len());
         let entries: Vec<Entry> = encodings
             .into_iter()
@@ -335,6 +399,7 @@ impl Infer {
                         response_tx,
                         request_id,
                         queued_at,
+                        deadline,
                     },
                 }
             })
@@ -352,7 +417,7 @@ impl Infer {
             self.metrics
                 .observe("te_request_input_length", &[], *prompt_tokens as f64);
         }
-        waiting
+        (waiting, deadline)
     }
 
     /// Pooled embeddings, one per input: truncated to `dimensions` (Matryoshka) first, then

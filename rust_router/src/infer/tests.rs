@@ -108,6 +108,7 @@ impl Harness {
                 inputs,
                 opts: EncodeOptions::default(),
                 batched: true,
+                priority: None,
             };
             let out = infer.embed_pooled(request, true, None).await?;
             Ok(out.len())
@@ -403,6 +404,7 @@ async fn a_query_is_tokenized_while_a_backfill_is_being_tokenized() {
                 ..Default::default()
             },
             batched: true,
+            priority: None,
         };
         let started = Instant::now();
         let out = infer.embed_pooled(request, true, None).await?;
@@ -475,9 +477,13 @@ async fn a_query_is_sent_by_its_caller_when_its_thread_is_free() {
             .encode(EncodingInput::Single("hello".into()), opts)
             .await
             .unwrap();
-        let waiting = h
-            .infer
-            .enqueue(vec![encoding], BatchKind::Pooled, Lane::Interactive, 7);
+        let (waiting, _) = h.infer.enqueue(
+            vec![encoding],
+            BatchKind::Pooled,
+            Lane::Interactive,
+            7,
+            None,
+        );
         let deadline = std::time::Instant::now() + Duration::from_secs(5);
         while h.passes().is_empty() {
             assert!(
@@ -564,6 +570,7 @@ async fn queue_time_splits_at_the_hand_over_to_the_backend_thread() {
                 inputs: vec![EncodingInput::Single(text.into())],
                 opts: EncodeOptions::default(),
                 batched: false,
+                priority: None,
             };
             let mut out = infer.embed_pooled(request, true, None).await.unwrap();
             out.pop().unwrap().1
@@ -595,3 +602,6 @@ async fn queue_time_splits_at_the_hand_over_to_the_backend_thread() {
         "the third query waited before its hand-over: {waiting:?}"
     );
 }
+
+#[path = "tests_priority.rs"]
+mod priority;

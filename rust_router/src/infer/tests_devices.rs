@@ -60,6 +60,7 @@ impl Devices {
                 inputs,
                 opts: EncodeOptions::default(),
                 batched: true,
+                priority: None,
             };
             let out = infer.embed_pooled(request, true, None).await?;
             Ok(out.into_iter().map(|(v, _)| v).collect())

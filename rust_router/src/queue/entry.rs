@@ -20,7 +20,19 @@ pub struct InferResult {
     pub inference: Duration,
 }
 
-pub type ResponseTx = oneshot::Sender<Result<InferResult, BackendError>>;
+/// Why a sequence got no result: its batch failed, or it waited past its request's deadline
+/// and was taken out of the queue without running.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum QueueError {
+    #[error(transparent)]
+    Backend(#[from] BackendError),
+    /// Its request was still waiting, none of it started, at its deadline
+    /// ([`Metadata::deadline`]).
+    #[error("the request waited in the queue past its deadline and was not run")]
+    Expired,
+}
+
+pub type ResponseTx = oneshot::Sender<Result<InferResult, QueueError>>;
 
 /// Identifies the client request a sequence belongs to: a batch that fails is re-run one
 /// request at a time, and a request whose client left is taken out of the queue.
@@ -31,6 +43,18 @@ pub struct Metadata {
     pub response_tx: ResponseTx,
     pub request_id: RequestId,
     pub queued_at: Instant,
+    /// The latest instant the request may start (`X-Max-Queue-Ms`, `--max-queue-ms`): an entry
+    /// packed after it is answered [`QueueError::Expired`] instead, and never reaches the
+    /// backend. Cleared on the rest of a request's entries once one of them is in a batch: a
+    /// request that has started runs to the end, so its client never loses work already done.
+    pub deadline: Option<Instant>,
+}
+
+impl Metadata {
+    /// Whether this entry's request may no longer start at `now`.
+    pub fn expired(&self, now: Instant) -> bool {
+        self.deadline.is_some_and(|deadline| now >= deadline)
+    }
 }
 
 #[derive(Debug)]

@@ -168,6 +168,24 @@ impl Queue {
         }
     }
 
+    /// Takes `request` out of the queue at its deadline if none of its `sequences` has started
+    /// (see [`State::expire_request`]); returns whether it did. `false`: it runs, or packing
+    /// already answered its sequences as expired.
+    pub fn expire_request(&self, request: RequestId, sequences: usize) -> bool {
+        let (expired, len) = {
+            let mut state = self.state();
+            let expired = state.expire_request(request, sequences);
+            if expired {
+                self.tell_bulk_backlog(&state);
+            }
+            (expired, state.len())
+        };
+        if expired {
+            self.inner.metrics.gauge_set("te_queue_size", len as f64);
+        }
+        expired
+    }
+
     pub fn is_empty(&self) -> bool {
         self.state().is_empty()
     }
@@ -199,12 +217,14 @@ impl Queue {
     /// series keep their single-device labels).
     pub fn try_next_batch(&self, take: Take, device: Option<&str>) -> Option<NextBatch> {
         let mut state = self.state();
+        let before = state.len();
         let next = state.take_batch(take);
         let dropped = state.take_dropped();
         let len = state.len();
         self.tell_bulk_backlog(&state);
         drop(state);
-        if dropped > 0 || next.is_some() {
+        // `len != before`: entries past their deadline were answered and taken out.
+        if dropped > 0 || next.is_some() || len != before {
             self.inner.metrics.gauge_set("te_queue_size", len as f64);
         }
         if let Some(next) = &next {

@@ -14,16 +14,25 @@
 //! with bulk entries of its kind, to a paced bulk batch's budget. Where each lane has its own
 //! batching task and backend thread (a GPU), a query's batch holds queries only, so a query is
 //! never packed into (and made to wait for) a full-size corpus batch.
+//!
+//! A request may carry a deadline to start by (`X-Max-Queue-Ms`): packing drops its entries
+//! once it has passed, as it drops those of a departed client, so they never reach the backend
+//! and the batch is filled from the entries behind them; the handler takes them out at the
+//! deadline itself ([`Queue::expire_request`]) so its client is answered on time.
 
 mod entry;
 mod handle;
 mod pacing;
 mod state;
 
-pub use entry::{BatchSize, Entry, InferResult, Metadata, NextBatch, RequestId, ResponseTx, Take};
+pub use entry::{
+    BatchSize, Entry, InferResult, Metadata, NextBatch, QueueError, RequestId, ResponseTx, Take,
+};
 pub use handle::Queue;
 pub use pacing::{BulkPacing, PACED_FIRST_BATCH_TOKENS, PACED_MIN_BATCH_TOKENS};
 pub use state::State;
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_deadline;

@@ -1,10 +1,10 @@
 //! The queue's contents and its packing rule, with no I/O and no lock.
 
-use super::entry::{push_entry, Entry, Metadata, NextBatch, RequestId, Take};
+use super::entry::{push_entry, Entry, Metadata, NextBatch, QueueError, RequestId, Take};
 use super::pacing::BulkPacing;
 use crate::backend::{Batch, BatchKind, Lane};
 use std::collections::VecDeque;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Queue contents and the packing rule, with no I/O so it can be tested directly.
 #[derive(Debug)]
@@ -91,6 +91,27 @@ impl State {
         before - self.len()
     }
 
+    /// Takes `request` out of the queue if it has not started: all its `sequences` still wait
+    /// here (none was packed into a batch, none was answered [`QueueError::Expired`] by
+    /// packing). Returns whether it did; `false` leaves the queue as it was. Scans the queue,
+    /// which a request does once at most, at its deadline.
+    pub fn expire_request(&mut self, request: RequestId, sequences: usize) -> bool {
+        let queued: usize = self
+            .lanes
+            .iter()
+            .map(|lane| {
+                lane.iter()
+                    .filter(|e| e.metadata.request_id == request)
+                    .count()
+            })
+            .sum();
+        if queued == 0 || queued != sequences {
+            return false;
+        }
+        self.remove_request(request);
+        true
+    }
+
     /// Entries skipped because their client went away, since the last call. They are not
     /// failures to count here: a request is many entries, and the HTTP layer counts the
     /// request once (`te_request_failure{err="dropped"}`).
@@ -147,7 +168,9 @@ impl State {
     }
 
     /// Moves entries from the front of `lane` into `batch` while they are of `kind` (the first
-    /// one's, when `None`) and fit in `max_tokens` and the sequence limit.
+    /// one's, when `None`) and fit in `max_tokens` and the sequence limit. Entries past their
+    /// request's deadline are answered [`QueueError::Expired`] and skipped, like those of a
+    /// departed client, so the batch is filled from the entries behind them.
     fn fill(
         &mut self,
         lane: Lane,
@@ -157,10 +180,21 @@ impl State {
         metadata: &mut Vec<Metadata>,
     ) {
         let entries = &mut self.lanes[lane.index()];
+        // Read once, and only when an entry has a deadline.
+        let mut now = None;
         while let Some(entry) = entries.front() {
             if entry.metadata.response_tx.is_closed() {
                 entries.pop_front();
                 self.dropped += 1;
+                continue;
+            }
+            if entry.metadata.deadline.is_some()
+                && entry
+                    .metadata
+                    .expired(*now.get_or_insert_with(Instant::now))
+            {
+                let entry = entries.pop_front().expect("front exists");
+                let _ = entry.metadata.response_tx.send(Err(QueueError::Expired));
                 continue;
             }
             let len = entry.encoding.input_ids.len();
@@ -176,6 +210,14 @@ impl State {
             if Some(metadata.len()) == self.max_batch_requests {
                 break;
             }
+        }
+        // The last request packed has started: the rest of it, cut off by the budget, waits at
+        // the front of the lane (a request's entries are appended together) and must run too.
+        if let Some(started) = metadata.last().map(|m| m.request_id) {
+            entries
+                .iter_mut()
+                .take_while(|e| e.metadata.request_id == started)
+                .for_each(|e| e.metadata.deadline = None);
         }
         if lane == Lane::Bulk && !metadata.is_empty() {
             self.bulk_backlog = !self.lanes[lane.index()].is_empty();

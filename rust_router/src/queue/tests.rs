@@ -1,5 +1,5 @@
 use super::*;
-use crate::backend::{BackendError, BatchKind, Lane};
+use crate::backend::{BatchKind, Lane};
 use crate::metrics::Metrics;
 use crate::tokenization::PoolThrottle;
 use crate::tokenization::ValidEncoding;
@@ -7,13 +7,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
 
-type Rx = oneshot::Receiver<Result<InferResult, BackendError>>;
+pub(super) type Rx = oneshot::Receiver<Result<InferResult, QueueError>>;
 
 fn entry(len: usize, kind: BatchKind) -> (Entry, Rx) {
     lane_entry(len, kind, Lane::Bulk)
 }
 
-fn lane_entry(len: usize, kind: BatchKind, lane: Lane) -> (Entry, Rx) {
+pub(super) fn lane_entry(len: usize, kind: BatchKind, lane: Lane) -> (Entry, Rx) {
     let (tx, rx) = oneshot::channel();
     let entry = Entry {
         encoding: ValidEncoding {
@@ -27,6 +27,7 @@ fn lane_entry(len: usize, kind: BatchKind, lane: Lane) -> (Entry, Rx) {
             response_tx: tx,
             request_id: 0,
             queued_at: Instant::now(),
+            deadline: None,
         },
     };
     (entry, rx)
@@ -42,7 +43,7 @@ fn fill(state: &mut State, lens: &[usize]) -> Vec<Rx> {
         .collect()
 }
 
-fn seq_lens(b: &NextBatch) -> Vec<u32> {
+pub(super) fn seq_lens(b: &NextBatch) -> Vec<u32> {
     b.batch.cu_seqlens.windows(2).map(|w| w[1] - w[0]).collect()
 }
 

@@ -81,6 +81,8 @@ pub struct PolicyFlags {
     pub query_spin_us: Option<u64>,
     pub http_spin_us: Option<u64>,
     pub tokenization_priority: Option<PoolPriority>,
+    /// `--max-queue-ms`.
+    pub max_queue: Option<Duration>,
 }
 
 /// What the policy needs to know of the started backend.
@@ -167,6 +169,9 @@ pub struct ServingProfile {
     /// How long the HTTP thread polls its sockets after each request's start (zero: never).
     pub http_spin: Duration,
     pub tokenizer_pool: TokenizerPoolPolicy,
+    /// How long a request may wait in the queue before it starts, unless it says
+    /// (`X-Max-Queue-Ms`); `None`: as long as it takes.
+    pub max_queue: Option<Duration>,
 }
 
 impl ServingProfile {
@@ -216,6 +221,7 @@ impl ServingProfile {
                 // and the cores it leaves are the queries'.
                 throttled: lanes_apart,
             },
+            max_queue: flags.max_queue,
         }
     }
 

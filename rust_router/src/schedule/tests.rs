@@ -12,6 +12,7 @@ pub(crate) fn defaults() -> PolicyFlags {
         query_spin_us: None,
         http_spin_us: None,
         tokenization_priority: None,
+        max_queue: None,
     }
 }
 
@@ -129,6 +130,7 @@ fn flags_override_every_default() {
         query_spin_us: Some(250),
         http_spin_us: Some(900),
         tokenization_priority: Some(PoolPriority::Low),
+        max_queue: Some(Duration::from_millis(75)),
     };
     for facts in [GPU, CPU] {
         let p = ServingProfile::resolve(&flags, facts);
@@ -144,6 +146,7 @@ fn flags_override_every_default() {
         assert_eq!(p.query_spin, Duration::from_micros(250));
         assert_eq!(p.http_spin, Duration::from_micros(900));
         assert_eq!(p.tokenizer_pool.priority, PoolPriority::Low);
+        assert_eq!(p.max_queue, Some(Duration::from_millis(75)));
         assert_eq!(
             p.backend_waits,
             BackendWaits {

@@ -1,0 +1,110 @@
+//! What a request may ask of its own queueing: a priority, which overrides the lane its size
+//! would give it, and a queue deadline, past which it is answered without running.
+
+use crate::backend::Lane;
+use std::future::Future;
+use std::time::Duration;
+
+/// A request's `priority` field.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Priority {
+    /// The interactive lane whatever the request's size, as long as it fits one interactive
+    /// batch (see [`lane_for_request`]).
+    High,
+    /// The bulk lane even when small: a backfill of short documents marked low never takes
+    /// the queries' lane.
+    Low,
+}
+
+impl Priority {
+    /// The field's values, as the API spells them.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Priority::High => "high",
+            Priority::Low => "low",
+        }
+    }
+
+    pub fn parse(value: &str) -> Option<Self> {
+        match value {
+            "high" => Some(Priority::High),
+            "low" => Some(Priority::Low),
+            _ => None,
+        }
+    }
+}
+
+/// A request's lane, from the tokens of all its inputs together: a query's latency is what
+/// the interactive lane protects, and a large request split into small inputs is no query.
+pub fn lane_for(total_tokens: usize, interactive_max_tokens: usize) -> Lane {
+    if interactive_max_tokens > 0 && total_tokens <= interactive_max_tokens {
+        Lane::Interactive
+    } else {
+        Lane::Bulk
+    }
+}
+
+/// A request's lane once its `priority` is read: none, by its size ([`lane_for`]); `low`,
+/// bulk; `high`, interactive if the request fits one interactive batch (`fits_one_batch`:
+/// `--max-batch-tokens` and `--max-batch-requests`), else bulk. A `high` request that does not
+/// fit is served rather than refused: it would take several interactive batches in a row, each
+/// a full bulk batch's size, and hold every query behind it, which is what the lane is there
+/// to prevent; so it runs as the backfill it is. With the lane off
+/// (`--interactive-max-tokens 0`) every request is bulk, `high` too: the operator's choice
+/// stands over the client's.
+pub fn lane_for_request(
+    priority: Option<Priority>,
+    total_tokens: usize,
+    fits_one_batch: bool,
+    interactive_max_tokens: usize,
+) -> Lane {
+    match priority {
+        None => lane_for(total_tokens, interactive_max_tokens),
+        Some(Priority::Low) => Lane::Bulk,
+        Some(Priority::High) if interactive_max_tokens > 0 && fits_one_batch => Lane::Interactive,
+        Some(Priority::High) => Lane::Bulk,
+    }
+}
+
+/// The largest queue deadline a request (`X-Max-Queue-Ms`) or the server (`--max-queue-ms`)
+/// may set: one hour. A larger value is more likely a mistake (microseconds, a timestamp) than a
+/// bound worth keeping, and is refused.
+pub const MAX_QUEUE_MS_CAP: u64 = 3_600_000;
+
+/// A queue deadline in milliseconds, as `X-Max-Queue-Ms` and `--max-queue-ms` take it: a
+/// whole number from 1 to [`MAX_QUEUE_MS_CAP`]. 0 is refused rather than read as "no
+/// deadline": leaving the header out says that, and a request that may not wait at all would
+/// fail whenever anything else runs.
+pub fn parse_max_queue_ms(value: &str) -> Result<Duration, String> {
+    let ms: u64 = value.trim().parse().map_err(|_| {
+        format!(
+            "must be a whole number of milliseconds from 1 to {MAX_QUEUE_MS_CAP}, got `{value}`"
+        )
+    })?;
+    if !(1..=MAX_QUEUE_MS_CAP).contains(&ms) {
+        return Err(format!(
+            "must be from 1 to {MAX_QUEUE_MS_CAP} milliseconds (one hour), got {ms}"
+        ));
+    }
+    Ok(Duration::from_millis(ms))
+}
+
+tokio::task_local! {
+    /// The queue deadline the client asked for (`X-Max-Queue-Ms`), set around the whole
+    /// handler by the HTTP layer. A task-local rather than a field of each body: it is a
+    /// header, which applies to every inference call the request makes, `/vertex`'s
+    /// instances included, and those run through the routes' handlers as they are.
+    static MAX_QUEUE: Duration;
+}
+
+/// Runs `calls` (a request's handler) with `limit` as the queue deadline of every inference
+/// call they make, over the server's default.
+pub async fn with_max_queue<F: Future>(limit: Duration, calls: F) -> F::Output {
+    MAX_QUEUE.scope(limit, calls).await
+}
+
+/// The queue deadline of the request being handled: the client's, else `default`
+/// (`--max-queue-ms`).
+pub(super) fn max_queue(default: Option<Duration>) -> Option<Duration> {
+    MAX_QUEUE.try_with(|limit| *limit).ok().or(default)
+}
