@@ -182,6 +182,8 @@ impl FlatTokenizer {
             pair_template,
             adapters,
             default_adapter,
+            // The runtime adds a LoRA adapter's index to the type ids itself.
+            adapter_type_stride: 1,
         };
         let encoders = InlinePool::new(tokenizer.clone(), config);
         Ok(Self {

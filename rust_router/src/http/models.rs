@@ -1,6 +1,6 @@
 //! `GET /v1/models`: the served models in OpenAI's list format.
 
-use super::openapi::AuthRefusal;
+use super::openapi::OpenAIAuthRefusal;
 use super::state::AppState;
 use crate::backend::ModelType;
 use axum::extract::State;
@@ -53,7 +53,7 @@ pub struct ModelList {
     get, path = "/v1/models", tag = "Text Embeddings Inference",
     responses(
         (status = 200, description = "The served models", body = ModelList),
-        AuthRefusal,
+        OpenAIAuthRefusal,
     )
 )]
 pub async fn list(State(state): State<AppState>) -> Json<ModelList> {

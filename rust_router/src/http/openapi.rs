@@ -246,3 +246,12 @@ impl IntoResponses for AuthRefusal {
         rows::<ErrorResponse>(&[UNAUTHORIZED])
     }
 }
+
+/// The API key's refusal on an OpenAI-style GET route (`/v1/models`), in OpenAI's shape.
+pub struct OpenAIAuthRefusal;
+
+impl IntoResponses for OpenAIAuthRefusal {
+    fn responses() -> BTreeMap<String, RefOr<Response>> {
+        rows::<OpenAIErrorResponse>(&[UNAUTHORIZED])
+    }
+}
