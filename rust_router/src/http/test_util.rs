@@ -213,6 +213,16 @@ pub struct Reply {
 }
 
 impl TestApp {
+    /// The value of the series `series` (name and labels as rendered), 0 if it does not exist.
+    pub fn sample(&self, series: &str) -> f64 {
+        let prefix = format!("{series} ");
+        self.metrics
+            .render()
+            .lines()
+            .find_map(|l| l.strip_prefix(&prefix).map(|v| v.parse().unwrap()))
+            .unwrap_or(0.0)
+    }
+
     pub async fn send(&self, req: Request<Body>) -> Reply {
         let resp = self.router.clone().oneshot(req).await.unwrap();
         let status = resp.status();

@@ -9,16 +9,6 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// The value of the series `series` (name and labels as rendered), 0 if it does not exist.
-fn sample(app: &TestApp, series: &str) -> f64 {
-    let prefix = format!("{series} ");
-    app.metrics
-        .render()
-        .lines()
-        .find_map(|l| l.strip_prefix(&prefix).map(|v| v.parse().unwrap()))
-        .unwrap_or(0.0)
-}
-
 async fn until(what: &str, mut done: impl FnMut() -> bool) {
     let deadline = Instant::now() + Duration::from_secs(5);
     while !done() {
@@ -30,17 +20,17 @@ async fn until(what: &str, mut done: impl FnMut() -> bool) {
 /// Sends `body` to `uri` and leaves (drops the request) once its `inputs` inputs are queued
 /// behind a batch the gate holds.
 async fn leave_while_queued(app: &TestApp, uri: &'static str, body: Value, inputs: f64) {
-    let queued = sample(app, "te_request_input_length_count") + inputs;
+    let queued = app.sample("te_request_input_length_count") + inputs;
     let client = tokio::spawn({
         let app = app.clone();
         async move { app.post(uri, body).await }
     });
     until("its inputs are queued", || {
-        sample(app, "te_request_input_length_count") == queued
+        app.sample("te_request_input_length_count") == queued
     })
     .await;
     assert_eq!(
-        sample(app, "te_queue_size"),
+        app.sample("te_queue_size"),
         inputs,
         "they wait in the queue"
     );
@@ -66,26 +56,23 @@ async fn a_request_whose_client_left_counts_once_however_many_inputs() {
     until("the backend is held", || gate.held() == 1).await;
     let held = [g, post(json!({"inputs": "a"}))];
     until("the next batch is packed", || {
-        sample(&app, "te_batch_next_size_count{lane=\"bulk\"}") == 2.0
+        app.sample("te_batch_next_size_count{lane=\"bulk\"}") == 2.0
     })
     .await;
     let inputs = json!({"inputs": ["hello", "world", "a b", "c"]});
     leave_while_queued(&app, "/embed", inputs, 4.0).await;
-    assert_eq!(sample(&app, "te_request_failure{err=\"dropped\"}"), 1.0);
+    assert_eq!(app.sample("te_request_failure{err=\"dropped\"}"), 1.0);
     let instances = json!({"instances": [
         {"inputs": ["hello", "world"]}, {"inputs": "a"}, {"inputs": ["b", "c"]}
     ]});
     leave_while_queued(&app, "/vertex", instances, 5.0).await;
-    assert_eq!(sample(&app, "te_request_failure{err=\"dropped\"}"), 2.0);
+    assert_eq!(app.sample("te_request_failure{err=\"dropped\"}"), 2.0);
     gate.open();
     for request in held {
         assert_eq!(request.await.unwrap().status, 200);
     }
     // The sequences of the requests that left were taken out of the queue.
-    until("the queue is empty", || {
-        sample(&app, "te_queue_size") == 0.0
-    })
-    .await;
+    until("the queue is empty", || app.sample("te_queue_size") == 0.0).await;
 }
 
 #[tokio::test]
@@ -112,7 +99,7 @@ async fn a_handler_that_panics_is_not_a_client_that_left() {
         .catch_unwind()
         .await;
     assert!(answered.is_err());
-    assert_eq!(sample(&app, "te_request_failure{err=\"dropped\"}"), 0.0);
+    assert_eq!(app.sample("te_request_failure{err=\"dropped\"}"), 0.0);
 }
 
 #[tokio::test]
@@ -123,10 +110,10 @@ async fn vertex_counts_one_request_however_many_instances() {
     ]});
     let r = app.post("/vertex", body).await;
     assert_eq!(r.status, 200, "{}", r.text);
-    assert_eq!(sample(&app, "te_request_count{method=\"batch\"}"), 1.0);
-    assert_eq!(sample(&app, "te_request_count{method=\"single\"}"), 0.0);
-    assert_eq!(sample(&app, "te_request_success{method=\"batch\"}"), 1.0);
-    assert_eq!(sample(&app, "te_request_success{method=\"single\"}"), 0.0);
+    assert_eq!(app.sample("te_request_count{method=\"batch\"}"), 1.0);
+    assert_eq!(app.sample("te_request_count{method=\"single\"}"), 0.0);
+    assert_eq!(app.sample("te_request_success{method=\"batch\"}"), 1.0);
+    assert_eq!(app.sample("te_request_success{method=\"single\"}"), 0.0);
     for histogram in [
         "te_request_duration",
         "te_request_tokenization_duration",
@@ -134,13 +121,13 @@ async fn vertex_counts_one_request_however_many_instances() {
         "te_request_inference_duration",
     ] {
         assert_eq!(
-            sample(&app, &format!("{histogram}_count")),
+            app.sample(&format!("{histogram}_count")),
             1.0,
             "{histogram}"
         );
     }
     // Per input, as on every route.
-    assert_eq!(sample(&app, "te_request_input_length_count"), 4.0);
+    assert_eq!(app.sample("te_request_input_length_count"), 4.0);
     // The answer's headers add up the instances: "[CLS] word [SEP]" is 3 tokens each.
     assert_eq!(r.headers["x-compute-tokens"], "12");
     assert_eq!(r.headers["x-compute-characters"], "20");
@@ -148,11 +135,11 @@ async fn vertex_counts_one_request_however_many_instances() {
     let body = json!({"instances": [{"inputs": "hello"}, {"inputs": ""}]});
     let r = app.post("/vertex", body).await;
     assert_eq!(r.status, 400, "{}", r.text);
-    assert_eq!(sample(&app, "te_request_count{method=\"batch\"}"), 2.0);
-    assert_eq!(sample(&app, "te_request_count{method=\"single\"}"), 0.0);
-    assert_eq!(sample(&app, "te_request_failure{err=\"empty\"}"), 1.0);
-    assert_eq!(sample(&app, "te_request_success{method=\"batch\"}"), 1.0);
-    assert_eq!(sample(&app, "te_request_success{method=\"single\"}"), 0.0);
+    assert_eq!(app.sample("te_request_count{method=\"batch\"}"), 2.0);
+    assert_eq!(app.sample("te_request_count{method=\"single\"}"), 0.0);
+    assert_eq!(app.sample("te_request_failure{err=\"empty\"}"), 1.0);
+    assert_eq!(app.sample("te_request_success{method=\"batch\"}"), 1.0);
+    assert_eq!(app.sample("te_request_success{method=\"single\"}"), 0.0);
 }
 
 /// A metric or label name: `[a-zA-Z_:][a-zA-Z0-9_:]*` (no `:` in label names).

@@ -7,18 +7,8 @@ use serde_json::{json, Value};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// The value of the series `series` (name and labels as rendered), 0 if it does not exist.
-fn sample(app: &TestApp, series: &str) -> f64 {
-    let prefix = format!("{series} ");
-    app.metrics
-        .render()
-        .lines()
-        .find_map(|l| l.strip_prefix(&prefix).map(|v| v.parse().unwrap()))
-        .unwrap_or(0.0)
-}
-
 fn packed(app: &TestApp, lane: &str) -> f64 {
-    sample(app, &format!("te_batch_next_size_count{{lane=\"{lane}\"}}"))
+    app.sample(&format!("te_batch_next_size_count{{lane=\"{lane}\"}}"))
 }
 
 async fn until(what: &str, mut done: impl FnMut() -> bool) {
@@ -173,7 +163,7 @@ async fn bad_queue_deadlines_are_422_in_the_route_shape() {
         )
         .await;
     assert_eq!(r.status, 200, "{}", r.text);
-    assert_eq!(sample(&app, "te_request_failure{err=\"validation\"}"), 84.0);
+    assert_eq!(app.sample("te_request_failure{err=\"validation\"}"), 84.0);
 }
 
 #[tokio::test]
@@ -212,12 +202,9 @@ async fn a_request_past_its_queue_deadline_is_503_queue_timeout_and_counted() {
     assert_eq!(openai.status, 503, "{}", openai.text);
     assert_eq!(openai.json["error"]["type"], "queue_timeout");
     assert_eq!(openai.json["error"]["code"], 503);
-    assert_eq!(sample(&app, "te_queue_timeout_count"), 2.0);
-    assert_eq!(
-        sample(&app, "te_request_failure{err=\"queue_timeout\"}"),
-        2.0
-    );
-    assert_eq!(sample(&app, "te_queue_size"), 0.0);
+    assert_eq!(app.sample("te_queue_timeout_count"), 2.0);
+    assert_eq!(app.sample("te_request_failure{err=\"queue_timeout\"}"), 2.0);
+    assert_eq!(app.sample("te_queue_size"), 0.0);
     // A deadline the request meets changes nothing.
     let patient = post(
         "/embed",
@@ -225,7 +212,7 @@ async fn a_request_past_its_queue_deadline_is_503_queue_timeout_and_counted() {
         vec![("X-Max-Queue-Ms", "60000")],
     );
     until("the patient request is queued", || {
-        sample(&app, "te_queue_size") == 1.0
+        app.sample("te_queue_size") == 1.0
     })
     .await;
     gate.open();
@@ -234,7 +221,7 @@ async fn a_request_past_its_queue_deadline_is_503_queue_timeout_and_counted() {
     assert_eq!(patient.await.unwrap().status, 200);
     // The timed-out requests never reached the backend.
     assert_eq!(app.seen.lock().unwrap().len(), 3);
-    assert_eq!(sample(&app, "te_queue_timeout_count"), 2.0);
+    assert_eq!(app.sample("te_queue_timeout_count"), 2.0);
     let help = app.get("/metrics").await.text;
     assert!(help.contains("# HELP te_queue_timeout_count "), "{help}");
 }
