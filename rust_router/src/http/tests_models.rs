@@ -175,6 +175,11 @@ async fn an_adapter_name_runs_its_model_with_the_adapter_index_in_every_type_id(
             !types.is_empty() && types.iter().all(|&t| t == 2 * index),
             "{types:?}"
         );
+        // Token ids as input carry the adapter too.
+        let ids = json!({"inputs": [[2, 4, 3]], "model": name});
+        let r = app.post("/embed", ids).await;
+        assert_eq!(r.status, 200, "{}", r.text);
+        assert_eq!(seen(&app).token_type_ids, [2 * index; 3]);
     }
     // An adapter of the default model does not select the other model.
     let r = app

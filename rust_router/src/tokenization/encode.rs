@@ -356,20 +356,23 @@ impl Encoder {
                 if ids.len() > max {
                     return Err(too_long(ids.len()));
                 }
-                if let Some(adapter) = opts.adapter {
-                    let base = adapter * cfg.model.adapter_type_stride.max(1);
-                    let type_ids = type_ids.iter().map(|t| base + t).collect();
-                    (ids, type_ids)
-                } else {
-                    match cfg.adapter(opts) {
-                        Some(adapter) => {
-                            let n = ids.len();
-                            (ids, vec![adapter; n])
-                        }
-                        None => (ids, type_ids),
+                // A prompt's adapter (jina-embeddings-v3), unless the request chose one.
+                match cfg.adapter(opts).filter(|_| opts.adapter.is_none()) {
+                    Some(adapter) => {
+                        let n = ids.len();
+                        (ids, vec![adapter; n])
                     }
+                    None => (ids, type_ids),
                 }
             }
+        };
+        // The request's LoRA adapter, whatever the input's kind (text, pair, token ids).
+        let token_type_ids = match opts.adapter {
+            Some(adapter) => {
+                let base = adapter * cfg.model.adapter_type_stride.max(1);
+                token_type_ids.into_iter().map(|t| base + t).collect()
+            }
+            None => token_type_ids,
         };
         if input_ids.is_empty() {
             return Err(TokenizationError::Tokenizer(
