@@ -219,18 +219,20 @@ fn run(mut args: Args, make_backend: MakeBackend) -> Result<(), String> {
     let listeners = bind(&listen_addrs(&args.hostname, args.port)?)?;
     let adapters = crate::models::assign_adapters(&args.models, &args.lora_adapters)?;
     let mut models = Vec::with_capacity(args.models.len());
+    let mut backend_threads = Vec::with_capacity(args.models.len());
     for (index, adapters) in adapters.into_iter().enumerate() {
         let model_args = args.for_model(index, adapters);
         let name = model_args.model().name.clone();
         // A model that does not load stops the start-up, named.
-        let loaded = load_model(model_args, &make_backend).map_err(|e| {
+        let (model, threads) = load_model(model_args, &make_backend).map_err(|e| {
             if args.models.len() > 1 {
                 format!("model `{name}`: {e}")
             } else {
                 e
             }
         })?;
-        models.push(loaded);
+        models.push(model);
+        backend_threads.push(threads);
     }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -239,13 +241,6 @@ fn run(mut args: Args, make_backend: MakeBackend) -> Result<(), String> {
         .map_err(|e| format!("cannot start the async runtime: {e}"))?;
     let shutdown_timeout = args.shutdown_timeout;
     let signal_at = Arc::new(OnceLock::new());
-    let (models, backend_threads): (Vec<_>, Vec<_>) = models
-        .into_iter()
-        .map(|m| {
-            let (model, threads) = m.split();
-            (model, threads)
-        })
-        .unzip();
     let serving = Serving {
         args,
         models,
@@ -277,20 +272,12 @@ fn run(mut args: Args, make_backend: MakeBackend) -> Result<(), String> {
     result
 }
 
-/// One model, started: its backend's threads, its tokenizer pool, its policy.
-struct LoadedModel {
-    model: ServedModel,
-    threads: BackendThreads,
-}
-
-impl LoadedModel {
-    fn split(self) -> (ServedModel, BackendThreads) {
-        (self.model, self.threads)
-    }
-}
-
-/// Starts the backend of the model `args` name ([`Args::for_model`]) and its tokenizer.
-fn load_model(args: Args, make_backend: &MakeBackend) -> Result<LoadedModel, String> {
+/// Starts the backend of the model `args` name ([`Args::for_model`]) and its tokenizer;
+/// returns the model and its backend's threads (joined at exit).
+fn load_model(
+    args: Args,
+    make_backend: &MakeBackend,
+) -> Result<(ServedModel, BackendThreads), String> {
     tracing::info!(model = %args.model().name, model_id = %args.model_id(), backend = ?args.backend, "loading model");
     let factory = make_backend(&args)?;
     let flags = args.policy_flags();
@@ -346,18 +333,16 @@ fn load_model(args: Args, make_backend: &MakeBackend) -> Result<LoadedModel, Str
     );
     warm_hook.set(tokenization.warmer());
     let adapters = adapter_indexes(&args, &info)?;
-    Ok(LoadedModel {
-        model: ServedModel {
-            adapters,
-            args,
-            profile,
-            info,
-            tokenization,
-            backend,
-            workers,
-        },
-        threads: backend_threads,
-    })
+    let model = ServedModel {
+        adapters,
+        args,
+        profile,
+        info,
+        tokenization,
+        backend,
+        workers,
+    };
+    Ok((model, backend_threads))
 }
 
 /// Each `--lora-adapter` of the model with the index its backend gave it.
@@ -365,7 +350,8 @@ fn adapter_indexes(
     args: &Args,
     info: &ModelInfo,
 ) -> Result<Vec<(crate::models::LoraSpec, u32)>, String> {
-    let loaded = info.lora_adapters.clone().unwrap_or_default();
+    let none = std::collections::HashMap::new();
+    let loaded = info.lora_adapters.as_ref().unwrap_or(&none);
     args.model_adapters
         .iter()
         .map(|adapter| match loaded.get(&adapter.name) {

@@ -94,14 +94,7 @@ pub fn test_app(opts: Options) -> TestApp {
     let broken = fakes.iter().map(|f| f.broken.clone()).collect();
     let (backend, info, _threads) =
         BackendHandle::spawn(FakeBackend::devices_factory(fakes)).unwrap();
-    let config = TokenizerConfig {
-        max_input_length: info.max_input_length,
-        position_offset: info.position_offset,
-        prompts: info.prompts.clone().unwrap_or_default(),
-        adapter_type_stride: info.adapter_type_stride.unwrap_or(1),
-        ..Default::default()
-    };
-    let tokenization = Tokenization::new(test_tokenizer(), 2, config);
+    let tokenization = Tokenization::new(test_tokenizer(), 2, tokenizer_config(&info));
     let metrics = Arc::new(Metrics::new(info.max_input_length));
     let args = Args::try_parse_from(["router", "--model-id", "fake/model"]).unwrap();
     let body = build_info(&args, &info, 2);
@@ -153,6 +146,17 @@ pub fn test_app(opts: Options) -> TestApp {
     }
 }
 
+/// The tokenizer rules of a model with `info` (prompts, adapters' type ids).
+fn tokenizer_config(info: &ModelInfo) -> TokenizerConfig {
+    TokenizerConfig {
+        max_input_length: info.max_input_length,
+        position_offset: info.position_offset,
+        prompts: info.prompts.clone().unwrap_or_default(),
+        adapter_type_stride: info.adapter_type_stride.unwrap_or(1),
+        ..Default::default()
+    }
+}
+
 /// A second (third, ...) served model over its own fake backend, with the default model's
 /// settings.
 fn another_model(
@@ -164,16 +168,7 @@ fn another_model(
     let spec = crate::models::ModelSpec::parse(spec).expect("a model spec");
     let (backend, info, _threads) =
         BackendHandle::spawn(FakeBackend::devices_factory(vec![FakeBackend::new(info)])).unwrap();
-    let tokenization = Tokenization::new(
-        test_tokenizer(),
-        2,
-        TokenizerConfig {
-            max_input_length: info.max_input_length,
-            position_offset: info.position_offset,
-            prompts: info.prompts.clone().unwrap_or_default(),
-            ..Default::default()
-        },
-    );
+    let tokenization = Tokenization::new(test_tokenizer(), 2, tokenizer_config(&info));
     let args = Args::try_parse_from([
         "router",
         "--model-id",

@@ -10,12 +10,7 @@ use serde_json::json;
 use std::time::Duration;
 
 fn failures(app: &TestApp, err: &str) -> u64 {
-    let prefix = format!("te_request_failure{{err=\"{err}\"}} ");
-    app.metrics
-        .render()
-        .lines()
-        .find_map(|l| l.strip_prefix(&prefix).map(|n| n.parse().unwrap()))
-        .unwrap_or(0)
+    app.sample(&format!("te_request_failure{{err=\"{err}\"}}")) as u64
 }
 
 #[tokio::test]
