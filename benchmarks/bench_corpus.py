@@ -107,10 +107,10 @@ def job_tokens_per_s(
     cmd += ["--shard-rows", str(len(texts))]
     if device_workers:
         cmd += ["--device-workers", device_workers]
-    # Run from the work folder: `-m` puts the working directory first on the import path, and
-    # a source checkout there (no compiled router) would shadow the installed package.
     if output.exists():
         shutil.rmtree(output)  # the same work folder for every variant: a fresh job each
+    # Run from the work folder: `-m` puts the working directory first on the import path, and
+    # a source checkout there (no compiled router) would shadow the installed package.
     job = subprocess.Popen(
         cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=work
     )
