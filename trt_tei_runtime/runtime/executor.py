@@ -26,7 +26,13 @@ from .devices import DeviceSpec, parse_devices
 from .graphs import MAX_GRAPH_TOKENS, CudaGraphRunner, ForwardPass, Pooler, bulk_ladder
 from .lanes import InteractiveLane, Lane, on_device
 from .loader import LoadedModel, ModelInfo, load_model
-from .preemption import DEFAULT_MAX_STEP_MS, BulkPlan, LayerGate, largest_linear_share
+from .preemption import (
+    DEFAULT_MAX_STEP_MS,
+    BulkPlan,
+    LayerGate,
+    QueriesInFlight,
+    largest_linear_share,
+)
 from .query_path import QueryPath
 from .staging import InputStaging
 
@@ -122,7 +128,8 @@ class Executor:
         attached yet). `layer`: None where every bulk batch is one graph replay."""
         model = self.model
         gate = LayerGate(
-            plan=BulkPlan() if layer is None else self._bulk_plan(layer, max_bulk_step_ms)
+            plan=BulkPlan() if layer is None else self._bulk_plan(layer, max_bulk_step_ms),
+            queries=QueriesInFlight.on(self.device),
         )
         self.bulk.gate = gate
         # The same ladder as the bulk lane's: under many concurrent small requests the

@@ -10,7 +10,9 @@ work queued on the GPU in the first place.
 
 So while it runs an eager bulk batch, the bulk thread keeps at most `depth` layers queued
 behind the one the GPU is running (one event per layer) and, before it launches the next
-layer, waits while any interactive batch is in flight. A query then waits for at most
+layer, waits while any interactive batch is in flight on its device, of any model loaded
+in the process (`QueriesInFlight.on`: one server may serve several models on one GPU, and a
+query to one must not wait behind another's backfill). A query then waits for at most
 `depth + 1` layers of bulk work, about 1 ms each for a 16k-token batch. A bulk batch that
 replays CUDA graphs stops at the same places: above 2,048 tokens its graphs are captured
 in segments cut there (`graphs.CudaGraphRunner`), and the gate's `step` runs between them;
@@ -102,14 +104,54 @@ def largest_linear_share(layer: nn.Module) -> float:
     return max(sizes) / sum(sizes) if sizes else 1.0
 
 
+class QueriesInFlight:
+    """The interactive batches in flight on one device, whichever model runs them."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._count = 0
+        self.none = threading.Event()
+        self.none.set()
+
+    @classmethod
+    def on(cls, device: torch.device) -> QueriesInFlight:
+        """The one for `device`, shared by every model's gate there: a bulk batch of any
+        model stops for a query of any other."""
+        with _REGISTRY_LOCK:
+            return _QUERIES_BY_DEVICE.setdefault(device, cls())
+
+    @contextlib.contextmanager
+    def running(self) -> Iterator[None]:
+        with self._lock:
+            self._count += 1
+            self.none.clear()
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._count -= 1
+                if self._count == 0:
+                    self.none.set()
+
+
+_QUERIES_BY_DEVICE: dict[torch.device, QueriesInFlight] = {}
+_REGISTRY_LOCK = threading.Lock()
+
+
 class LayerGate:
-    def __init__(self, depth: int = DEFAULT_DEPTH, plan: BulkPlan | None = None) -> None:
+    def __init__(
+        self,
+        depth: int = DEFAULT_DEPTH,
+        plan: BulkPlan | None = None,
+        queries: QueriesInFlight | None = None,
+    ) -> None:
+        """`queries`: the device's (`QueriesInFlight.on`) where other models may share it;
+        by default the gate's own."""
         self.depth = depth
         self.plan = plan or BulkPlan()
-        self._lock = threading.Lock()
-        self._in_flight = 0
-        self._no_queries = threading.Event()
-        self._no_queries.set()
+        self.queries = queries or QueriesInFlight()
+        # What a bulk step waits on (tests wrap it to count the stops).
+        self._no_queries = self.queries.none
         # The thread running a gated bulk batch: the hooks fire on every thread that runs
         # the network, and only that one may wait (an interactive batch that ran eagerly
         # would otherwise wait for itself).
@@ -138,16 +180,8 @@ class LayerGate:
     def interactive(self) -> Iterator[None]:
         """Marks an interactive batch in flight, from before its launch until its results
         are on the host."""
-        with self._lock:
-            self._in_flight += 1
-            self._no_queries.clear()
-        try:
+        with self.queries.running():
             yield
-        finally:
-            with self._lock:
-                self._in_flight -= 1
-                if self._in_flight == 0:
-                    self._no_queries.set()
 
     @contextlib.contextmanager
     def bulk(self) -> Iterator[None]:
@@ -165,7 +199,8 @@ class LayerGate:
 
     def step(self) -> None:
         """Before the bulk batch's next step: waits until at most `depth` steps are queued
-        behind the one running, and while any interactive batch is in flight."""
+        behind the one running, and while any interactive batch is in flight on the
+        device."""
         event = torch.cuda.Event()
         event.record()
         self._queued.append(event)
