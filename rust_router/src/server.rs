@@ -1,6 +1,7 @@
 //! Process lifecycle: parse flags, load the model, build the app, serve until SIGINT/SIGTERM,
 //! drain, exit.
 
+use crate::backend::share::{DeviceShares, Sharing};
 use crate::backend::wait::{LaneWaits, WarmHook};
 use crate::backend::{BackendFactory, BackendHandle, BackendThreads, ModelInfo, ModelType};
 use crate::cli::Args;
@@ -218,13 +219,20 @@ fn run(mut args: Args, make_backend: MakeBackend) -> Result<(), String> {
     tracing::info!(open_files, max_connections, "open-file limit raised");
     let listeners = bind(&listen_addrs(&args.hostname, args.port)?)?;
     let adapters = crate::models::assign_adapters(&args.models, &args.lora_adapters)?;
+    // With several models, their bulk batches take turns on each device they share.
+    let shares = (args.models.len() > 1).then(DeviceShares::default);
     let mut models = Vec::with_capacity(args.models.len());
     let mut backend_threads = Vec::with_capacity(args.models.len());
     for (index, adapters) in adapters.into_iter().enumerate() {
         let model_args = args.for_model(index, adapters);
         let name = model_args.model().name.clone();
         // A model that does not load stops the start-up, named.
-        let (model, threads) = load_model(model_args, &make_backend).map_err(|e| {
+        let sharing = shares.as_ref().map(|shares| Sharing {
+            shares: shares.clone(),
+            model: index,
+            weight: 1.0,
+        });
+        let (model, threads) = load_model(model_args, &make_backend, sharing).map_err(|e| {
             if args.models.len() > 1 {
                 format!("model `{name}`: {e}")
             } else {
@@ -273,10 +281,12 @@ fn run(mut args: Args, make_backend: MakeBackend) -> Result<(), String> {
 }
 
 /// Starts the backend of the model `args` name ([`Args::for_model`]) and its tokenizer;
-/// returns the model and its backend's threads (joined at exit).
+/// returns the model and its backend's threads (joined at exit). `sharing`: its place at the
+/// devices other models use too.
 fn load_model(
     args: Args,
     make_backend: &MakeBackend,
+    sharing: Option<Sharing>,
 ) -> Result<(ServedModel, BackendThreads), String> {
     tracing::info!(model = %args.model().name, model_id = %args.model_id(), backend = ?args.backend, "loading model");
     let factory = make_backend(&args)?;
@@ -291,7 +301,7 @@ fn load_model(
         warm_hook: warm_hook.clone(),
     };
     let (backend, info, backend_threads) =
-        BackendHandle::spawn_with(factory, lane_waits).map_err(|e| e.to_string())?;
+        BackendHandle::spawn_with(factory, lane_waits, sharing).map_err(|e| e.to_string())?;
     let profile = ServingProfile::resolve(&flags, BackendFacts::of(&backend));
     tracing::info!(
         model_type = ?info.model_type,

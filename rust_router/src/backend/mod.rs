@@ -18,6 +18,7 @@ mod model_info;
 pub mod process;
 #[cfg(feature = "pyo3")]
 pub mod python;
+pub mod share;
 pub mod wait;
 
 pub use device::{DeviceFailure, DeviceStatus, Health};
@@ -35,3 +36,5 @@ mod tests;
 mod tests_devices;
 #[cfg(test)]
 mod tests_pipelined;
+#[cfg(test)]
+mod tests_sharing;

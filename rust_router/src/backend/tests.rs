@@ -129,7 +129,8 @@ async fn only_a_spinning_interactive_thread_warms_and_runs_the_hook() {
         waits.warm_hook.set(move || {
             runs.fetch_add(1, Ordering::Relaxed);
         });
-        let (handle, _, threads) = BackendHandle::spawn_with(fake.into_factory(), waits).unwrap();
+        let (handle, _, threads) =
+            BackendHandle::spawn_with(fake.into_factory(), waits, None).unwrap();
         for lane in Lane::PRIORITY {
             let rx = send(&handle, lane, batch(&[&[2, 4, 3]])).await;
             assert!(rx.await.unwrap().result.is_ok());
@@ -166,7 +167,7 @@ async fn no_warming_while_the_bulk_thread_runs_a_batch() {
         interactive: WaitPolicy::spin_micros(200_000).warming_every(500),
         ..LaneWaits::default()
     };
-    let (handle, _, threads) = BackendHandle::spawn_with(fake.into_factory(), waits).unwrap();
+    let (handle, _, threads) = BackendHandle::spawn_with(fake.into_factory(), waits, None).unwrap();
     let bulk = send(&handle, Lane::Bulk, batch(&[&[2, HOLD_ID, 3]])).await;
     until("the bulk batch runs", || gate.held() == 1).await;
     let query = send(&handle, Lane::Interactive, batch(&[&[2, 4, 3]])).await;

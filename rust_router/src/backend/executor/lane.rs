@@ -4,6 +4,7 @@
 
 use crate::backend::contract::guarded;
 use crate::backend::device::DeviceState;
+use crate::backend::share::{Seat, Turn};
 use crate::backend::wait::{next_message, IdleSince, WaitPolicy, Warming};
 use crate::backend::{Backend, BackendError, Batch, BatchKind, Launched, Matrix};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -69,6 +70,8 @@ pub(super) struct Worker {
     state: Arc<DeviceState>,
     pub(super) busy: Arc<AtomicBool>,
     pub(super) idle: Arc<IdleSince>,
+    /// A bulk thread's place at its device's share, where other models use the device too.
+    seat: Option<Seat>,
 }
 
 impl Worker {
@@ -77,7 +80,13 @@ impl Worker {
             state: state.clone(),
             busy: Arc::default(),
             idle: Arc::default(),
+            seat: None,
         }
+    }
+
+    /// A bulk thread that takes turns with the other models' bulk threads on its device.
+    pub(super) fn sharing(self, seat: Option<Seat>) -> Self {
+        Self { seat, ..self }
     }
 }
 
@@ -90,6 +99,8 @@ struct InFlight {
     /// The thread's time launching it; the time it then waits for its result is added.
     launching: Duration,
     held: Option<OwnedSemaphorePermit>,
+    /// The device's turn, ended once the result is read back.
+    turn: Option<Turn>,
 }
 
 /// One backend thread's life: run what its lane sends until every handle is gone.
@@ -107,7 +118,12 @@ pub(super) fn serve_lane(
     warming: Warming,
     worker: Worker,
 ) {
-    let Worker { state, busy, idle } = worker;
+    let Worker {
+        state,
+        busy,
+        idle,
+        seat,
+    } = worker;
     let lane = Replies {
         state: &state,
         busy: &busy,
@@ -168,6 +184,9 @@ pub(super) fn serve_lane(
                     });
                     continue;
                 }
+                let turn = seat
+                    .as_ref()
+                    .map(|seat| lane.take_turn(seat, batch.num_tokens(), &mut in_flight));
                 let started = Instant::now();
                 if pipelines && !hold_slot {
                     let launched = guarded(|| backend.launch(kind, &batch));
@@ -183,6 +202,7 @@ pub(super) fn serve_lane(
                                 started,
                                 launching,
                                 held,
+                                turn,
                             });
                         }
                         Err(err) => lane.reply(batch, reply, Err(err), started, launching),
@@ -194,6 +214,7 @@ pub(super) fn serve_lane(
                 let result = guarded(|| backend.forward(kind, &batch));
                 lane.reply(batch, reply, result, started, started.elapsed());
                 drop(held);
+                drop(turn);
             }
             Command::Health(reply) => {
                 lane.settle(&mut in_flight);
@@ -253,5 +274,16 @@ impl Replies<'_> {
         let duration = flight.launching + waited.elapsed();
         self.reply(flight.batch, flight.reply, result, flight.started, duration);
         drop(flight.held);
+        drop(flight.turn);
+    }
+
+    /// The device's turn for a batch of `tokens`. Where another model's batch goes first,
+    /// the batch in flight is read back before waiting: its turn must end for the other's to
+    /// begin.
+    fn take_turn(&self, seat: &Seat, tokens: usize, in_flight: &mut Option<InFlight>) -> Turn {
+        seat.try_take(tokens).unwrap_or_else(|| {
+            self.settle(in_flight);
+            seat.take(tokens)
+        })
     }
 }

@@ -5,6 +5,7 @@
 use super::handle::{BackendHandle, Executor, LaneChannel};
 use super::lane::{serve_lane, spawn_named, thread_name, Command, Worker};
 use crate::backend::device::DeviceState;
+use crate::backend::share::{Seat, Sharing};
 use crate::backend::wait::{IdleSince, LaneWaits, WaitPolicy, WarmHook, Warming};
 use crate::backend::{Backend, BackendError, ModelInfo};
 use std::sync::atomic::AtomicBool;
@@ -82,6 +83,8 @@ struct Ready {
     first_idle: Arc<IdleSince>,
     first_interactive: Option<Box<dyn Backend + Send>>,
     others: Vec<DeviceBackends>,
+    /// The other devices' bulk threads' seats, where the model shares its devices.
+    other_seats: Vec<Option<Seat>>,
 }
 
 /// Starts `backend`'s interactive thread, when it has one.
@@ -117,13 +120,15 @@ impl BackendHandle {
     pub fn spawn(
         factory: BackendFactory,
     ) -> Result<(BackendHandle, ModelInfo, BackendThreads), BackendError> {
-        Self::spawn_with(factory, LaneWaits::default())
+        Self::spawn_with(factory, LaneWaits::default(), None)
     }
 
-    /// [`BackendHandle::spawn`], with the threads waiting for work as `waits` says.
+    /// [`BackendHandle::spawn`], with the threads waiting for work as `waits` says, and the
+    /// bulk threads taking turns on each device with other models' as `sharing` says.
     pub fn spawn_with(
         factory: BackendFactory,
         waits: LaneWaits,
+        sharing: Option<Sharing>,
     ) -> Result<(BackendHandle, ModelInfo, BackendThreads), BackendError> {
         let LaneWaits {
             bulk: wait,
@@ -135,15 +140,20 @@ impl BackendHandle {
         let loader = spawn_named(&thread_name("backend", 0), move || {
             match factory().and_then(LoadedBackend::check) {
                 Ok(LoadedBackend { info, devices }) => {
-                    let states: Vec<Arc<DeviceState>> = info
-                        .device_names()
+                    let names = info.device_names();
+                    let mut seats: Vec<Option<Seat>> = match &sharing {
+                        Some(sharing) => sharing.seats(&names).into_iter().map(Some).collect(),
+                        None => vec![None; names.len()],
+                    };
+                    let other_seats = seats.split_off(1);
+                    let states: Vec<Arc<DeviceState>> = names
                         .into_iter()
                         .enumerate()
                         .map(|(i, name)| Arc::new(DeviceState::new(i, name)))
                         .collect();
                     let mut devices = devices.into_iter();
                     let first = devices.next().expect("checked: one backend per device");
-                    let worker = Worker::new(&states[0]);
+                    let worker = Worker::new(&states[0]).sharing(seats.pop().flatten());
                     let _ = ready_tx.send(Ok(Ready {
                         info,
                         states,
@@ -151,6 +161,7 @@ impl BackendHandle {
                         first_idle: worker.idle.clone(),
                         first_interactive: first.interactive,
                         others: devices.collect(),
+                        other_seats,
                     }));
                     serve_lane(first.bulk, rx, wait, Warming::default(), worker);
                 }
@@ -180,6 +191,7 @@ impl BackendHandle {
             first_idle,
             first_interactive,
             others,
+            other_seats,
         } = ready;
         let mut threads = vec![loader];
         let mut executors = Vec::with_capacity(states.len());
@@ -195,9 +207,9 @@ impl BackendHandle {
             bulk: LaneChannel::new(tx, first_busy),
             state: states[0].clone(),
         });
-        for (device, state) in others.into_iter().zip(&states[1..]) {
+        for ((device, state), seat) in others.into_iter().zip(&states[1..]).zip(other_seats) {
             let (tx, rx) = mpsc::unbounded_channel::<Command>();
-            let worker = Worker::new(state);
+            let worker = Worker::new(state).sharing(seat);
             let busy = worker.busy.clone();
             let bulk_idle = worker.idle.clone();
             let bulk = device.bulk;
