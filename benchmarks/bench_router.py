@@ -147,11 +147,15 @@ def serve(
     extra: list[str],
     log_path: Path | None = None,
     env: dict[str, str] | None = None,
+    pooling: str | None = "mean",
 ) -> subprocess.Popen:
     """The router on loopback, once `/health` answers; its output goes to `log_path` (a
-    temporary file by default), with `env` added to the environment."""
+    temporary file by default), with `env` added to the environment. `pooling`: None
+    leaves it to each model's files."""
     cmd = ["text-embeddings-router", "--model-id", str(folder), "--port", str(port)]
-    cmd += ["--hostname", "127.0.0.1", "--pooling", "mean", *extra]
+    cmd += ["--hostname", "127.0.0.1", *extra]
+    if pooling is not None:
+        cmd += ["--pooling", pooling]
     log = tempfile.TemporaryFile() if log_path is None else log_path.open("w+b")
     proc = subprocess.Popen(
         cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}

@@ -128,6 +128,8 @@ class Backfill:
     # One client call per pass: the server drains at the end of each pass, as it does for
     # a user who sends a corpus at a time. False sends every pass in one call (no drains).
     call_per_pass: bool = True
+    # The body's `model`: a served model or LoRA adapter, where the server has several.
+    model: str = "bench"
 
     @classmethod
     def connect(
@@ -156,7 +158,7 @@ class Backfill:
         start = time.perf_counter()
         for _ in range(calls):
             response = self.client.embed(
-                docs, model="bench", encoding_format="base64", preference=self.preference
+                docs, model=self.model, encoding_format="base64", preference=self.preference
             )
             if len(response.data) != len(docs):
                 raise SystemExit(f"backfill: {len(response.data)} of {len(docs)} answered")
@@ -252,9 +254,15 @@ class Queries:
     sends them with `RawConnection` instead of http.client."""
 
     def __init__(
-        self, port: int, bodies: list[bytes], interval_s: float, raw: bool = False
+        self,
+        port: int,
+        bodies: list[bytes],
+        interval_s: float,
+        raw: bool = False,
+        path: str = "/v1/embeddings",
     ) -> None:
         self.port, self.bodies, self.interval_s, self.raw = port, bodies, interval_s, raw
+        self.path = path
         self.latencies: list[float] = []
         self.errors = 0
 
@@ -268,7 +276,7 @@ class Queries:
             body = self.bodies[i % len(self.bodies)]
             i += 1
             t0 = time.perf_counter()
-            if conn.post("/v1/embeddings", body) == 200:
+            if conn.post(self.path, body) == 200:
                 self.latencies.append(time.perf_counter() - t0)
             else:
                 self.errors += 1

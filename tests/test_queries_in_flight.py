@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 
+import pytest
 import torch
 
 from trt_tei_runtime.runtime.preemption import LayerGate, QueriesInFlight
@@ -45,3 +46,21 @@ def test_gates_left_on_their_own_do_not_hold_each_other():
         assert first._no_queries.is_set()
         assert not second._no_queries.is_set()
     assert second._no_queries.is_set()
+
+
+@pytest.mark.gpu
+def test_two_models_on_one_gpu_hold_each_others_bulk_batches(tmp_path):  # type: ignore[no-untyped-def]
+    from checkpoints import make_checkpoint
+
+    from trt_tei_runtime.runtime import load_executor
+
+    first = make_checkpoint(tmp_path / "a", seed=1)
+    second = make_checkpoint(tmp_path / "b", seed=2)
+    a = load_executor(first, device="cuda:0", dtype="float16", max_num_tokens=512)
+    b = load_executor(second, device="cuda:0", dtype="float16", max_num_tokens=512)
+    assert a.interactive is not None and b.interactive is not None
+    assert a.bulk.gate is not None and b.bulk.gate is not None
+    assert a.bulk.gate.queries is b.bulk.gate.queries
+    with b.interactive.active():
+        assert not a.bulk.gate._no_queries.is_set()
+    assert a.bulk.gate._no_queries.is_set()

@@ -81,13 +81,16 @@ class Backend:
         max_active_dims: int | None = None,
         max_bulk_step_ms: float | None = DEFAULT_MAX_STEP_MS,
         lora_adapters: dict[str, str] | None = None,
+        memory_fraction: float | None = None,
     ) -> None:
         """`device` names one device, `devices` several ("all", "cuda:0,cuda:1", "cpu,cpu");
         neither: every visible GPU, else the CPU. `max_active_dims` caps a SPLADE model's
         active dimensions per vector. `max_bulk_step_ms`: the longest step of bulk work a
         query should wait behind, where layers are longer (`runtime.preemption`); 0 or
         None: whole layers. `lora_adapters`: name -> PEFT LoRA folder; a token's type id
-        then carries its adapter (`ModelInfo.lora_adapters`, `models.lora`)."""
+        then carries its adapter (`ModelInfo.lora_adapters`, `models.lora`).
+        `memory_fraction`: each device's share the model must fit in, with what is in use
+        there already (`runtime.memory`); None: no check."""
         if device is not None and devices is not None:
             raise ValueError("pass device or devices, not both")
         # The router's batch limits size the CUDA graphs: every batch it sends replays one.
@@ -104,6 +107,7 @@ class Backend:
             max_active_dims=max_active_dims,
             max_bulk_step_ms=max_bulk_step_ms,
             lora_adapters=lora_adapters,
+            memory_fraction=memory_fraction,
         )
         # Every executor holds the same model; the first answers for all in `info()`.
         self.model = self.executors[0]

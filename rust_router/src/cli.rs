@@ -142,6 +142,18 @@ pub struct Args {
     #[arg(long, env = "MAX_BULK_STEP_MS", allow_negative_numbers = true)]
     pub max_bulk_step_ms: Option<f64>,
 
+    /// The share of each device's memory the served models may fill, counting what is in use
+    /// already (other models, other processes). Before each model loads, the runtime
+    /// estimates its weights and batch buffers and refuses, with the figures, a model that
+    /// does not fit what is left of this share.
+    #[arg(
+        long,
+        env = "MEMORY_FRACTION",
+        default_value_t = 0.95,
+        allow_negative_numbers = true
+    )]
+    pub memory_fraction: f64,
+
     /// After each batch, a backend thread busy-waits this many microseconds for the next one
     /// before it sleeps. A thread that slept wakes on a cold core and the next query's host
     /// work runs slower (0.3-0.5 ms measured on a GPU machine); spinning costs a busy core
@@ -387,6 +399,12 @@ impl Args {
             if value == 0 {
                 return Err(format!("`{flag}` must be at least 1"));
             }
+        }
+        if !(self.memory_fraction > 0.0 && self.memory_fraction <= 1.0) {
+            return Err(format!(
+                "`--memory-fraction` must be more than 0 and at most 1; got {}",
+                self.memory_fraction
+            ));
         }
         if let Some(ms) = self.max_bulk_step_ms {
             if !(ms.is_finite() && ms >= 0.0) {

@@ -29,6 +29,7 @@ pub fn backend_options(args: &Args) -> PythonBackendOptions {
         max_batch_tokens: args.max_batch_tokens,
         max_batch_requests: args.max_batch_requests,
         max_bulk_step_ms: args.max_bulk_step_ms,
+        memory_fraction: Some(args.memory_fraction),
         interactive_lane: args.interactive_max_tokens > 0,
         env,
         device_workers: args.device_workers,

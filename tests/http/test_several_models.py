@@ -147,3 +147,24 @@ def test_start_up_names_the_model_that_fails_and_refuses_two_of_one_name(minilm_
     done = run_router("--model-id", f"a/{minilm_dir.name}", "--model-id", str(minilm_dir))
     assert done.returncode != 0
     assert "two models are named" in done.stdout + done.stderr
+
+
+def test_a_model_that_does_not_fit_its_device_stops_the_start_up_with_the_figures(
+    minilm_dir, folders
+):  # type: ignore[no-untyped-def]
+    # A share of the host's memory far below what is in use already leaves no room.
+    done = run_router(
+        "--model-id",
+        str(minilm_dir),
+        "--model-id",
+        f"rr={folders['reranker']}",
+        "--memory-fraction",
+        "0.001",
+    )
+    output = done.stdout + done.stderr
+    assert done.returncode != 0
+    assert f"model `{minilm_dir.name}`" in output and "does not fit cpu" in output, output
+    assert "weights 0.08 GiB" in output or "weights 0.09 GiB" in output, output
+    done = run_router("--model-id", str(minilm_dir), "--memory-fraction", "1.5")
+    assert done.returncode != 0
+    assert "`--memory-fraction` must be more than 0 and at most 1" in done.stdout + done.stderr

@@ -22,10 +22,17 @@ from ..models import Task
 from ..pooling import pool
 from ..sparse import splade_pool, top_active
 from .blas import preferred_blas, query_blas_library
-from .devices import DeviceSpec, parse_devices
+from .devices import DeviceSpec, parse_device, parse_devices
 from .graphs import MAX_GRAPH_TOKENS, CudaGraphRunner, ForwardPass, Pooler, bulk_ladder
 from .lanes import InteractiveLane, Lane, on_device
 from .loader import LoadedModel, ModelInfo, load_model
+from .memory import (
+    DeviceMemory,
+    DeviceMemoryError,
+    check_fits,
+    estimate_for_loading,
+    out_of_memory,
+)
 from .preemption import (
     DEFAULT_MAX_STEP_MS,
     BulkPlan,
@@ -405,10 +412,66 @@ def load_executor(
     interactive_lane: bool = True,
     max_bulk_step_ms: float | None = DEFAULT_MAX_STEP_MS,
     bulk_graphs: bool | None = None,
+    memory_fraction: float | None = None,
     **load_options: object,
 ) -> Executor:
     """`load_model` and an executor on one device. Graph sizes: the arguments, else an
-    engine's manifest, else the defaults."""
+    engine's manifest, else the defaults. With `memory_fraction`, the model must fit that
+    share of the device less what is in use already (`runtime.memory`), and running out of
+    memory while loading says so with the figures."""
+    if memory_fraction is None:
+        return _build_executor(
+            model_id,
+            device,
+            cuda_graphs,
+            max_num_tokens,
+            max_batch_size,
+            interactive_lane,
+            max_bulk_step_ms,
+            bulk_graphs,
+            load_options,
+        )
+    torch_device = parse_device(device)  # type: ignore[arg-type]
+    revision, dtype = load_options.get("revision"), load_options.get("dtype")
+    estimate = estimate_for_loading(
+        model_id,
+        torch_device,
+        revision=revision if isinstance(revision, str) else None,
+        dtype=dtype if isinstance(dtype, str) else None,
+        max_num_tokens=max_num_tokens or DEFAULT_MAX_NUM_TOKENS,
+        # The interactive lane has batch buffers of its own, and exists only with graphs.
+        lanes=2 if interactive_lane and torch_device.type == "cuda" else 1,
+    )
+    check_fits(
+        str(model_id), torch_device, estimate, DeviceMemory.of(torch_device), memory_fraction
+    )
+    try:
+        return _build_executor(
+            model_id,
+            torch_device,
+            cuda_graphs,
+            max_num_tokens,
+            max_batch_size,
+            interactive_lane,
+            max_bulk_step_ms,
+            bulk_graphs,
+            load_options,
+        )
+    except torch.OutOfMemoryError as exc:
+        raise DeviceMemoryError(out_of_memory(str(model_id), torch_device, estimate)) from exc
+
+
+def _build_executor(
+    model_id: str | os.PathLike[str],
+    device: str | torch.device | None,
+    cuda_graphs: bool | None,
+    max_num_tokens: int | None,
+    max_batch_size: int | None,
+    interactive_lane: bool,
+    max_bulk_step_ms: float | None,
+    bulk_graphs: bool | None,
+    load_options: dict[str, object],
+) -> Executor:
     model = load_model(model_id, device=device, max_num_tokens=max_num_tokens, **load_options)  # type: ignore[arg-type]
     limits = model.engine_manifest or {}
     return Executor(

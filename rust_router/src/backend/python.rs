@@ -37,6 +37,9 @@ pub struct PythonBackendOptions {
     pub max_batch_requests: Option<usize>,
     /// `--max-bulk-step-ms`: only passed when set, to constructors that accept it.
     pub max_bulk_step_ms: Option<f64>,
+    /// `--memory-fraction`, to constructors that accept it.
+    #[serde(default)]
+    pub memory_fraction: Option<f64>,
     /// Use the runtime's interactive lane if it has one (`--interactive-max-tokens` > 0).
     pub interactive_lane: bool,
     /// Environment for the runtime (hub token, cache), set through `os.environ` because
@@ -185,9 +188,14 @@ fn constructor_kwargs<'py>(
             kwargs.set_item(name, value)?;
         }
     }
-    if let Some(ms) = opts.max_bulk_step_ms {
-        if accepts("max_bulk_step_ms")? {
-            kwargs.set_item("max_bulk_step_ms", ms)?;
+    for (name, value) in [
+        ("max_bulk_step_ms", opts.max_bulk_step_ms),
+        ("memory_fraction", opts.memory_fraction),
+    ] {
+        if let Some(value) = value {
+            if accepts(name)? {
+                kwargs.set_item(name, value)?;
+            }
         }
     }
     if !opts.lora_adapters.is_empty() {
