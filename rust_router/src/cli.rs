@@ -36,7 +36,8 @@ pub enum BackendKind {
 pub struct Args {
     /// Hub model id or local folder of a model to serve, as `ID` or `NAME=ID` (the name
     /// requests select it by with `model`; default: the id's last path component). Give it
-    /// once per model: the first is the default, which answers requests that name none.
+    /// once per model, or list models in `--models`: the first is the default, which answers
+    /// requests that name none.
     #[arg(
         long = "model-id",
         env = "MODEL_ID",
