@@ -3,6 +3,7 @@
 use crate::backend::process::DeviceWorkers;
 use crate::infer::parse_max_queue_ms;
 use crate::models::{LoraSpec, ModelSpec};
+use crate::models_file::{FileModel, ModelOptions, ModelsFile};
 use crate::schedule::{PolicyFlags, DEFAULT_WARM_EVERY_US};
 use crate::tokenization::PoolPriority;
 use clap::{Parser, ValueEnum};
@@ -35,17 +36,34 @@ pub enum BackendKind {
 pub struct Args {
     /// Hub model id or local folder of a model to serve, as `ID` or `NAME=ID` (the name
     /// requests select it by with `model`; default: the id's last path component). Give it
-    /// once per model: the first is the default, which answers requests that name none.
+    /// once per model, or list models in `--models`: the first is the default, which answers
+    /// requests that name none.
     #[arg(
         long = "model-id",
         env = "MODEL_ID",
         value_name = "MODEL_ID",
-        required = true,
+        required_unless_present = "models_file",
         value_parser = ModelSpec::parse
     )]
     pub models: Vec<ModelSpec>,
 
-    /// The model these flags load: `models[model_index]` (set by [`Args::for_model`]).
+    /// A YAML file of models to serve after the `--model-id`s (the first of its entries is the
+    /// default when no `--model-id` is given), each with its own options: a list of entries
+    /// with `model_id` and optionally `name`, `revision`, `dtype`, `pooling`, `task`,
+    /// `max_active_dims`, `default_prompt_name` or `default_prompt`, `max_batch_tokens`,
+    /// `max_batch_requests`, `max_client_batch_size`, `auto_truncate`, `lora_adapters`
+    /// (name: folder) and `weight` (its share of a device's backfill time, default 1). An
+    /// entry's option overrides the flag of the same name for that model only.
+    #[arg(
+        long = "models",
+        env = "MODELS_FILE",
+        value_name = "FILE",
+        value_parser = ModelsFile::read
+    )]
+    pub models_file: Option<ModelsFile>,
+
+    /// The model these flags load: the `model_index`-th of [`Args::served_models`] (set by
+    /// [`Args::for_model`]).
     #[arg(skip)]
     pub model_index: usize,
 
@@ -322,9 +340,29 @@ pub struct Args {
 }
 
 impl Args {
+    /// Every model to serve, in order: the `--model-id`s, then the `--models` file's. The
+    /// first is the default.
+    pub fn served_models(&self) -> Vec<ModelSpec> {
+        let from_file = self.file_models().iter().map(|m| m.spec.clone());
+        self.models.iter().cloned().chain(from_file).collect()
+    }
+
+    fn file_models(&self) -> &[FileModel] {
+        self.models_file.as_ref().map_or(&[], |f| &f.models)
+    }
+
+    /// The `--models` entry of [`Args::model`], if it comes from the file.
+    fn file_model(&self) -> Option<&FileModel> {
+        let index = self.model_index.checked_sub(self.models.len())?;
+        self.file_models().get(index)
+    }
+
     /// The model these flags load (the default one unless [`Args::for_model`] chose another).
     pub fn model(&self) -> &ModelSpec {
-        &self.models[self.model_index]
+        match self.file_model() {
+            Some(from_file) => &from_file.spec,
+            None => &self.models[self.model_index],
+        }
     }
 
     /// The hub id or folder of [`Args::model`].
@@ -332,12 +370,68 @@ impl Args {
         &self.model().id
     }
 
-    /// These flags for the `index`-th model (its id and adapters; every other flag shared).
+    /// The share of a device's backfill time that [`Args::model`] gets against the other
+    /// models on it: its `weight` in the `--models` file, else 1.
+    pub fn share_weight(&self) -> f64 {
+        self.file_model().map_or(1.0, |m| m.weight)
+    }
+
+    /// Each served model's LoRA adapters, in [`Args::served_models`] order: every
+    /// `--lora-adapter` goes to the model its config names (`models::assign_adapters`), and
+    /// a `--models` entry's `lora_adapters` to that entry's model.
+    pub fn adapters_by_model(&self) -> Result<Vec<Vec<LoraSpec>>, String> {
+        let mut assigned =
+            crate::models::assign_adapters(&self.served_models(), &self.lora_adapters)?;
+        for (own, from_file) in assigned[self.models.len()..]
+            .iter_mut()
+            .zip(self.file_models())
+        {
+            own.extend(from_file.adapters.iter().cloned());
+        }
+        Ok(assigned)
+    }
+
+    /// These flags for the `index`-th of [`Args::served_models`]: its id and adapters, and the
+    /// options its `--models` entry sets in place of the flags; every other flag shared.
     pub fn for_model(&self, index: usize, adapters: Vec<LoraSpec>) -> Args {
-        Args {
+        let mut args = Args {
             model_index: index,
             model_adapters: adapters,
             ..self.clone()
+        };
+        if let Some(options) = args.file_model().map(|m| m.options.clone()) {
+            args.override_with(&options);
+        }
+        args
+    }
+
+    /// The flags an entry of the `--models` file sets, in place of the command line's.
+    fn override_with(&mut self, options: &ModelOptions) {
+        fn set<T: Clone>(flag: &mut Option<T>, value: &Option<T>) {
+            if value.is_some() {
+                flag.clone_from(value);
+            }
+        }
+        set(&mut self.revision, &options.revision);
+        set(&mut self.dtype, &options.dtype);
+        set(&mut self.pooling, &options.pooling);
+        set(&mut self.task, &options.task);
+        set(&mut self.max_active_dims, &options.max_active_dims);
+        set(&mut self.max_batch_requests, &options.max_batch_requests);
+        // The two prompt flags exclude each other: the entry's replaces both.
+        if options.default_prompt_name.is_some() || options.default_prompt.is_some() {
+            self.default_prompt_name
+                .clone_from(&options.default_prompt_name);
+            self.default_prompt.clone_from(&options.default_prompt);
+        }
+        if let Some(tokens) = options.max_batch_tokens {
+            self.max_batch_tokens = tokens;
+        }
+        if let Some(size) = options.max_client_batch_size {
+            self.max_client_batch_size = size;
+        }
+        if let Some(truncate) = options.auto_truncate {
+            self.auto_truncate = truncate;
         }
     }
 
@@ -382,7 +476,14 @@ impl Args {
 
     /// Checks that need no model; model-dependent checks happen once the model is loaded.
     pub fn validate(&self) -> Result<(), String> {
-        crate::models::check_unique(&self.models, &self.lora_adapters)?;
+        let file_adapters = self.file_models().iter().flat_map(|m| m.adapters.clone());
+        let adapters: Vec<LoraSpec> = self
+            .lora_adapters
+            .iter()
+            .cloned()
+            .chain(file_adapters)
+            .collect();
+        crate::models::check_unique(&self.served_models(), &adapters)?;
         let positive = [
             ("--max-concurrent-requests", self.max_concurrent_requests),
             ("--max-batch-tokens", self.max_batch_tokens),

@@ -16,6 +16,7 @@ pub mod infer;
 pub mod logging;
 pub mod metrics;
 pub mod models;
+pub mod models_file;
 pub mod panics;
 #[cfg(feature = "pyo3")]
 pub mod python_module;

@@ -1,6 +1,7 @@
-//! Which models one server serves: every `--model-id`, each as `ID` or `NAME=ID`, the first
-//! being the default (the model of requests that name none), and the LoRA adapters
-//! (`--lora-adapter NAME=PATH`) each of them loads.
+//! Which models one server serves: every `--model-id`, each as `ID` or `NAME=ID`, then the
+//! entries of `--models FILE` (`models_file`), the first being the default (the model of
+//! requests that name none), and the LoRA adapters (`--lora-adapter NAME=PATH`) each of them
+//! loads.
 
 use std::collections::HashSet;
 
@@ -19,20 +20,26 @@ impl ModelSpec {
     pub fn parse(value: &str) -> Result<Self, String> {
         let value = value.trim();
         let (name, id) = match value.split_once('=') {
-            Some((name, id)) => (name.trim().to_string(), id.trim().to_string()),
-            None => (last_component(value).to_string(), value.to_string()),
+            Some((name, id)) => (Some(name), id),
+            None => (None, value),
         };
+        Self::named(name, id).map_err(|e| format!("`{value}`: {e}"))
+    }
+
+    /// The model `id` under `name`, or under its id's last path component when `name` is None.
+    pub fn named(name: Option<&str>, id: &str) -> Result<Self, String> {
+        let id = id.trim();
         if id.is_empty() {
-            return Err(format!(
-                "`{value}`: expected ID or NAME=ID, with a model id"
-            ));
+            return Err("expected ID or NAME=ID, with a model id".into());
         }
+        let name = name.map_or_else(|| last_component(id), str::trim);
         if name.is_empty() || name.chars().any(char::is_whitespace) {
-            return Err(format!(
-                "`{value}`: a model's name must be non-empty and without spaces"
-            ));
+            return Err("a model's name must be non-empty and without spaces".into());
         }
-        Ok(Self { name, id })
+        Ok(Self {
+            name: name.to_string(),
+            id: id.to_string(),
+        })
     }
 
     /// Whether a request's `model` selects this model: its name or its full id.
@@ -57,20 +64,25 @@ pub struct LoraSpec {
 impl LoraSpec {
     pub fn parse(value: &str) -> Result<Self, String> {
         match value.trim().split_once('=') {
-            Some((name, path))
-                if !name.trim().is_empty()
-                    && !path.trim().is_empty()
-                    && !name.trim().chars().any(char::is_whitespace) =>
-            {
-                Ok(Self {
-                    name: name.trim().to_string(),
-                    path: path.trim().to_string(),
-                })
-            }
-            _ => Err(format!(
+            Some((name, path)) => Self::new(name, path),
+            None => Err(format!(
                 "`{value}`: expected NAME=PATH (a name without spaces, a PEFT LoRA folder)"
             )),
         }
+    }
+
+    /// The adapter folder `path` under `name` (non-empty, without spaces).
+    pub fn new(name: &str, path: &str) -> Result<Self, String> {
+        let (name, path) = (name.trim(), path.trim());
+        if name.is_empty() || path.is_empty() || name.chars().any(char::is_whitespace) {
+            return Err(format!(
+                "`{name}={path}`: expected NAME=PATH (a name without spaces, a PEFT LoRA folder)"
+            ));
+        }
+        Ok(Self {
+            name: name.to_string(),
+            path: path.to_string(),
+        })
     }
 
     /// `base_model_name_or_path` of its `adapter_config.json` (None when it names none).
@@ -115,7 +127,8 @@ pub fn check_unique(models: &[ModelSpec], adapters: &[LoraSpec]) -> Result<(), S
     for model in models {
         if !seen.insert(model.name.as_str()) {
             return Err(format!(
-                "two models are named `{}`: give them names with --model-id NAME=ID",
+                "two models are named `{}`: give them names with --model-id NAME=ID or `name:` \
+                 in the --models file",
                 model.name
             ));
         }
@@ -123,8 +136,8 @@ pub fn check_unique(models: &[ModelSpec], adapters: &[LoraSpec]) -> Result<(), S
     for adapter in adapters {
         if !seen.insert(adapter.name.as_str()) {
             return Err(format!(
-                "`{}` names a model or adapter already: each --lora-adapter needs a name of \
-                 its own",
+                "`{}` names a model or adapter already: each LoRA adapter (--lora-adapter, or \
+                 `lora_adapters` in the --models file) needs a name of its own",
                 adapter.name
             ));
         }

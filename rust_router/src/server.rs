@@ -218,11 +218,12 @@ fn run(mut args: Args, make_backend: MakeBackend) -> Result<(), String> {
     }
     tracing::info!(open_files, max_connections, "open-file limit raised");
     let listeners = bind(&listen_addrs(&args.hostname, args.port)?)?;
-    let adapters = crate::models::assign_adapters(&args.models, &args.lora_adapters)?;
+    let adapters = args.adapters_by_model()?;
+    let several = adapters.len() > 1;
     // With several models, their bulk batches take turns on each device they share.
-    let shares = (args.models.len() > 1).then(DeviceShares::default);
-    let mut models = Vec::with_capacity(args.models.len());
-    let mut backend_threads = Vec::with_capacity(args.models.len());
+    let shares = several.then(DeviceShares::default);
+    let mut models = Vec::with_capacity(adapters.len());
+    let mut backend_threads = Vec::with_capacity(adapters.len());
     for (index, adapters) in adapters.into_iter().enumerate() {
         let model_args = args.for_model(index, adapters);
         let name = model_args.model().name.clone();
@@ -230,10 +231,10 @@ fn run(mut args: Args, make_backend: MakeBackend) -> Result<(), String> {
         let sharing = shares.as_ref().map(|shares| Sharing {
             shares: shares.clone(),
             model: index,
-            weight: 1.0,
+            weight: model_args.share_weight(),
         });
         let (model, threads) = load_model(model_args, &make_backend, sharing).map_err(|e| {
-            if args.models.len() > 1 {
+            if several {
                 format!("model `{name}`: {e}")
             } else {
                 e
@@ -288,7 +289,13 @@ fn load_model(
     make_backend: &MakeBackend,
     sharing: Option<Sharing>,
 ) -> Result<(ServedModel, BackendThreads), String> {
-    tracing::info!(model = %args.model().name, model_id = %args.model_id(), backend = ?args.backend, "loading model");
+    tracing::info!(
+        model = %args.model().name,
+        model_id = %args.model_id(),
+        backend = ?args.backend,
+        weight = args.share_weight(),
+        "loading model"
+    );
     let factory = make_backend(&args)?;
     let flags = args.policy_flags();
     // The backend threads' waits are the one part of the policy needed before the backend
@@ -444,8 +451,8 @@ impl Serving {
                 infer,
                 info: Arc::new(info_body.clone()),
                 config: Arc::new(ServeConfig {
-                    max_client_batch_size: self.args.max_client_batch_size,
-                    auto_truncate: self.args.auto_truncate,
+                    max_client_batch_size: model.args.max_client_batch_size,
+                    auto_truncate: model.args.auto_truncate,
                     served_model_name: info_body.served_model_name.clone(),
                     api_key: self.args.api_key.clone(),
                     payload_limit: self.args.payload_limit,

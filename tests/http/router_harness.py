@@ -72,7 +72,7 @@ class Server:
             # Test backends (tests/http/backends.py) are imported by module path.
             PYTHONPATH=os.pathsep.join([str(HERE), full_env.get("PYTHONPATH", "")]),
         )
-        for key in ("PORT", "HOSTNAME", "API_KEY", "MODEL_ID", "AUTO_TRUNCATE"):
+        for key in ("PORT", "HOSTNAME", "API_KEY", "MODEL_ID", "MODELS_FILE", "AUTO_TRUNCATE"):
             full_env.pop(key, None)
         full_env.update(env or {})
         self.log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
