@@ -26,8 +26,11 @@ def family(request, tmp_path_factory):  # type: ignore[no-untyped-def]
     make, specs = FAMILIES[request.param]
     root = tmp_path_factory.mktemp(request.param)
     base = make(root / "base")
+    # Deltas of the size trained adapters have beside the base weights: the CPU tests'
+    # (std 0.3) outweigh the random base model's weights a hundredfold, and bfloat16's
+    # rounding grows with them through a decoder's layers (a token at a cosine of 0.995).
     adapters = {
-        name: make_lora_adapter(base, root / name, seed=20 + i, **spec)
+        name: make_lora_adapter(base, root / name, seed=20 + i, std=0.05, **spec)
         for i, (name, spec) in enumerate(specs.items())
     }
     return base, adapters
@@ -66,6 +69,9 @@ def test_mixed_adapters_bf16_match_peft(family, graphs):  # type: ignore[no-unty
         for merged in (False, True):
             expected = peft_hidden(references[a, merged], [seq])
             assert cosine(got, expected).min() >= 0.999, (a, merged)
+        if a != 0:  # the adapter moves the vectors well past that tolerance
+            base_only = peft_hidden(references[0, False], [seq])
+            assert cosine(got, base_only).mean() < 0.99, a
     # The same sequences one adapter at a time: the mix changes nothing but rounding.
     alone = torch.cat(
         [

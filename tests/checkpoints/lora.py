@@ -20,10 +20,12 @@ def make_lora_adapter(
     targets: Sequence[str],
     alpha: float = 8,
     seed: int = 0,
+    std: float = 0.3,
     **config: Any,
 ) -> Path:
     """A LoRA adapter of the checkpoint in `base`, saved by PEFT into `folder`: A and B
-    both random (PEFT starts B at zero, which would make the adapter a no-op)."""
+    both random, of standard deviation `std` (PEFT starts B at zero, which would make the
+    adapter a no-op)."""
     import peft
 
     torch.manual_seed(seed)
@@ -33,7 +35,7 @@ def make_lora_adapter(
     with torch.no_grad():
         for name, param in adapted.named_parameters():
             if "lora_" in name:
-                param.normal_(0.0, 0.3)
+                param.normal_(0.0, std)
     adapted.save_pretrained(folder)
     return folder
 
