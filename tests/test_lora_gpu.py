@@ -30,7 +30,7 @@ def family(request, tmp_path_factory):  # type: ignore[no-untyped-def]
     # (std 0.3) outweigh the random base model's weights a hundredfold, and bfloat16's
     # rounding grows with them through a decoder's layers (a token at a cosine of 0.995).
     adapters = {
-        name: make_lora_adapter(base, root / name, seed=20 + i, std=0.05, **spec)
+        name: make_lora_adapter(base, root / name, seed=20 + i, std=0.1, **spec)
         for i, (name, spec) in enumerate(specs.items())
     }
     return base, adapters
@@ -69,9 +69,10 @@ def test_mixed_adapters_bf16_match_peft(family, graphs):  # type: ignore[no-unty
         for merged in (False, True):
             expected = peft_hidden(references[a, merged], [seq])
             assert cosine(got, expected).min() >= 0.999, (a, merged)
-        if a != 0:  # the adapter moves the vectors well past that tolerance
-            base_only = peft_hidden(references[0, False], [seq])
-            assert cosine(got, base_only).mean() < 0.99, a
+        if a != 0:  # the adapter moves the vectors far more than the rounding does
+            off_base = 1 - cosine(got, peft_hidden(references[0, False], [seq])).mean()
+            off_reference = 1 - cosine(got, peft_hidden(references[a, False], [seq])).mean()
+            assert off_base > 10 * off_reference, (a, off_base, off_reference)
     # The same sequences one adapter at a time: the mix changes nothing but rounding.
     alone = torch.cat(
         [
