@@ -419,7 +419,21 @@ def load_executor(
     engine's manifest, else the defaults. With `memory_fraction`, the model must fit that
     share of the device less what is in use already (`runtime.memory`), and running out of
     memory while loading says so with the figures."""
-    if memory_fraction is None:
+    estimate = None
+    if memory_fraction is not None:
+        device = parse_device(device)  # type: ignore[arg-type]
+        revision, dtype = load_options.get("revision"), load_options.get("dtype")
+        estimate = estimate_for_loading(
+            model_id,
+            device,
+            revision=revision if isinstance(revision, str) else None,
+            dtype=dtype if isinstance(dtype, str) else None,
+            max_num_tokens=max_num_tokens or DEFAULT_MAX_NUM_TOKENS,
+            # The interactive lane has batch buffers of its own, and exists only with graphs.
+            lanes=2 if interactive_lane and device.type == "cuda" else 1,
+        )
+        check_fits(str(model_id), device, estimate, DeviceMemory.of(device), memory_fraction)
+    try:
         return _build_executor(
             model_id,
             device,
@@ -431,34 +445,10 @@ def load_executor(
             bulk_graphs,
             load_options,
         )
-    torch_device = parse_device(device)  # type: ignore[arg-type]
-    revision, dtype = load_options.get("revision"), load_options.get("dtype")
-    estimate = estimate_for_loading(
-        model_id,
-        torch_device,
-        revision=revision if isinstance(revision, str) else None,
-        dtype=dtype if isinstance(dtype, str) else None,
-        max_num_tokens=max_num_tokens or DEFAULT_MAX_NUM_TOKENS,
-        # The interactive lane has batch buffers of its own, and exists only with graphs.
-        lanes=2 if interactive_lane and torch_device.type == "cuda" else 1,
-    )
-    check_fits(
-        str(model_id), torch_device, estimate, DeviceMemory.of(torch_device), memory_fraction
-    )
-    try:
-        return _build_executor(
-            model_id,
-            torch_device,
-            cuda_graphs,
-            max_num_tokens,
-            max_batch_size,
-            interactive_lane,
-            max_bulk_step_ms,
-            bulk_graphs,
-            load_options,
-        )
     except torch.OutOfMemoryError as exc:
-        raise DeviceMemoryError(out_of_memory(str(model_id), torch_device, estimate)) from exc
+        if estimate is None or not isinstance(device, torch.device):
+            raise
+        raise DeviceMemoryError(out_of_memory(str(model_id), device, estimate)) from exc
 
 
 def _build_executor(
