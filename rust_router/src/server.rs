@@ -9,7 +9,7 @@ use crate::http::types::{ClassifierModel, EmbeddingModel, Info, ModelTypeInfo};
 use crate::http::{app, AppState, ModelDirectory, ModelEntry, ServeConfig};
 use crate::http_thread::{self, Handlers, HotPoll};
 use crate::infer::Infer;
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, ModelMetrics};
 use crate::schedule::{BackendFacts, ServingProfile};
 use crate::shutdown::{Phase, Shutdown};
 use crate::tokenization::{load_tokenizer, PoolLoad, Tokenization, TokenizerConfig};
@@ -411,21 +411,29 @@ impl Serving {
     /// Serves until the shutdown sequence ends; notes when the signal came in `signal_at`.
     async fn serve(self, signal_at: Arc<OnceLock<Instant>>) -> Result<(), String> {
         let default = &self.models[0];
-        let metrics = Arc::new(Metrics::new(default.info.max_input_length));
+        // One bucket layout for every model's input lengths, up to the longest model's.
+        let max_input_length = self.models.iter().map(|m| m.info.max_input_length).max();
+        let metrics = Arc::new(Metrics::new(max_input_length.unwrap_or_default()));
         let hot = hot_poll(default.profile.http_spin, default.tokenization.load());
+        let several = self.models.len() > 1;
         let shutdown = Shutdown::default();
         let mut entries = Vec::with_capacity(self.models.len());
         let mut batching_tasks = Vec::with_capacity(self.models.len());
         for model in self.models {
             let info_body = build_info(&model.args, &model.info, model.workers);
             let compute_type = model.info.device.clone().unwrap_or_else(|| "cpu".into());
+            let model_metrics = if several {
+                ModelMetrics::named(metrics.clone(), &model.args.model().name)
+            } else {
+                ModelMetrics::only(metrics.clone())
+            };
             let (infer, batching_task) = Infer::new(
                 model.tokenization,
                 model.backend,
                 Arc::new(model.info),
                 &model.profile,
                 self.args.max_concurrent_requests,
-                metrics.clone(),
+                model_metrics,
             );
             batching_tasks.push(batching_task);
             entries.push(ModelEntry {

@@ -9,7 +9,7 @@
 use crate::backend::{
     BackendError, BackendHandle, Batch, BatchKind, Lane, ModelInfo, Output, Ran, Slot,
 };
-use crate::metrics::Metrics;
+use crate::metrics::ModelMetrics;
 use crate::queue::{Entry, InferResult, Metadata, NextBatch, Queue, RequestId, Take};
 use crate::tokenization::PoolThrottle;
 use std::sync::Arc;
@@ -29,7 +29,7 @@ struct Context {
     /// Told each bulk batch's size and duration, for time-bounded bulk batches.
     queue: Queue,
     info: Arc<ModelInfo>,
-    metrics: Arc<Metrics>,
+    metrics: ModelMetrics,
     /// The `device` label of the `te_batch_*` metrics, by device index. `None` with one
     /// device: its series keep the labels they had before devices existed.
     device_labels: Option<Vec<String>>,
@@ -65,7 +65,7 @@ pub fn spawn_tasks(
     takes: Vec<Take>,
     throttle: Option<Arc<PoolThrottle>>,
     info: &Arc<ModelInfo>,
-    metrics: &Arc<Metrics>,
+    metrics: &ModelMetrics,
 ) -> (JoinHandle<()>, Direct) {
     if let Some(throttle) = throttle {
         throttle_tokenization(queue, throttle);

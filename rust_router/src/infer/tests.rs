@@ -1,5 +1,6 @@
 use super::*;
 use crate::backend::fake::{FakeBackend, Gate, SeenBatch, HOLD_ID};
+use crate::metrics::Metrics;
 use crate::queue::Take;
 use crate::schedule::{BackendFacts, PolicyFlags};
 use crate::tokenization::tests::test_tokenization;
@@ -85,7 +86,7 @@ fn paced_harness(
         Arc::new(info),
         &profile,
         64,
-        metrics.clone(),
+        ModelMetrics::only(metrics.clone()),
     );
     Harness {
         infer,
@@ -448,7 +449,7 @@ async fn bulk_batches_are_paced_only_without_an_interactive_lane() {
             Arc::new(info),
             &profile,
             64,
-            metrics,
+            ModelMetrics::only(metrics),
         );
         let expected = if paced {
             crate::queue::PACED_FIRST_BATCH_TOKENS
