@@ -387,10 +387,8 @@ fn paced_priority_batches_top_queries_up_with_bulk_entries_of_their_kind() {
 fn the_tokenizer_pool_is_throttled_while_bulk_batches_leave_entries_waiting() {
     let queue = Queue::new(10, None, ModelMetrics::only(Arc::new(Metrics::new(16))));
     let throttle = Arc::new(PoolThrottle::for_pool(8));
-    queue.on_bulk_backlog({
-        let throttle = throttle.clone();
-        move |bounded| throttle.set_limited(bounded)
-    });
+    let vote = throttle.vote();
+    queue.on_bulk_backlog(move |bounded| vote.set_bounded(bounded));
     let append = |len: usize, lane: Lane, request: RequestId| {
         let (mut e, rx) = lane_entry(len, BatchKind::Pooled, lane);
         e.metadata.request_id = request;
