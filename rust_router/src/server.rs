@@ -10,15 +10,18 @@ use crate::http::types::{ClassifierModel, EmbeddingModel, Info, ModelTypeInfo};
 use crate::http::{app, AppState, ModelDirectory, ModelEntry, ServeConfig};
 use crate::http_thread::{self, Handlers, HotPoll};
 use crate::infer::Infer;
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, ModelMetrics};
 use crate::schedule::{BackendFacts, ServingProfile};
 use crate::shutdown::{Phase, Shutdown};
-use crate::tokenization::{load_tokenizer, PoolLoad, Tokenization, TokenizerConfig};
+use crate::tokenization::{
+    load_tokenizer, PoolLoad, PoolPriority, Tokenization, TokenizerConfig, TokenizerPool,
+};
 use clap::Parser;
 use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
 use std::path::Path;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
+use tokenizers::Tokenizer;
 
 /// Builds the backend factory of one model (the flags as [`Args::for_model`] gives them; the
 /// Python bridge supplies it). Called once per served model.
@@ -243,6 +246,7 @@ fn run(mut args: Args, make_backend: MakeBackend) -> Result<(), String> {
         models.push(model);
         backend_threads.push(threads);
     }
+    let pool = tokenizer_pool(&args, &models);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_name("router-worker")
@@ -253,6 +257,7 @@ fn run(mut args: Args, make_backend: MakeBackend) -> Result<(), String> {
     let serving = Serving {
         args,
         models,
+        pool,
         listeners,
     };
     let result = runtime.block_on(serving.serve(signal_at.clone()));
@@ -281,7 +286,7 @@ fn run(mut args: Args, make_backend: MakeBackend) -> Result<(), String> {
     result
 }
 
-/// Starts the backend of the model `args` name ([`Args::for_model`]) and its tokenizer;
+/// Starts the backend of the model `args` name ([`Args::for_model`]) and loads its tokenizer;
 /// returns the model and its backend's threads (joined at exit). `sharing`: its place at the
 /// devices other models use too.
 fn load_model(
@@ -326,17 +331,9 @@ fn load_model(
     check_batch_tokens(args.max_batch_tokens, info.max_input_length)?;
     let prompt = default_prompt(&args, &info)?;
     let tokenizer = load_tokenizer(Path::new(&info.tokenizer_path)).map_err(|e| e.to_string())?;
-    let workers = args.tokenization_workers.unwrap_or_else(|| {
-        std::thread::available_parallelism()
-            .map(|n| n.get())
-            .unwrap_or(1)
-    });
-    let tokenization_priority = profile.tokenizer_pool.priority;
-    tracing::info!(workers, priority = ?tokenization_priority, "tokenization threads");
-    let tokenization = Tokenization::with_priority(
+    let tokenizer = ModelTokenizer {
         tokenizer,
-        workers,
-        TokenizerConfig {
+        config: TokenizerConfig {
             max_input_length: info.max_input_length,
             position_offset: info.position_offset,
             prompts: info.prompts.clone().unwrap_or_default(),
@@ -346,20 +343,37 @@ fn load_model(
             default_adapter: default_adapter(&args, &info),
             adapter_type_stride: info.adapter_type_stride.unwrap_or(1),
         },
-        tokenization_priority,
-    );
-    warm_hook.set(tokenization.warmer());
+        warm_hook,
+    };
     let adapters = adapter_indexes(&args, &info)?;
     let model = ServedModel {
         adapters,
         args,
         profile,
         info,
-        tokenization,
+        tokenizer,
         backend,
-        workers,
     };
     Ok((model, backend_threads))
+}
+
+/// The tokenizer threads every model shares: `--tokenization-workers` of them (one per core by
+/// default), in the class the models' profiles ask for (see [`PoolPriority::for_models`]).
+fn tokenizer_pool(args: &Args, models: &[ServedModel]) -> TokenizerPool {
+    let workers = args.tokenization_workers.unwrap_or_else(|| {
+        std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1)
+    });
+    let asked = models.iter().map(|m| m.profile.tokenizer_pool.priority);
+    let priority = PoolPriority::for_models(asked).unwrap_or(PoolPriority::Normal);
+    tracing::info!(
+        workers,
+        ?priority,
+        models = models.len(),
+        "tokenization threads"
+    );
+    TokenizerPool::spawn(workers, priority)
 }
 
 /// Each `--lora-adapter` of the model with the index its backend gave it.
@@ -412,15 +426,33 @@ struct ServedModel {
     /// The batching and latency policy, resolved once the backend started.
     profile: ServingProfile,
     info: ModelInfo,
-    tokenization: Tokenization,
+    tokenizer: ModelTokenizer,
     backend: BackendHandle,
-    workers: usize,
 }
 
-/// What `serve` runs: the loaded models (the default first) and the bound sockets.
+/// A model's tokenizer and its rules, until its tokenization starts on the shared pool.
+struct ModelTokenizer {
+    tokenizer: Tokenizer,
+    config: TokenizerConfig,
+    /// Where the model's spinning backend thread takes its warming step from.
+    warm_hook: WarmHook,
+}
+
+impl ModelTokenizer {
+    /// The model's tokenization on `pool`, which its backend's interactive thread keeps warm.
+    fn start(self, pool: &TokenizerPool) -> Tokenization {
+        let tokenization = Tokenization::on_pool(pool, self.tokenizer, self.config);
+        self.warm_hook.set(tokenization.warmer());
+        tokenization
+    }
+}
+
+/// What `serve` runs: the loaded models (the default first), their tokenizer pool and the
+/// bound sockets.
 struct Serving {
     args: Args,
     models: Vec<ServedModel>,
+    pool: TokenizerPool,
     listeners: Vec<std::net::TcpListener>,
 }
 
@@ -428,21 +460,29 @@ impl Serving {
     /// Serves until the shutdown sequence ends; notes when the signal came in `signal_at`.
     async fn serve(self, signal_at: Arc<OnceLock<Instant>>) -> Result<(), String> {
         let default = &self.models[0];
-        let metrics = Arc::new(Metrics::new(default.info.max_input_length));
-        let hot = hot_poll(default.profile.http_spin, default.tokenization.load());
+        // One bucket layout for every model's input lengths, up to the longest model's.
+        let max_input_length = self.models.iter().map(|m| m.info.max_input_length).max();
+        let metrics = Arc::new(Metrics::new(max_input_length.unwrap_or_default()));
+        let hot = hot_poll(default.profile.http_spin, self.pool.load());
+        let several = self.models.len() > 1;
         let shutdown = Shutdown::default();
         let mut entries = Vec::with_capacity(self.models.len());
         let mut batching_tasks = Vec::with_capacity(self.models.len());
         for model in self.models {
-            let info_body = build_info(&model.args, &model.info, model.workers);
+            let info_body = build_info(&model.args, &model.info, self.pool.workers());
             let compute_type = model.info.device.clone().unwrap_or_else(|| "cpu".into());
+            let model_metrics = if several {
+                ModelMetrics::named(metrics.clone(), &model.args.model().name)
+            } else {
+                ModelMetrics::only(metrics.clone())
+            };
             let (infer, batching_task) = Infer::new(
-                model.tokenization,
+                model.tokenizer.start(&self.pool),
                 model.backend,
                 Arc::new(model.info),
                 &model.profile,
                 self.args.max_concurrent_requests,
-                metrics.clone(),
+                model_metrics,
             );
             batching_tasks.push(batching_task);
             entries.push(ModelEntry {

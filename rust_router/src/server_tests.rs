@@ -38,9 +38,10 @@ async fn the_http_thread_polls_only_while_the_tokenizer_pool_leaves_cores_free()
     // The pool's own rule (jobs waiting for a thread, the throttle) is tested beside it.
     let busy = crate::tokenization::tests::keep_pool_busy(&pool, 64).await;
     assert!(!hot.may_spin_now(), "jobs wait for a pool thread");
-    pool.throttle().set_limited(true);
+    let vote = pool.throttle();
+    vote.set_bounded(true);
     assert!(hot.may_spin_now(), "the backend bounds the backfill");
-    pool.throttle().set_limited(false);
+    vote.set_bounded(false);
     busy.finish().await;
     assert!(hot.may_spin_now(), "the jobs are done");
 }

@@ -1,7 +1,8 @@
 """`/metrics` of the real server is strict Prometheus text (format 0.0.4): every family it
 exposes has `# HELP` and `# TYPE`, which `promtool check metrics` and some scrapers require.
 The exposition is parsed strictly here; where Debian's `promtool` is installed it checks it
-too."""
+too. With several models served, each model's series carry `model="<name>"`; with one, no
+series has that label."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import shutil
 import subprocess
 
 import pytest
+from checkpoints import make_checkpoint
 
 pytestmark = pytest.mark.integration
 
@@ -122,6 +124,7 @@ def test_every_family_the_server_exposes_has_help_and_type(start_server, minilm_
     r = server.get("/metrics")
     assert r.headers["content-type"].startswith("text/plain; version=0.0.4")
     families = check_exposition(r.text)
+    assert 'model="' not in r.text, "one model: its series are unlabelled"
     for family in (
         "te_request_count",
         "te_request_success",
@@ -146,3 +149,56 @@ def test_every_family_the_server_exposes_has_help_and_type(start_server, minilm_
             if "no help text" in line or "error" in line.lower()
         ]
         assert not problems, check.stdout + check.stderr
+
+
+def samples(text: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    """{(name, labels): value} of every sample of an exposition."""
+    found = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name = NAME.match(line)
+            assert name, line
+            labels, rest = parse_labels(line[name.end() :])
+            found[name.group(), frozenset(labels.items())] = parse_value(rest.split()[0])
+    return found
+
+
+def test_each_models_series_carry_its_name(start_server, tmp_path):  # type: ignore[no-untyped-def]
+    embedder = make_checkpoint(tmp_path / "embedder", "BertModel", seed=1)
+    reranker = make_checkpoint(
+        tmp_path / "reranker", "BertForSequenceClassification", num_labels=1, seed=2
+    )
+    server = start_server(f"emb={embedder}", "--model-id", f"rr={reranker}")
+    texts = ["the cat sat on the mat", "a river runs through paris", "search engine query"]
+    assert server.post("/embed", {"inputs": texts[0]}).status_code == 200
+    assert server.post("/embed", {"inputs": texts, "model": "emb"}).status_code == 200
+    rerank = {"query": "a cat", "texts": texts, "model": "rr"}
+    assert server.post("/rerank", rerank).status_code == 200
+    assert server.post("/rerank", rerank).status_code == 200
+    assert server.post("/embed", {"inputs": "x", "model": "rr"}).status_code == 424
+    assert server.post("/embed", {"inputs": "x", "model": "nope"}).status_code == 404
+    text = server.get("/metrics").text
+    check_exposition(text)
+    got = samples(text)
+
+    def sample(name: str, **labels: str) -> float:
+        return got.get((name, frozenset(labels.items())), 0.0)
+
+    assert sample("te_request_count", model="emb", method="single") == 1
+    assert sample("te_request_count", model="emb", method="batch") == 1
+    assert sample("te_request_count", model="rr", method="batch") == 2
+    assert sample("te_request_success", model="rr", method="batch") == 2
+    assert sample("te_request_duration_count", model="emb") == 2
+    assert sample("te_request_duration_count", model="rr") == 2
+    # Per input: 1 + 3 embedded, 2 x 3 pairs ranked.
+    assert sample("te_request_input_length_count", model="emb") == 4
+    assert sample("te_request_input_length_count", model="rr") == 6
+    assert sample("te_queue_size", model="rr") == 0
+    assert sample("te_batch_inference_success", model="emb") >= 1
+    assert sample("te_batch_inference_success", model="rr") >= 1
+    # A refusal of a chosen model is that model's; one that chose none is the server's.
+    assert sample("te_request_failure", model="rr", err="model_type") == 1
+    assert sample("te_request_failure", err="model_not_found") == 1
+    # No request series without its model; the connections are the server's.
+    assert not [key for key in got if key[0] == "te_request_count" and len(key[1]) < 2]
+    assert ("te_connection_open", frozenset()) in got

@@ -7,6 +7,7 @@ with its name."""
 from __future__ import annotations
 
 import subprocess
+from pathlib import Path
 
 import pytest
 from checkpoints import make_checkpoint, make_splade_checkpoint
@@ -120,6 +121,26 @@ def test_models_are_listed_and_each_has_its_info(several, minilm_dir, folders): 
     assert "reranker" in rr["model_type"]
     assert several.get("/info", params={"model": "nope"}).status_code == 404
     assert several.get("/health").status_code == 200
+
+
+def tokenizer_threads(pid: int) -> list[str]:
+    """The names of the process's tokenizer pool threads (`tokenizer-<i>`)."""
+    names = (task.read_text().strip() for task in Path(f"/proc/{pid}/task").glob("*/comm"))
+    return sorted(name for name in names if name.startswith("tokenizer-"))
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="reads Linux's /proc")
+def test_the_models_share_one_tokenizer_pool(several):  # type: ignore[no-untyped-def]
+    # Every model's large requests go through the pool (inputs over 2 KB in all).
+    long_texts = [" ".join(TEXTS * 20)] * 4
+    assert several.post("/embed", {"inputs": long_texts, "truncate": True}).status_code == 200
+    rerank = {"query": "cat", "texts": long_texts, "model": "rr", "truncate": True}
+    assert several.post("/rerank", rerank).status_code == 200
+    sparse = {"inputs": long_texts, "model": "splade", "truncate": True}
+    assert several.post("/embed_sparse", sparse).status_code == 200
+    # The harness asks for two tokenizer threads: two in all, not two per model.
+    assert tokenizer_threads(several.proc.pid) == ["tokenizer-0", "tokenizer-1"]
+    assert several.get("/info", params={"model": "rr"}).json()["tokenization_workers"] == 2
 
 
 def run_router(*args: str) -> subprocess.CompletedProcess[str]:

@@ -93,7 +93,7 @@ pub struct UnsentBytes {
 
 impl UnsentBytes {
     pub fn new(limit: u64, metrics: Arc<Metrics>) -> Self {
-        metrics.gauge_set(GAUGE, 0.0);
+        metrics.gauge_set(GAUGE, &[], 0.0);
         Self {
             total: AtomicU64::new(0),
             limit,
@@ -111,7 +111,7 @@ impl UnsentBytes {
 
     fn add(&self, bytes: u64) {
         let total = self.total.fetch_add(bytes, Ordering::Relaxed) + bytes;
-        self.metrics.gauge_set(GAUGE, total as f64);
+        self.metrics.gauge_set(GAUGE, &[], total as f64);
     }
 
     fn sub(&self, bytes: u64) {
@@ -119,7 +119,7 @@ impl UnsentBytes {
             return;
         }
         let total = self.total.fetch_sub(bytes, Ordering::Relaxed) - bytes;
-        self.metrics.gauge_set(GAUGE, total as f64);
+        self.metrics.gauge_set(GAUGE, &[], total as f64);
     }
 }
 

@@ -159,7 +159,7 @@ impl Shared {
 
     fn set_open_gauge(&self) {
         self.metrics
-            .gauge_set("te_connection_open", self.open_connections() as f64);
+            .gauge_set("te_connection_open", &[], self.open_connections() as f64);
     }
 }
 

@@ -183,7 +183,8 @@ pub async fn invocations(State(state): State<AppState>, req: TeiJson<Value>) -> 
 
 /// Vertex AI's prediction route: each instance runs as `POST /` would run it (at the same
 /// time, so they batch together); the first failing instance's error is the answer. The
-/// metrics count one request, however many instances it has.
+/// metrics count one request, however many instances it has: with several models served, one
+/// of the model its first instance names.
 #[utoipa::path(
     post, path = "/vertex", tag = "Text Embeddings Inference",
     request_body = VertexRequest,
@@ -201,12 +202,15 @@ pub async fn vertex(State(state): State<AppState>, req: TeiJson<VertexRequest>) 
     if let Err(e) = state.check_batch(instances.len(), "instances") {
         return e.into_response();
     }
+    // An unknown name is the instance's own 404; the request then counts as the default's.
+    let named = instances[0].get("model").and_then(Value::as_str);
+    let counted = state.for_model(named).unwrap_or_else(|_| state.clone());
     let answers = join_all(
         instances
             .into_iter()
             .map(|body| dispatch(state.clone(), body)),
     );
-    let (answers, metas) = as_one_request(&state, answers).await;
+    let (answers, metas) = as_one_request(&counted, answers).await;
     let mut predictions = Vec::with_capacity(answers.len());
     for answer in answers {
         if !answer.status().is_success() {
@@ -227,6 +231,6 @@ pub async fn vertex(State(state): State<AppState>, req: TeiJson<VertexRequest>) 
             }
         }
     }
-    let headers = ResponseMeta::merged(start, &metas).finish(&state, "batch");
+    let headers = ResponseMeta::merged(start, &metas).finish(&counted, "batch");
     (headers, Json(VertexResponse { predictions })).into_response()
 }

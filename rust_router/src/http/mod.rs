@@ -50,7 +50,6 @@ mod tests_types;
 #[cfg(test)]
 mod tests_validation;
 
-use crate::metrics::Metrics;
 use crate::shutdown::Phase;
 use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::http::{header, HeaderName, HeaderValue, Method};
@@ -61,20 +60,16 @@ use axum::Router;
 use error::{is_openai_path, shutting_down, ApiError, ErrorType};
 use futures_util::FutureExt as _;
 use std::panic::AssertUnwindSafe;
-use std::sync::Arc;
 use tower_http::cors::{AllowOrigin, CorsLayer};
 
 /// Counts every error answer in `te_request_failure{err=...}` and logs it, whichever layer
-/// produced it (a handler, the body extractor, auth, the router's fallback). Its state is
-/// the metrics alone: a middleware's state is cloned for every request.
-async fn record_failures(
-    State(metrics): State<Arc<Metrics>>,
-    req: Request,
-    next: Next,
-) -> Response {
-    let response = next.run(req).await;
+/// produced it (a handler, the body extractor, auth, the router's fallback); with several
+/// models served, in the series of the model the request was routed to, if it reached one.
+/// (A middleware's state is cloned for every request: `AppState` is one `Arc`.)
+async fn record_failures(State(state): State<AppState>, req: Request, next: Next) -> Response {
+    let (response, routed) = state.noting_model(next.run(req)).await;
     if let Some(kind) = response.extensions().get::<ErrorType>().copied() {
-        metrics.inc("te_request_failure", &[("err", kind.metric_label())]);
+        state.count_failure(routed, kind.metric_label());
         let status = response.status().as_u16();
         if response.status().is_server_error() || kind == ErrorType::Backend {
             tracing::error!(status, error_type = kind.metric_label(), "request failed");
@@ -164,8 +159,7 @@ impl Drop for Unanswered<'_> {
     fn drop(&mut self) {
         if !self.answered && self.state.shutdown.phase() < Phase::Deadline {
             self.state
-                .metrics
-                .inc("te_request_failure", &[("err", "dropped")]);
+                .count_failure(AppState::routed_so_far(), "dropped");
         }
     }
 }
@@ -278,7 +272,7 @@ pub fn app(state: AppState) -> Router {
         .method_not_allowed_fallback(method_not_allowed)
         .fallback(not_found)
         .layer(middleware::from_fn_with_state(
-            state.metrics.clone(),
+            state.clone(),
             record_failures,
         ))
         .with_state(state)

@@ -95,7 +95,7 @@ impl ResponseMeta {
 
     fn record(&self, state: &AppState, method: &str) {
         let total = self.start.elapsed();
-        let m = &state.metrics;
+        let m = state.infer.metrics();
         m.inc("te_request_success", &[("method", method)]);
         m.observe("te_request_duration", &[], total.as_secs_f64());
         m.observe(

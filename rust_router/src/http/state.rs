@@ -10,8 +10,17 @@ use crate::metrics::Metrics;
 use crate::models::{LoraSpec, ModelSpec};
 use crate::shutdown::Shutdown;
 use axum::response::{IntoResponse, Response};
+use std::cell::Cell;
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
+
+tokio::task_local! {
+    /// The served model a request was routed to (its index among the served models): the
+    /// first one [`AppState::for_model`] selected for it. Noted only on servers with several
+    /// models ([`AppState::noting_model`]), for the `model` label of its failure.
+    static ROUTED: Cell<Option<usize>>;
+}
 
 /// Server settings the handlers need (the rest of the CLI stays in `server.rs`).
 #[derive(Debug, Clone)]
@@ -170,6 +179,14 @@ impl AppState {
     /// names.
     pub fn for_model(&self, requested: Option<&str>) -> Result<AppState, ApiError> {
         let selected = self.models.find(requested)?;
+        if self.models.entries.len() > 1 {
+            // Outside `noting_model` (a test's own route) there is nothing to note.
+            let _ = ROUTED.try_with(|routed| {
+                if routed.get().is_none() {
+                    routed.set(Some(selected.0));
+                }
+            });
+        }
         let same_model = Arc::ptr_eq(&self.info, &self.models.entries[selected.0].info);
         if same_model && selected.1 == self.adapter {
             return Ok(self.clone());
@@ -180,6 +197,41 @@ impl AppState {
             self.metrics.clone(),
             self.shutdown.clone(),
         ))
+    }
+
+    /// Runs `request` (all of one HTTP request's handling) and returns the served model it was
+    /// routed to, where the server serves several; `None` where it reached none (an unknown
+    /// route or model, a body that does not parse) or the server serves one model, whose
+    /// series are unlabelled anyway.
+    pub(crate) async fn noting_model<F: Future>(&self, request: F) -> (F::Output, Option<usize>) {
+        if self.models.entries.len() == 1 {
+            return (request.await, None);
+        }
+        let mut noted = std::pin::pin!(ROUTED.scope(Cell::new(None), request));
+        let output = noted.as_mut().await;
+        (
+            output,
+            noted.as_mut().take_value().and_then(Cell::into_inner),
+        )
+    }
+
+    /// The model the request being handled has been routed to so far (see
+    /// [`AppState::noting_model`]), for a request dropped before its answer.
+    pub(crate) fn routed_so_far() -> Option<usize> {
+        ROUTED.try_with(Cell::get).ok().flatten()
+    }
+
+    /// Counts a request's failure in `te_request_failure{err=...}`: in the series of the model
+    /// it was `routed` to ([`AppState::noting_model`]), in the server's own where it reached
+    /// none.
+    pub(crate) fn count_failure(&self, routed: Option<usize>, err: &str) {
+        match routed.and_then(|index| self.models.entries.get(index)) {
+            Some(entry) => entry
+                .infer
+                .metrics()
+                .inc("te_request_failure", &[("err", err)]),
+            None => self.metrics.inc("te_request_failure", &[("err", err)]),
+        }
     }
 
     /// Rejects an empty request (400) and one over `--max-client-batch-size` (422).

@@ -5,7 +5,7 @@ use crate::backend::fake::{FakeBackend, Gate, SeenBatch};
 use crate::backend::{BackendHandle, ModelInfo};
 use crate::cli::Args;
 use crate::infer::Infer;
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, ModelMetrics};
 use crate::schedule::{BackendFacts, PolicyFlags, ServingProfile};
 use crate::server::build_info;
 use crate::shutdown::Shutdown;
@@ -106,17 +106,24 @@ pub fn test_app(opts: Options) -> TestApp {
         ..args.policy_flags()
     };
     let profile = ServingProfile::resolve(&flags, BackendFacts::of(&backend));
+    let spec = crate::models::ModelSpec::parse("fake/model").expect("a model spec");
+    // As the server labels them: by model only where it serves several.
+    let model_metrics = if opts.more_models.is_empty() {
+        ModelMetrics::only(metrics.clone())
+    } else {
+        ModelMetrics::named(metrics.clone(), &spec.name)
+    };
     let (infer, _task) = Infer::new(
         tokenization,
         backend,
         Arc::new(info),
         &profile,
         opts.max_concurrent_requests,
-        metrics.clone(),
+        model_metrics,
     );
     let metrics_handle = metrics.clone();
     let entry = ModelEntry {
-        spec: crate::models::ModelSpec::parse("fake/model").expect("a model spec"),
+        spec,
         adapters: opts.adapters,
         infer,
         info: Arc::new(body),
@@ -186,7 +193,7 @@ fn another_model(
         Arc::new(info),
         &profile,
         16,
-        metrics.clone(),
+        ModelMetrics::named(metrics.clone(), &spec.name),
     );
     ModelEntry {
         adapters: Vec::new(),

@@ -314,6 +314,173 @@ async fn every_family_has_help_and_type_in_strict_text_format() {
     }
 }
 
+/// Requests of every kind a model's series count: successes (single, batch, OpenAI,
+/// `/vertex`) and refusals, each for `model` where given.
+async fn requests_of_every_kind(app: &TestApp, model: Option<&str>) {
+    let with_model = |mut body: Value| {
+        if let Some(model) = model {
+            body["model"] = json!(model);
+        }
+        body
+    };
+    for (uri, body, status) in [
+        ("/embed", json!({"inputs": "hello"}), 200),
+        ("/embed", json!({"inputs": ["hello", "world"]}), 200),
+        ("/v1/embeddings", json!({"input": "hello"}), 200),
+        (
+            "/vertex",
+            json!({"instances": [with_model(json!({"inputs": "a"}))]}),
+            200,
+        ),
+        ("/embed", json!({"inputs": ""}), 400),
+        (
+            "/embed",
+            json!({"inputs": "hello", "dimensions": 1000}),
+            422,
+        ),
+    ] {
+        let body = if uri == "/vertex" {
+            body
+        } else {
+            with_model(body)
+        };
+        let r = app.post(uri, body).await;
+        assert_eq!(r.status, status, "{uri}: {}", r.text);
+    }
+}
+
+#[tokio::test]
+async fn with_one_model_no_series_has_a_model_label() {
+    let app = test_app(Options::default());
+    requests_of_every_kind(&app, Some("any-name")).await;
+    let text = app.get("/metrics").await.text;
+    check_exposition(&text);
+    assert!(!text.contains("model=\""), "{text}");
+    assert_eq!(app.sample("te_request_count{method=\"single\"}"), 2.0);
+    assert_eq!(app.sample("te_request_count{method=\"batch\"}"), 2.0);
+    assert_eq!(app.sample("te_request_success{method=\"batch\"}"), 2.0);
+    assert_eq!(app.sample("te_request_failure{err=\"empty\"}"), 1.0);
+    assert_eq!(app.sample("te_request_failure{err=\"validation\"}"), 1.0);
+    assert!(text.contains("\nte_queue_size 0\n"), "{text}");
+}
+
+/// The default model (`fake/model`, named `model`) and another embedder, `other`.
+fn two_embedders() -> TestApp {
+    test_app(Options {
+        more_models: vec![(
+            "other=fake/other",
+            crate::backend::fake::FakeBackend::info(),
+        )],
+        ..Default::default()
+    })
+}
+
+#[tokio::test]
+async fn with_several_models_each_models_series_carry_its_name() {
+    let app = two_embedders();
+    requests_of_every_kind(&app, Some("other")).await;
+    requests_of_every_kind(&app, None).await;
+    let r = app.post("/embed", json!({"inputs": "hello"})).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    // Refusals before any model was chosen stay the server's.
+    let r = app
+        .post("/embed", json!({"inputs": "x", "model": "nope"}))
+        .await;
+    assert_eq!(r.status, 404);
+    assert_eq!(app.post("/nowhere", json!({})).await.status, 404);
+    let text = app.get("/metrics").await.text;
+    let families = check_exposition(&text);
+    for (model, singles) in [("other", 2.0), ("model", 3.0)] {
+        let sample = |series: &str, labels: &str| {
+            app.sample(&format!("{series}{{model=\"{model}\"{labels}}}"))
+        };
+        assert_eq!(
+            sample("te_request_count", ",method=\"single\""),
+            singles,
+            "{model}"
+        );
+        assert_eq!(
+            sample("te_request_count", ",method=\"batch\""),
+            2.0,
+            "{model}"
+        );
+        assert_eq!(sample("te_request_success", ",method=\"batch\""), 2.0);
+        // Every single and batch request succeeded; the batches hold 3 inputs in all.
+        assert_eq!(sample("te_request_duration_count", ""), singles + 2.0);
+        assert_eq!(sample("te_request_input_length_count", ""), singles + 3.0);
+        assert_eq!(sample("te_request_failure", ",err=\"empty\""), 1.0);
+        assert_eq!(sample("te_request_failure", ",err=\"validation\""), 1.0);
+        assert!(sample("te_batch_inference_success", "") >= 1.0, "{model}");
+        assert!(text.contains(&format!("te_queue_size{{model=\"{model}\"}} 0\n")));
+    }
+    assert_eq!(
+        app.sample("te_request_failure{err=\"model_not_found\"}"),
+        1.0
+    );
+    assert_eq!(app.sample("te_request_failure{err=\"not_found\"}"), 1.0);
+    // Every other series of the families a model updates is some model's.
+    for line in text.lines().filter(|l| !l.starts_with('#')) {
+        let family = families.iter().find(|f| line.starts_with(f.as_str()));
+        let per_model = family.is_some_and(|f| {
+            f.starts_with("te_request_")
+                || f.starts_with("te_batch_")
+                || f.starts_with("te_queue_")
+                || f == "te_inference_non_finite"
+        });
+        if per_model && !line.starts_with("te_request_failure") {
+            assert!(line.contains("{model=\""), "{line}");
+        }
+    }
+}
+
+/// Runs `handler` as the only route of `app`'s state, behind the layers the app's routes have.
+fn only_route<H, T>(app: &TestApp, handler: H) -> axum::Router
+where
+    H: axum::handler::Handler<T, super::AppState>,
+    T: 'static,
+{
+    let state = app.state.clone();
+    axum::Router::new()
+        .route("/only", axum::routing::post(handler))
+        .route_layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            super::guard,
+        ))
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            super::record_failures,
+        ))
+        .with_state(state)
+}
+
+#[tokio::test]
+async fn a_request_whose_client_left_counts_in_the_series_of_its_model() {
+    use axum::extract::State;
+    use tower::ServiceExt;
+    let app = two_embedders();
+    let routed = Arc::new(tokio::sync::Notify::new());
+    let router = only_route(&app, {
+        let routed = routed.clone();
+        move |State(state): State<super::AppState>| async move {
+            let _other = state.for_model(Some("other")).unwrap();
+            routed.notify_one();
+            std::future::pending::<()>().await;
+        }
+    });
+    let request = axum::http::Request::post("/only")
+        .body(axum::body::Body::empty())
+        .unwrap();
+    let client = tokio::spawn(router.oneshot(request));
+    routed.notified().await;
+    client.abort();
+    assert!(client.await.is_err_and(|e| e.is_cancelled()));
+    assert_eq!(
+        app.sample("te_request_failure{model=\"other\",err=\"dropped\"}"),
+        1.0
+    );
+    assert_eq!(app.sample("te_request_failure{err=\"dropped\"}"), 0.0);
+}
+
 #[test]
 fn the_checker_refuses_what_promtool_refuses() {
     let good = "# HELP a_total A.\n# TYPE a_total counter\na_total{x=\"1\"} 2\n";

@@ -9,9 +9,9 @@
 use crate::backend::{
     BackendError, BackendHandle, Batch, BatchKind, Lane, ModelInfo, Output, Ran, Slot,
 };
-use crate::metrics::Metrics;
+use crate::metrics::ModelMetrics;
 use crate::queue::{Entry, InferResult, Metadata, NextBatch, Queue, RequestId, Take};
-use crate::tokenization::PoolThrottle;
+use crate::tokenization::ThrottleVote;
 use std::sync::Arc;
 use std::time::Instant;
 use tokio::sync::oneshot;
@@ -29,7 +29,7 @@ struct Context {
     /// Told each bulk batch's size and duration, for time-bounded bulk batches.
     queue: Queue,
     info: Arc<ModelInfo>,
-    metrics: Arc<Metrics>,
+    metrics: ModelMetrics,
     /// The `device` label of the `te_batch_*` metrics, by device index. `None` with one
     /// device: its series keep the labels they had before devices existed.
     device_labels: Option<Vec<String>>,
@@ -63,9 +63,9 @@ pub fn spawn_tasks(
     queue: &Queue,
     backend: &BackendHandle,
     takes: Vec<Take>,
-    throttle: Option<Arc<PoolThrottle>>,
+    throttle: Option<ThrottleVote>,
     info: &Arc<ModelInfo>,
-    metrics: &Arc<Metrics>,
+    metrics: &ModelMetrics,
 ) -> (JoinHandle<()>, Direct) {
     if let Some(throttle) = throttle {
         throttle_tokenization(queue, throttle);
@@ -97,11 +97,12 @@ pub fn spawn_tasks(
     (all, direct)
 }
 
-/// Lets `throttle` hold part of the tokenizer pool back while the backend bounds the bulk
-/// lane (see [`PoolThrottle`]), as the queue says after every change
-/// ([`Queue::on_bulk_backlog`]): for runtimes whose queries have threads of their own.
-fn throttle_tokenization(queue: &Queue, throttle: Arc<PoolThrottle>) {
-    queue.on_bulk_backlog(move |bounded| throttle.set_limited(bounded));
+/// Tells `throttle`, the model's say in when part of the tokenizer pool stands aside
+/// (`tokenization::PoolThrottle`), whether the backend bounds the bulk lane, as the queue
+/// says after every change ([`Queue::on_bulk_backlog`]): for runtimes whose queries have
+/// threads of their own.
+fn throttle_tokenization(queue: &Queue, throttle: ThrottleVote) {
+    queue.on_bulk_backlog(move |bounded| throttle.set_bounded(bounded));
 }
 
 /// Hands a packed batch to the backend thread of `slot`; its results are split on a task of

@@ -15,7 +15,7 @@ pub use policy::{
 use crate::backend::{
     BackendError, BackendHandle, BatchKind, DeviceStatus, Health, Lane, ModelInfo, ScoreActivation,
 };
-use crate::metrics::Metrics;
+use crate::metrics::ModelMetrics;
 use crate::queue::{Entry, InferResult, Metadata, Queue, QueueError, RequestId};
 use crate::schedule::ServingProfile;
 use crate::tokenization::{
@@ -95,7 +95,7 @@ pub struct Infer {
     hot_wait: Arc<HotWait>,
     next_request_id: Arc<AtomicU64>,
     info: Arc<ModelInfo>,
-    metrics: Arc<Metrics>,
+    metrics: ModelMetrics,
 }
 
 pub fn l2_normalize(v: &mut [f32]) {
@@ -172,7 +172,7 @@ impl Infer {
         info: Arc<ModelInfo>,
         profile: &ServingProfile,
         max_concurrent_requests: usize,
-        metrics: Arc<Metrics>,
+        metrics: ModelMetrics,
     ) -> (Self, JoinHandle<()>) {
         let queue = Queue::new(
             profile.max_batch_tokens,
@@ -217,6 +217,11 @@ impl Infer {
 
     pub fn tokenization(&self) -> &Tokenization {
         &self.tokenization
+    }
+
+    /// The model's series in the server's metrics.
+    pub fn metrics(&self) -> &ModelMetrics {
+        &self.metrics
     }
 
     /// Runs `calls`, several inference calls that answer one client request together

@@ -4,6 +4,7 @@
 use super::*;
 use crate::backend::fake::{FakeBackend, Gate, SeenBatch};
 use crate::http::test_util::{assert_close, expected_embedding};
+use crate::metrics::Metrics;
 use crate::tokenization::tests::{test_tokenization, test_tokenizer};
 use std::collections::BTreeSet;
 use std::sync::Mutex;
@@ -37,7 +38,7 @@ fn devices(n: usize, delay: Duration) -> Devices {
         Arc::new(info),
         &profile,
         64,
-        metrics.clone(),
+        ModelMetrics::only(metrics.clone()),
     );
     Devices {
         infer,

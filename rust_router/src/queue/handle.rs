@@ -4,7 +4,7 @@
 use super::entry::{BatchSize, Entry, NextBatch, RequestId, Take};
 use super::state::State;
 use crate::backend::Lane;
-use crate::metrics::Metrics;
+use crate::metrics::ModelMetrics;
 use futures_util::future::select_all;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -24,7 +24,7 @@ struct Inner {
     /// work.
     notify: [Notify; 2],
     closed: AtomicBool,
-    metrics: Arc<Metrics>,
+    metrics: ModelMetrics,
     /// Told whether the backend bounds the bulk lane, after every change (see
     /// [`Queue::on_bulk_backlog`]).
     bulk_backlog: OnceLock<BacklogListener>,
@@ -40,7 +40,7 @@ impl Queue {
     pub fn new(
         max_batch_tokens: usize,
         max_batch_requests: Option<usize>,
-        metrics: Arc<Metrics>,
+        metrics: ModelMetrics,
     ) -> Self {
         Self {
             inner: Arc::new(Inner {

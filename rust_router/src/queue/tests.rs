@@ -1,6 +1,6 @@
 use super::*;
 use crate::backend::{BatchKind, Lane};
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, ModelMetrics};
 use crate::tokenization::PoolThrottle;
 use crate::tokenization::ValidEncoding;
 use std::sync::Arc;
@@ -186,7 +186,7 @@ fn sequence_over_the_budget_runs_alone() {
 
 #[tokio::test]
 async fn handle_wakes_the_consumer_and_drains_on_close() {
-    let queue = Queue::new(100, None, Arc::new(Metrics::new(16)));
+    let queue = Queue::new(100, None, ModelMetrics::only(Arc::new(Metrics::new(16))));
     let consumer = {
         let queue = queue.clone();
         tokio::spawn(async move {
@@ -273,7 +273,7 @@ fn dropped_entries_are_counted_in_either_lane() {
 #[tokio::test]
 async fn each_lane_wakes_only_its_own_consumer() {
     let metrics = Arc::new(Metrics::new(16));
-    let queue = Queue::new(100, None, metrics.clone());
+    let queue = Queue::new(100, None, ModelMetrics::only(metrics.clone()));
     let (e, _rx) = lane_entry(2, BatchKind::Pooled, Lane::Bulk);
     queue.append([e]);
     let interactive = tokio::time::timeout(
@@ -385,12 +385,10 @@ fn paced_priority_batches_top_queries_up_with_bulk_entries_of_their_kind() {
 /// last entries leaving) turns it off; queries never count.
 #[test]
 fn the_tokenizer_pool_is_throttled_while_bulk_batches_leave_entries_waiting() {
-    let queue = Queue::new(10, None, Arc::new(Metrics::new(16)));
+    let queue = Queue::new(10, None, ModelMetrics::only(Arc::new(Metrics::new(16))));
     let throttle = Arc::new(PoolThrottle::for_pool(8));
-    queue.on_bulk_backlog({
-        let throttle = throttle.clone();
-        move |bounded| throttle.set_limited(bounded)
-    });
+    let vote = throttle.vote();
+    queue.on_bulk_backlog(move |bounded| vote.set_bounded(bounded));
     let append = |len: usize, lane: Lane, request: RequestId| {
         let (mut e, rx) = lane_entry(len, BatchKind::Pooled, lane);
         e.metadata.request_id = request;

@@ -4,7 +4,7 @@
 use super::tests::{lane_entry, seq_lens, Rx};
 use super::*;
 use crate::backend::{BatchKind, Lane};
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, ModelMetrics};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -86,7 +86,7 @@ fn a_request_is_expired_at_its_deadline_only_while_none_of_it_has_started() {
 #[tokio::test]
 async fn the_queue_handle_updates_its_size_when_packing_only_expires() {
     let metrics = Arc::new(Metrics::new(512));
-    let queue = Queue::new(10, None, metrics.clone());
+    let queue = Queue::new(10, None, ModelMetrics::only(metrics.clone()));
     let (mut e, mut rx) = lane_entry(4, BatchKind::Pooled, Lane::Bulk);
     e.metadata.deadline = Some(Instant::now() - Duration::from_millis(1));
     queue.append([e]);

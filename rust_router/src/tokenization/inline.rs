@@ -53,9 +53,14 @@ impl InlinePool {
         self.idle.lock().map_or(0, |idle| idle.len())
     }
 
+    /// A new encoder with these rules, for one more caller (or a pool thread).
+    pub(super) fn new_encoder(&self) -> Encoder {
+        Encoder::new(self.tokenizer.clone(), self.config.clone())
+    }
+
     fn take(&self) -> Encoder {
         let idle = self.idle.lock().ok().and_then(|mut idle| idle.pop());
-        idle.unwrap_or_else(|| Encoder::new(self.tokenizer.clone(), self.config.clone()))
+        idle.unwrap_or_else(|| self.new_encoder())
     }
 
     fn put(&self, worker: Encoder) {

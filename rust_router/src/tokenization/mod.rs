@@ -6,9 +6,12 @@
 //! exception: they are tokenized inline by their handler, so they never wait in the pool's
 //! queue behind a backfill's documents, and skip the two thread hand-offs a pool job costs.
 //!
-//! [`Tokenization`] is the handle. The encode rules are in `encode` (no threads), the pool's
-//! threads in `pool`, their scheduling class in `priority`, inline encoding in `inline`, and
-//! the switch that holds part of the pool back in `throttle`.
+//! One pool serves every model of the server ([`TokenizerPool`]): its threads take each
+//! model's jobs in turn, each job carrying its model's tokenizer and rules.
+//!
+//! [`Tokenization`] is one model's handle. The encode rules are in `encode` (no threads), the
+//! pool's threads in `pool`, their scheduling class in `priority`, inline encoding in
+//! `inline`, and the switch that holds part of the pool back in `throttle`.
 
 mod encode;
 mod fast_wordpiece;
@@ -25,13 +28,13 @@ pub use encode::{
 };
 pub(crate) use encode::{EncodeConfig, Encoder};
 pub use priority::PoolPriority;
-pub use throttle::PoolThrottle;
+pub use throttle::{PoolThrottle, ThrottleVote};
 
 pub use inline::InlinePool;
-use pool::{Job, Reply};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::mpsc;
-use std::sync::{Arc, Mutex};
+use pool::{Job, ModelEncoders, Reply, Work};
+pub use pool::{PoolLoad, TokenizerPool};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use tokenizers::Tokenizer;
 use tokio::sync::oneshot;
 
@@ -45,77 +48,30 @@ pub const INLINE_MAX_BYTES: usize = 2048;
 const WARM_TEXT: &str =
     "how do I change the email address of my account after the old one was closed";
 
-/// Handle to the worker pool. Workers exit when the last handle is dropped.
+/// One model's tokenization: inline for small requests, else on the server's shared
+/// [`TokenizerPool`], whose jobs carry the model's encoders.
 #[derive(Clone)]
 pub struct Tokenization {
-    tx: mpsc::Sender<Job>,
-    inline: Arc<InlinePool>,
-    /// Off unless the batching tasks turn it on (see [`PoolThrottle`]).
-    throttle: Arc<PoolThrottle>,
-    /// Jobs sent and not yet taken by a pool thread.
-    waiting: Arc<AtomicUsize>,
-    /// The pool threads' kernel thread ids (Linux), each added once the thread has taken its
-    /// scheduling class.
-    worker_tids: Arc<Mutex<Vec<u32>>>,
-}
-
-/// How busy the tokenizer pool keeps the host's cores, for threads that would rather poll
-/// than sleep (the HTTP thread): while jobs wait for a pool thread, every pool thread is
-/// busy and the cores are theirs.
-#[derive(Debug, Clone)]
-pub struct PoolLoad {
-    waiting: Arc<AtomicUsize>,
-    throttle: Arc<PoolThrottle>,
-}
-
-impl PoolLoad {
-    /// Jobs sent to the pool and not yet taken by one of its threads.
-    pub fn jobs_waiting(&self) -> usize {
-        self.waiting.load(Ordering::Relaxed)
-    }
-
-    /// Whether a core is free for a thread that polls: no job waits for a pool thread, or
-    /// part of the pool stands aside on purpose (the throttle is on: the backend bounds the
-    /// backfill, and the waiting jobs wait for it, not for cores).
-    pub fn leaves_cores_free(&self) -> bool {
-        self.throttle.is_limited() || self.jobs_waiting() == 0
-    }
+    pool: TokenizerPool,
+    model: Arc<ModelEncoders>,
 }
 
 impl Tokenization {
-    /// A pool in the class a GPU runtime gets (`PoolPriority::Idle`); the server takes the
-    /// class from its `schedule::ServingProfile` and calls `with_priority`.
+    /// A model with a pool of its own in the class a GPU runtime gets (`PoolPriority::Idle`);
+    /// the server starts one pool for all its models and calls `on_pool`.
     pub fn new(tokenizer: Tokenizer, workers: usize, model: TokenizerConfig) -> Self {
-        Self::with_priority(tokenizer, workers, model, PoolPriority::Idle)
+        let pool = TokenizerPool::spawn(workers, PoolPriority::Idle);
+        Self::on_pool(&pool, tokenizer, model)
     }
 
-    /// A pool whose threads compete for cores as `priority` says.
-    pub fn with_priority(
-        tokenizer: Tokenizer,
-        workers: usize,
-        model: TokenizerConfig,
-        priority: PoolPriority,
-    ) -> Self {
+    /// The model whose tokenizer and rules are `tokenizer` and `model`, its pool jobs run by
+    /// `pool`'s threads.
+    pub fn on_pool(pool: &TokenizerPool, tokenizer: Tokenizer, model: TokenizerConfig) -> Self {
         let config = Arc::new(EncodeConfig::new(&tokenizer, model));
-        let worker_tids: Arc<Mutex<Vec<u32>>> = Arc::default();
-        let throttle = Arc::new(PoolThrottle::for_pool(workers.max(1)));
-        let waiting: Arc<AtomicUsize> = Arc::default();
-        let tx = pool::spawn(
-            &tokenizer,
-            &config,
-            workers,
-            priority,
-            &throttle,
-            &waiting,
-            &worker_tids,
-        );
-        let inline = Arc::new(InlinePool::with_config(tokenizer, config));
+        let inline = InlinePool::with_config(tokenizer, config);
         Self {
-            tx,
-            inline,
-            throttle,
-            waiting,
-            worker_tids,
+            model: Arc::new(ModelEncoders::new(pool.next_slot(), inline, pool.workers())),
+            pool: pool.clone(),
         }
     }
 
@@ -124,7 +80,7 @@ impl Tokenization {
     /// code and tables in the CPU's caches (`backend::wait`). Its worker goes back to the
     /// inline pool last, so the next query takes that one.
     pub fn warmer(&self) -> impl Fn() + Send + Sync + 'static {
-        let inline = self.inline.clone();
+        let model = self.model.clone();
         let opts = EncodeOptions {
             truncate: true,
             apply_prompts: true,
@@ -132,37 +88,38 @@ impl Tokenization {
             ..EncodeOptions::default()
         };
         move || {
-            let _ = inline.encode(EncodingInput::Single(WARM_TEXT.to_owned()), &opts);
+            let _ = model
+                .inline
+                .encode(EncodingInput::Single(WARM_TEXT.to_owned()), &opts);
         }
     }
 
-    /// The switch that lets part of the pool stand aside (see [`PoolThrottle`]).
-    pub fn throttle(&self) -> Arc<PoolThrottle> {
-        self.throttle.clone()
+    /// This model's say in when part of the pool stands aside (see [`PoolThrottle`]).
+    pub fn throttle(&self) -> ThrottleVote {
+        self.pool.throttle.vote()
     }
 
     /// The kernel thread ids (Linux) of the pool threads that have started and taken their
     /// scheduling class so far.
     pub fn worker_tids(&self) -> Vec<u32> {
-        self.worker_tids
-            .lock()
-            .map(|tids| tids.clone())
-            .unwrap_or_default()
+        self.pool.worker_tids()
     }
 
     /// Whether the pool leaves cores free now ([`PoolLoad`]), without keeping it alive.
     pub fn load(&self) -> PoolLoad {
-        PoolLoad {
-            waiting: self.waiting.clone(),
-            throttle: self.throttle.clone(),
-        }
+        self.pool.load()
     }
 
-    async fn submit<T>(&self, make: impl FnOnce(Reply<T>) -> Job) -> Result<T, TokenizationError> {
+    async fn submit<T>(&self, make: impl FnOnce(Reply<T>) -> Work) -> Result<T, TokenizationError> {
         let (reply, rx) = oneshot::channel();
-        self.waiting.fetch_add(1, Ordering::Relaxed);
-        if self.tx.send(make(reply)).is_err() {
-            self.waiting.fetch_sub(1, Ordering::Relaxed);
+        let job = Job {
+            model: self.model.clone(),
+            work: make(reply),
+        };
+        let waiting = &self.pool.waiting;
+        waiting.fetch_add(1, Ordering::Relaxed);
+        if self.pool.tx.send(job).is_err() {
+            waiting.fetch_sub(1, Ordering::Relaxed);
             return Err(TokenizationError::Stopped);
         }
         rx.await.map_err(|_| TokenizationError::Stopped)?
@@ -174,9 +131,9 @@ impl Tokenization {
         opts: EncodeOptions,
     ) -> Result<ValidEncoding, TokenizationError> {
         if opts.inline {
-            return self.inline.encode(input, &opts);
+            return self.model.inline.encode(input, &opts);
         }
-        self.submit(|r| Job::Encode(input, opts, r)).await
+        self.submit(|r| Work::Encode(input, opts, r)).await
     }
 
     pub async fn tokenize(
@@ -185,7 +142,7 @@ impl Tokenization {
         add_special_tokens: bool,
         prompt_name: Option<String>,
     ) -> Result<Vec<TokenInfo>, TokenizationError> {
-        self.submit(|r| Job::Tokenize(input, add_special_tokens, prompt_name, r))
+        self.submit(|r| Work::Tokenize(input, add_special_tokens, prompt_name, r))
             .await
     }
 
@@ -194,7 +151,7 @@ impl Tokenization {
         ids: Vec<u32>,
         skip_special_tokens: bool,
     ) -> Result<String, TokenizationError> {
-        self.submit(|r| Job::Decode(ids, skip_special_tokens, r))
+        self.submit(|r| Work::Decode(ids, skip_special_tokens, r))
             .await
     }
 }

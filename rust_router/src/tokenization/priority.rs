@@ -7,7 +7,10 @@
 /// The pool has one thread per core by default, and a backfill keeps them all busy. A query's
 /// own threads (its connection's task, the backend thread, the response) then wake up behind
 /// them and may wait for a core: milliseconds at the p99 (docs/journal/results-log.md).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+///
+/// Ordered from the class that competes most to the one that yields most: the pool of
+/// several models takes the first class any of them asks for ([`PoolPriority::for_models`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, clap::ValueEnum)]
 pub enum PoolPriority {
     /// The operating system's default class, shared equally with every other thread.
     Normal,
@@ -19,6 +22,13 @@ pub enum PoolPriority {
 }
 
 impl PoolPriority {
+    /// The class of a pool that serves models which ask for `each` (`None`: no model): the
+    /// one that competes most. Where one model's forward passes run on the host's cores (a
+    /// CPU runtime asks for `Normal`), an idle-class pool would hardly run beside them.
+    pub fn for_models(each: impl IntoIterator<Item = Self>) -> Option<Self> {
+        each.into_iter().min()
+    }
+
     /// Applies the class to the calling thread. A failure (a sandbox that forbids it) leaves
     /// the thread as it was.
     pub(super) fn apply(self) {

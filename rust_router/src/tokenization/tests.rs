@@ -110,12 +110,13 @@ async fn the_pool_leaves_cores_free_unless_jobs_wait_for_its_threads() {
     let busy = keep_pool_busy(&pool, 64).await;
     assert!(load.jobs_waiting() > 0);
     assert!(!load.leaves_cores_free(), "every thread busy, jobs waiting");
-    pool.throttle().set_limited(true);
+    let vote = pool.throttle();
+    vote.set_bounded(true);
     assert!(
         load.leaves_cores_free(),
         "part of the pool stands aside on purpose"
     );
-    pool.throttle().set_limited(false);
+    vote.set_bounded(false);
     busy.finish().await;
     assert_eq!(load.jobs_waiting(), 0, "every job was taken");
     assert!(load.leaves_cores_free());
@@ -397,7 +398,7 @@ async fn pool_threads_yield_their_cores_by_default_and_inline_callers_keep_their
 #[tokio::test]
 async fn the_warmer_encodes_on_the_inline_worker_the_next_query_takes() {
     let t = test_tokenization(16, 0);
-    let idle = |t: &Tokenization| t.inline.idle_workers();
+    let idle = |t: &Tokenization| t.model.inline.idle_workers();
     assert_eq!(idle(&t), 1);
     let warm = t.warmer();
     warm();
@@ -442,4 +443,103 @@ fn a_batch_encodes_in_order_as_one_input_at_a_time_does() {
         );
     }
     assert!(matches!(batch[21], Err(TokenizationError::TooLong { .. })));
+}
+
+/// A word-level tokenizer of other words than [`test_tokenizer`]'s, with no special tokens.
+fn other_tokenizer() -> Tokenizer {
+    let vocab = ["[UNK]", "hello", "world"]
+        .iter()
+        .enumerate()
+        .map(|(i, w)| (w.to_string(), i as u32))
+        .collect();
+    let model = WordLevel::builder()
+        .vocab(vocab)
+        .unk_token("[UNK]".into())
+        .build()
+        .unwrap();
+    let mut tokenizer = Tokenizer::new(model);
+    tokenizer.with_pre_tokenizer(Some(Whitespace {}));
+    tokenizer
+}
+
+#[tokio::test]
+async fn models_on_one_pool_share_its_threads_and_keep_their_own_rules() {
+    // One thread: every job of both models runs on it, one model's after the other's.
+    let pool = TokenizerPool::spawn(1, PoolPriority::Idle);
+    let bert = Tokenization::on_pool(
+        &pool,
+        test_tokenizer(),
+        TokenizerConfig {
+            max_input_length: 16,
+            prompts: [("query".to_string(), "query : ".to_string())].into(),
+            ..Default::default()
+        },
+    );
+    let other = Tokenization::on_pool(
+        &pool,
+        other_tokenizer(),
+        TokenizerConfig {
+            max_input_length: 3,
+            position_offset: 2,
+            ..Default::default()
+        },
+    );
+    let prompted = EncodeOptions {
+        prompt_name: Some("query".into()),
+        apply_prompts: true,
+        ..Default::default()
+    };
+    let jobs = (0..16).map(|i| {
+        let (model, opts) = match i % 2 {
+            0 => (bert.clone(), prompted.clone()),
+            _ => (other.clone(), EncodeOptions::default()),
+        };
+        tokio::spawn(async move { model.encode(single("hello world"), opts).await })
+    });
+    let encoded = futures_util::future::join_all(jobs).await;
+    for (i, result) in encoded.into_iter().enumerate() {
+        let e = result.unwrap().unwrap();
+        if i % 2 == 0 {
+            // The prompt, the first tokenizer's ids and specials, positions from 0.
+            assert_eq!(e.input_ids, vec![2, 10, 11, 4, 5, 3]);
+            assert_eq!(e.position_ids, (0..6).collect::<Vec<_>>());
+        } else {
+            assert_eq!(e.input_ids, vec![1, 2]);
+            assert_eq!(e.position_ids, vec![2, 3]);
+        }
+    }
+    // Each model's rules on the shared thread: the other model has no such prompt and a
+    // 3-token limit.
+    let err = other.encode(single("hello"), prompted).await.unwrap_err();
+    assert!(
+        matches!(err, TokenizationError::UnknownPrompt { .. }),
+        "{err}"
+    );
+    let long = other.encode(single("hello world hello world"), Default::default());
+    assert!(matches!(
+        long.await,
+        Err(TokenizationError::TooLong { max: 3, given: 4 })
+    ));
+    // Both models' jobs went to the pool's one thread; the second model started none.
+    assert_eq!(pool.workers(), 1);
+    #[cfg(target_os = "linux")]
+    {
+        assert_eq!(pool.worker_tids().len(), 1);
+        assert_eq!(bert.worker_tids(), other.worker_tids());
+    }
+    // One queue of jobs: the load the HTTP thread reads is the pool's, whichever model's jobs
+    // wait.
+    let busy = keep_pool_busy(&bert, 8).await;
+    assert!(other.load().jobs_waiting() > 0);
+    busy.finish().await;
+    assert_eq!(other.load().jobs_waiting(), 0);
+}
+
+#[test]
+fn a_pool_of_several_models_competes_as_the_model_that_needs_cores_most() {
+    use PoolPriority::*;
+    assert_eq!(PoolPriority::for_models([Idle, Idle]), Some(Idle));
+    assert_eq!(PoolPriority::for_models([Idle, Normal, Low]), Some(Normal));
+    assert_eq!(PoolPriority::for_models([Idle, Low]), Some(Low));
+    assert_eq!(PoolPriority::for_models([]), None);
 }

@@ -1,4 +1,4 @@
-//! Lets part of the tokenizer pool stand aside while the backend bounds a backfill.
+//! Lets part of the tokenizer pool stand aside while a backend bounds a backfill.
 //!
 //! A backfill's documents are tokenized in bursts on every pool thread. Where the GPU bounds
 //! the backfill, that speed buys nothing (the tokens wait in the bulk queue), and it costs the
@@ -9,9 +9,15 @@
 //! `keep` threads take jobs; the others wait until a bulk batch takes everything queued.
 //! Where tokenization bounds the backfill (a small model), every batch takes everything
 //! queued, and every thread keeps working.
+//!
+//! The pool serves every model of the server, and each model's batching tasks say whether its
+//! backend bounds its bulk lane ([`ThrottleVote`]). The throttle is on while any model's is:
+//! the models of one server share its GPUs, so a backfill the GPU bounds for one model is one
+//! the GPU bounds for the others too (a second model's backfill, whose tokenization would
+//! keep up, still has `keep` threads, most of the pool).
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Condvar, Mutex};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
 /// A standing-aside thread looks again at least this often, so a missed wake-up costs little.
@@ -21,8 +27,9 @@ const RECHECK: Duration = Duration::from_millis(50);
 pub struct PoolThrottle {
     /// Threads with a smaller index never stand aside.
     keep: usize,
-    /// Read without the lock on every job; changed under it.
-    limited: AtomicBool,
+    /// The models whose backend bounds their bulk lane now. Read without the lock on every
+    /// job; changed under it.
+    bounded: AtomicUsize,
     lock: Mutex<()>,
     lifted: Condvar,
 }
@@ -33,7 +40,7 @@ impl PoolThrottle {
     pub fn for_pool(workers: usize) -> Self {
         Self {
             keep: (workers * 5 / 8).max(1),
-            limited: AtomicBool::new(false),
+            bounded: AtomicUsize::new(0),
             lock: Mutex::new(()),
             lifted: Condvar::new(),
         }
@@ -44,19 +51,16 @@ impl PoolThrottle {
         self.keep
     }
 
+    /// Whether the throttle is on: some model's backend bounds its bulk lane.
     pub fn is_limited(&self) -> bool {
-        self.limited.load(Ordering::Relaxed)
+        self.bounded.load(Ordering::Relaxed) > 0
     }
 
-    /// Turns the throttle on (the backend has enough queued) or off.
-    pub fn set_limited(&self, limited: bool) {
-        if self.limited.load(Ordering::Relaxed) == limited {
-            return;
-        }
-        let _guard = self.lock.lock().unwrap_or_else(|p| p.into_inner());
-        self.limited.store(limited, Ordering::Relaxed);
-        if !limited {
-            self.lifted.notify_all();
+    /// One model's say in the throttle, not bounded yet.
+    pub fn vote(self: &Arc<Self>) -> ThrottleVote {
+        ThrottleVote {
+            throttle: self.clone(),
+            bounded: AtomicBool::new(false),
         }
     }
 
@@ -67,7 +71,7 @@ impl PoolThrottle {
             return;
         }
         let mut guard = self.lock.lock().unwrap_or_else(|p| p.into_inner());
-        while self.limited.load(Ordering::Relaxed) {
+        while self.is_limited() {
             guard = match self.lifted.wait_timeout(guard, RECHECK) {
                 Ok((guard, _)) => guard,
                 Err(poisoned) => poisoned.into_inner().0,
@@ -76,10 +80,44 @@ impl PoolThrottle {
     }
 }
 
+/// One model's say in the [`PoolThrottle`]: whether its backend bounds its bulk lane now.
+/// Dropped while it says so (the model's batching tasks ended), it says so no more.
+#[derive(Debug)]
+pub struct ThrottleVote {
+    throttle: Arc<PoolThrottle>,
+    /// What this model says. Read without the lock on every change of its queue; changed under
+    /// the throttle's lock, with the count of models that say so.
+    bounded: AtomicBool,
+}
+
+impl ThrottleVote {
+    /// Says whether the backend bounds this model's bulk lane (it has enough queued).
+    pub fn set_bounded(&self, bounded: bool) {
+        if self.bounded.load(Ordering::Relaxed) == bounded {
+            return;
+        }
+        let throttle = &self.throttle;
+        let _guard = throttle.lock.lock().unwrap_or_else(|p| p.into_inner());
+        if self.bounded.swap(bounded, Ordering::Relaxed) == bounded {
+            return;
+        }
+        if bounded {
+            throttle.bounded.fetch_add(1, Ordering::Relaxed);
+        } else if throttle.bounded.fetch_sub(1, Ordering::Relaxed) == 1 {
+            throttle.lifted.notify_all();
+        }
+    }
+}
+
+impl Drop for ThrottleVote {
+    fn drop(&mut self) {
+        self.set_bounded(false);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::Arc;
 
     #[test]
     fn keeps_five_eighths_of_the_pool_and_at_least_one() {
@@ -91,11 +129,12 @@ mod tests {
     #[test]
     fn only_the_threads_beyond_keep_wait_and_only_while_it_is_on() {
         let throttle = Arc::new(PoolThrottle::for_pool(8));
+        let vote = throttle.vote();
         // Off: nobody waits.
         for worker in 0..8 {
             throttle.wait_turn(worker);
         }
-        throttle.set_limited(true);
+        vote.set_bounded(true);
         for worker in 0..throttle.keep() {
             throttle.wait_turn(worker);
         }
@@ -108,7 +147,26 @@ mod tests {
             !waiter.is_finished(),
             "thread 7 took a job while the throttle was on"
         );
-        throttle.set_limited(false);
+        vote.set_bounded(false);
         waiter.join().unwrap();
+    }
+
+    #[test]
+    fn it_is_on_while_any_model_is_bounded_and_a_dropped_vote_lifts_its_own() {
+        let throttle = Arc::new(PoolThrottle::for_pool(8));
+        let (a, b) = (throttle.vote(), throttle.vote());
+        a.set_bounded(true);
+        a.set_bounded(true);
+        b.set_bounded(true);
+        a.set_bounded(false);
+        assert!(throttle.is_limited(), "b is still bounded");
+        b.set_bounded(false);
+        assert!(!throttle.is_limited(), "a said it twice, and counted once");
+        a.set_bounded(true);
+        assert!(throttle.is_limited());
+        drop(a);
+        assert!(!throttle.is_limited(), "a's batching tasks ended");
+        drop(b);
+        assert!(!throttle.is_limited());
     }
 }
