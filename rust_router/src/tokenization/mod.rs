@@ -10,6 +10,7 @@
 //! threads in `pool`, their scheduling class in `priority`, inline encoding in `inline`, and
 //! the switch that holds part of the pool back in `throttle`.
 
+mod chunk;
 mod encode;
 mod fast_wordpiece;
 mod inline;
@@ -19,9 +20,10 @@ mod throttle;
 
 pub(crate) use fast_wordpiece::FastWordPiece;
 
+pub use chunk::{weighted_mean, ChunkError, Chunking, LongInput};
 pub use encode::{
     load_tokenizer, EncodeOptions, EncodingInput, PairTemplate, TokenInfo, TokenizationError,
-    TokenizerConfig, TruncationDirection, ValidEncoding,
+    TokenizerConfig, TruncationDirection, ValidEncoding, Window,
 };
 pub(crate) use encode::{EncodeConfig, Encoder};
 pub use priority::PoolPriority;
@@ -177,6 +179,19 @@ impl Tokenization {
             return self.inline.encode(input, &opts);
         }
         self.submit(|r| Job::Encode(input, opts, r)).await
+    }
+
+    /// `input`'s sequences: one, or its windows under `long_input: chunk`
+    /// ([`EncodeOptions::chunking`]).
+    pub async fn encode_windows(
+        &self,
+        input: EncodingInput,
+        opts: EncodeOptions,
+    ) -> Result<Vec<Window>, TokenizationError> {
+        if opts.inline {
+            return self.inline.encode_windows(input, &opts);
+        }
+        self.submit(|r| Job::EncodeWindows(input, opts, r)).await
     }
 
     pub async fn tokenize(

@@ -5,7 +5,7 @@
 use super::priority::current_tid;
 use super::{
     EncodeConfig, EncodeOptions, Encoder, EncodingInput, PoolPriority, PoolThrottle, TokenInfo,
-    TokenizationError, ValidEncoding,
+    TokenizationError, ValidEncoding, Window,
 };
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc;
@@ -18,6 +18,7 @@ pub(super) type Reply<T> = oneshot::Sender<Result<T, TokenizationError>>;
 /// One request for a pool thread.
 pub(super) enum Job {
     Encode(EncodingInput, EncodeOptions, Reply<ValidEncoding>),
+    EncodeWindows(EncodingInput, EncodeOptions, Reply<Vec<Window>>),
     Tokenize(String, bool, Option<String>, Reply<Vec<TokenInfo>>),
     Decode(Vec<u32>, bool, Reply<String>),
 }
@@ -80,6 +81,11 @@ fn run_job(encoder: &mut Encoder, job: Job) {
             // The client may be gone already (e.g. a sibling input failed): skip the work.
             if !reply.is_closed() {
                 let _ = reply.send(encoder.encode(input, &opts));
+            }
+        }
+        Job::EncodeWindows(input, opts, reply) => {
+            if !reply.is_closed() {
+                let _ = reply.send(encoder.encode_windows(input, &opts));
             }
         }
         Job::Tokenize(input, special, prompt_name, reply) => {
