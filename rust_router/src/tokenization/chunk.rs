@@ -1,8 +1,8 @@
 //! What happens to an input longer than the model's limit (`long_input`), and the windowing
 //! rule of `long_input: chunk`.
 //!
-//! The rule, shared with the Python package (`trt_tei_runtime.chunking`) and docs/server.md
-//! ("Long inputs"): the input is tokenized with its prompt and special tokens; its *content*
+//! The rule (docs/server.md, "Long inputs"; the Python package runs this same code through
+//! `FlatTokenizer.encode_windows`): the input is tokenized with its prompt and special tokens; its *content*
 //! is what lies between the model's leading and trailing special tokens after the prompt's
 //! own tokens. The content is cut into windows of `max_input_length - specials - prompt`
 //! tokens, each starting `window - overlap` tokens after the previous one, the last one
