@@ -35,6 +35,17 @@ class FlatTokenizer:
         (`type_ids` empty when all are 0), as the router encodes them (prompt, special
         tokens, truncation, adapter). Raises `ValueError(message, kind, index, given)`, kind
         "too_long", "unknown_prompt" or "tokenizer"."""
+    def encode_windows(
+        self,
+        texts: list[str],
+        prompt_name: str | None = None,
+        overlap: int = 0,
+        max_chunks: int = 64,
+    ) -> tuple[tuple[bytes, bytes, bytes], bytes, bytes]:
+        """`long_input: chunk` as the router cuts texts: `(ids, type_ids, lengths)` of every
+        window end to end, each text's window count, each window's weight (u32 LE). Raises
+        `ValueError(message, kind, index, given)`, kind also "too_many_chunks" (`given`: the
+        windows needed) or "chunk_overlap"."""
     def encode_pairs(
         self,
         inputs: list[tuple[str, str | None]],

@@ -14,6 +14,13 @@ from tqdm.auto import tqdm
 
 from .batch import PackedBatch
 from .errors import InputError
+from .long_inputs import (
+    DEFAULT_MAX_CHUNKS,
+    Windows,
+    check_chunking,
+    long_input_mode,
+    mean_of_windows,
+)
 from .pooling import apply_score_activation, finish_embeddings
 from .runtime import Executor, LoadedModel, ModelInfo, load_executors, parse_device
 from .runtime.devices import DeviceSpec
@@ -130,16 +137,48 @@ class Model:
         truncate: bool = True,
         show_progress_bar: bool | None = None,
         adapter: str | None = None,
+        long_input: str | None = None,
+        chunk_overlap: int = 0,
+        max_chunks: int = DEFAULT_MAX_CHUNKS,
     ) -> np.ndarray:
         """Embeddings `(n, dim)` float32; `dimensions` truncates (Matryoshka) before normalizing.
         `adapter`: the name of a LoRA adapter to embed with (see `Model`); it takes the
-        place of the adapter a prompt name would pick (jina-embeddings-v3's tasks)."""
+        place of the adapter a prompt name would pick (jina-embeddings-v3's tasks).
+        `long_input` (default: `truncate`'s choice): what a text over the model's limit gets,
+        `"error"`, `"truncate"` or `"chunk"` (embedded whole: the weighted mean of windows
+        overlapping by `chunk_overlap` tokens, at most `max_chunks` of them, as the server's
+        `long_input: chunk`)."""
         texts = [texts] if isinstance(texts, str) else list(texts)
         self._check_dimensions(dimensions)
         self._check_strings(texts)
         prompt_name = prompt_name or None
         self.tokenizer.encode_ids([], prompt_name)  # checks the prompt name
         index = self.adapter_index(adapter)
+        mode = long_input_mode(long_input, truncate)
+        if mode == "chunk":
+            check_chunking(chunk_overlap, max_chunks)
+            windows = [
+                self.tokenizer.encode_windows(
+                    texts[start : start + TOKENIZE_CHUNK],
+                    prompt_name,
+                    overlap=chunk_overlap,
+                    max_chunks=max_chunks,
+                    first=start,
+                )
+                for start in range(0, len(texts), TOKENIZE_CHUNK)
+            ]
+            rows = self._run(
+                sum(w.weights.size for w in windows),
+                self._window_chunks(windows, index),
+                show_progress_bar,
+                Executor.embed,
+            )
+            if rows is None:
+                return self._finish(None, normalize, dimensions)
+            counts = np.concatenate([w.counts for w in windows])
+            weights = np.concatenate([w.weights for w in windows])
+            return self._finish(mean_of_windows(rows, counts, weights), normalize, dimensions)
+        truncate = mode == "truncate"
 
         def chunks() -> Iterator[Chunk[int]]:
             for start in range(0, len(texts), TOKENIZE_CHUNK):
@@ -303,6 +342,14 @@ class Model:
             return TokenIds(np.full(ids.num_tokens, offset, np.uint32), ids.offsets)
         # The real type's range: a model that reads no types (stride 1) gets type 0.
         return TokenIds(types.ids % np.uint32(stride) + offset, types.offsets)
+
+    def _window_chunks(self, windows: list[Windows], index: int | None) -> Iterator[Chunk[int]]:
+        """Every window as an input of its own, in order."""
+        row = 0
+        for part in windows:
+            types = self._adapter_types(part.ids, part.type_ids, index)
+            yield Chunk(row, part.ids, types, first=row)
+            row += part.weights.size
 
     def _check_dimensions(self, dimensions: int | None) -> None:
         if dimensions is not None and not 0 < dimensions <= self.info.hidden_size:

@@ -19,6 +19,7 @@ import numpy as np
 
 from ._router import FlatTokenizer
 from .errors import CheckpointError, InputError
+from .long_inputs import Windows
 from .templates import PairTemplate
 from .token_ids import TokenIds
 
@@ -90,6 +91,42 @@ class TextTokenizer:
         tokens = TokenIds.from_buffers(ids, lengths)
         # No type ids: all are 0 (no adapter).
         return tokens, (TokenIds.from_buffers(type_ids, lengths) if type_ids else None)
+
+    def encode_windows(
+        self,
+        texts: Sequence[str],
+        prompt_name: Optional[str],
+        *,
+        overlap: int,
+        max_chunks: int,
+        first: int = 0,
+    ) -> Windows:
+        """Every text cut into windows as `long_input: chunk` cuts it on the server (a text
+        within the limit is one window). `first`: the index of `texts[0]` in the caller's
+        inputs, which errors name."""
+        try:
+            flat, counts, weights = self._flat.encode_windows(
+                list(texts), prompt_name, overlap, max_chunks
+            )
+        except ValueError as exc:
+            if len(exc.args) == 4 and exc.args[1] == "too_many_chunks":
+                _, _, index, needed = exc.args
+                return_error = InputError(
+                    f"input {first + index} needs {needed} windows, more than max_chunks "
+                    f"({max_chunks})"
+                )
+                raise return_error from None
+            if len(exc.args) == 4 and exc.args[1] == "chunk_overlap":
+                raise InputError(exc.args[0].removeprefix("Input validation error: ")) from None
+            raise self._error(exc, prompt_name, pairs=None, truncate=False) from None
+        ids, type_ids, lengths = flat
+        tokens = TokenIds.from_buffers(ids, lengths)
+        return Windows(
+            tokens,
+            TokenIds.from_buffers(type_ids, lengths) if type_ids else None,
+            np.frombuffer(counts, dtype="<u4"),
+            np.frombuffer(weights, dtype="<u4"),
+        )
 
     def encode_flat(
         self, inputs: Sequence[TextOrPair], *, truncate: bool = True, first: int = 0

@@ -5,7 +5,7 @@ use crate::infer::parse_max_queue_ms;
 use crate::models::{LoraSpec, ModelSpec};
 use crate::models_file::{FileModel, ModelOptions, ModelsFile};
 use crate::schedule::{PolicyFlags, DEFAULT_WARM_EVERY_US};
-use crate::tokenization::PoolPriority;
+use crate::tokenization::{LongInput, PoolPriority};
 use clap::{Parser, ValueEnum};
 use std::time::Duration;
 
@@ -217,6 +217,17 @@ pub struct Args {
     /// request says `truncate: false`.
     #[arg(long, env = "AUTO_TRUNCATE")]
     pub auto_truncate: bool,
+
+    /// What an embedding input longer than the model's limit gets when its request sets
+    /// neither `long_input` nor `truncate`: `error` (422; `truncate` with --auto-truncate),
+    /// `truncate`, or `chunk` (embedded whole as the weighted mean of windows).
+    #[arg(long, env = "LONG_INPUT", default_value = "error", value_parser = LongInput::parse_flag)]
+    pub long_input: LongInput,
+
+    /// Most windows one input is cut into under `long_input: chunk`; an input needing more is
+    /// refused with 413.
+    #[arg(long, env = "MAX_CHUNKS", default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_chunks: u32,
 
     /// Name of a prompt from config_sentence_transformers.json to prepend to every embedding
     /// input that names none.

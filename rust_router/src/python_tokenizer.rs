@@ -8,8 +8,8 @@
 //! to end, their type ids, and each input's length), built with the lock released.
 
 use crate::tokenization::{
-    load_tokenizer, EncodeOptions, EncodingInput, InlinePool, PairTemplate, TokenizationError,
-    TokenizerConfig, TruncationDirection,
+    load_tokenizer, ChunkError, Chunking, EncodeOptions, EncodingInput, InlinePool, PairTemplate,
+    TokenizationError, TokenizerConfig, TruncationDirection, ValidEncoding,
 };
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
@@ -67,29 +67,33 @@ impl FlatTokenizer {
             total += encoding.as_ref().map_or(0, |e| e.input_ids.len());
             own.push(encoding);
         }
-        // Type ids are all zeros unless an adapter or a pair sets them: then none are sent.
-        let typed = own
-            .iter()
-            .flatten()
-            .any(|e| e.token_type_ids.iter().any(|&t| t != 0));
-        let mut ids = Vec::with_capacity(4 * total);
-        let mut type_ids = Vec::with_capacity(if typed { 4 * total } else { 0 });
-        let mut lengths = Vec::with_capacity(4 * own.len());
-        for encoding in own.iter().flatten() {
-            for id in &encoding.input_ids {
-                ids.extend_from_slice(&id.to_le_bytes());
-            }
-            if typed {
-                for id in &encoding.token_type_ids {
-                    type_ids.extend_from_slice(&id.to_le_bytes());
-                }
+        Ok(flat(&own, total))
+    }
+
+    /// Every text's windows (`long_input: chunk`) end to end as `encode_all` lays out
+    /// sequences, then each text's window count and each window's weight (u32 LE).
+    fn encode_windows_all(
+        &self,
+        texts: Vec<String>,
+        opts: &EncodeOptions,
+    ) -> Result<(FlatBuffers, Vec<u8>, Vec<u8>), Failure> {
+        let mut sequences = Vec::new();
+        let mut total = 0;
+        let mut counts = Vec::with_capacity(4 * texts.len());
+        let mut weights = Vec::new();
+        for (index, text) in texts.into_iter().enumerate() {
+            let windows = self
+                .encoders
+                .encode_windows(EncodingInput::Single(text), opts)
+                .map_err(|e| (index, e))?;
+            counts.extend_from_slice(&(windows.len() as u32).to_le_bytes());
+            for window in windows {
+                weights.extend_from_slice(&(window.weight as u32).to_le_bytes());
+                total += window.encoding.input_ids.len();
+                sequences.push(Some(window.encoding));
             }
         }
-        for encoding in &own {
-            let n = encoding.as_ref().map_or(0, |e| e.input_ids.len()) as u32;
-            lengths.extend_from_slice(&n.to_le_bytes());
-        }
-        Ok((ids, type_ids, lengths))
+        Ok((flat(&sequences, total), counts, weights))
     }
 
     fn run<'py>(
@@ -109,12 +113,45 @@ impl FlatTokenizer {
     }
 }
 
+/// Sequences end to end as [`FlatBuffers`] (`None`: an input of no tokens, length 0); `total`:
+/// their token count.
+fn flat(own: &[Option<ValidEncoding>], total: usize) -> FlatBuffers {
+    // Type ids are all zeros unless an adapter or a pair sets them: then none are sent.
+    let typed = own
+        .iter()
+        .flatten()
+        .any(|e| e.token_type_ids.iter().any(|&t| t != 0));
+    let mut ids = Vec::with_capacity(4 * total);
+    let mut type_ids = Vec::with_capacity(if typed { 4 * total } else { 0 });
+    let mut lengths = Vec::with_capacity(4 * own.len());
+    for encoding in own.iter().flatten() {
+        for id in &encoding.input_ids {
+            ids.extend_from_slice(&id.to_le_bytes());
+        }
+        if typed {
+            for id in &encoding.token_type_ids {
+                type_ids.extend_from_slice(&id.to_le_bytes());
+            }
+        }
+    }
+    for encoding in own {
+        let n = encoding.as_ref().map_or(0, |e| e.input_ids.len()) as u32;
+        lengths.extend_from_slice(&n.to_le_bytes());
+    }
+    (ids, type_ids, lengths)
+}
+
 /// A `ValueError` whose args are `(message, kind, index, given)`: `kind` is "too_long" (then
-/// `given` is the input's token count), "unknown_prompt" or "tokenizer".
+/// `given` is the input's token count), "unknown_prompt", "too_many_chunks" (`given`: the
+/// windows it needs), "chunk_overlap" or "tokenizer".
 fn to_py_error((index, error): Failure) -> PyErr {
     let (kind, given) = match &error {
         TokenizationError::TooLong { given, .. } => ("too_long", Some(*given)),
         TokenizationError::UnknownPrompt { .. } => ("unknown_prompt", None),
+        TokenizationError::Chunk(ChunkError::TooManyChunks { needed, .. }) => {
+            ("too_many_chunks", Some(*needed))
+        }
+        TokenizationError::Chunk(ChunkError::OverlapTooLarge { .. }) => ("chunk_overlap", None),
         _ => ("tokenizer", None),
     };
     PyValueError::new_err((error.to_string(), kind, index, given))
@@ -213,6 +250,7 @@ impl FlatTokenizer {
             apply_prompts: true,
             inline: true,
             adapter: None,
+            chunking: None,
         };
         if texts.is_empty() {
             // The prompt name is checked all the same.
@@ -222,6 +260,42 @@ impl FlatTokenizer {
         }
         let inputs = texts.into_iter().map(EncodingInput::Single).collect();
         self.run(py, inputs, opts)
+    }
+
+    /// `long_input: chunk` as the router applies it (`tokenization::chunk`): `(ids, type_ids,
+    /// lengths)` of every window of every text, end to end, then each text's window count and
+    /// each window's weight (its own tokens of the text), all little-endian u32.
+    #[pyo3(signature = (texts, prompt_name = None, overlap = 0, max_chunks = 64))]
+    fn encode_windows<'py>(
+        &self,
+        py: Python<'py>,
+        texts: Vec<String>,
+        prompt_name: Option<String>,
+        overlap: usize,
+        max_chunks: usize,
+    ) -> PyResult<(FlatBytes<'py>, Bound<'py, PyBytes>, Bound<'py, PyBytes>)> {
+        let opts = EncodeOptions {
+            chunking: Some(Chunking {
+                overlap,
+                max_chunks,
+            }),
+            prompt_name,
+            apply_prompts: true,
+            inline: true,
+            ..EncodeOptions::default()
+        };
+        if let Err(e) = self.encoders.config().prompt(&opts) {
+            return Err(to_py_error((0, e)));
+        }
+        let ((ids, type_ids, lengths), counts, weights) = py
+            .detach(|| self.encode_windows_all(texts, &opts))
+            .map_err(to_py_error)?;
+        let flat = (
+            PyBytes::new(py, &ids),
+            PyBytes::new(py, &type_ids),
+            PyBytes::new(py, &lengths),
+        );
+        Ok((flat, PyBytes::new(py, &counts), PyBytes::new(py, &weights)))
     }
 
     /// `(ids, type_ids, lengths)` of each input as the router encodes one to score: a text as
@@ -242,6 +316,7 @@ impl FlatTokenizer {
             apply_prompts: false,
             inline: true,
             adapter: None,
+            chunking: None,
         };
         let inputs = inputs
             .into_iter()

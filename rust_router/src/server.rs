@@ -493,6 +493,8 @@ impl Serving {
                 config: Arc::new(ServeConfig {
                     max_client_batch_size: model.args.max_client_batch_size,
                     auto_truncate: model.args.auto_truncate,
+                    long_input: model.args.long_input,
+                    max_chunks: model.args.max_chunks as usize,
                     served_model_name: info_body.served_model_name.clone(),
                     api_key: self.args.api_key.clone(),
                     payload_limit: self.args.payload_limit,

@@ -1,7 +1,7 @@
 //! Embedding routes: `/embed`, `/embed_all`, `/similarity` (`/embed_sparse`: `sparse.rs`).
 
 use super::body::TeiJson;
-use super::error::{ApiError, ErrorResponse, InputNames, TRUNCATE_HINT};
+use super::error::{ApiError, ErrorResponse, InputNames, LONG_INPUT_HINT, TRUNCATE_HINT};
 use super::model_routes::Needs;
 use super::openapi::Refusals;
 use super::response_meta::ResponseMeta;
@@ -11,7 +11,7 @@ use super::types::{
     SimilarityResponse,
 };
 use crate::infer::{InferError, InferMetadata, InferRequest, Priority};
-use crate::tokenization::EncodeOptions;
+use crate::tokenization::{Chunking, EncodeOptions, LongInput};
 use axum::extract::State;
 use axum::response::Response;
 use axum::Json;
@@ -63,12 +63,48 @@ pub(crate) fn encode_options(
 ) -> EncodeOptions {
     EncodeOptions {
         truncate: truncate.unwrap_or(state.config.auto_truncate),
+        chunking: None,
         direction,
         prompt_name,
         apply_prompts: true,
         inline: false,
         adapter: state.adapter,
     }
+}
+
+/// `opts` for an over-long input as the request says: its `long_input`, else its `truncate`,
+/// else `--long-input` (whose `error` is `truncate` under `--auto-truncate`).
+pub(crate) fn with_long_input(
+    state: &AppState,
+    mut opts: EncodeOptions,
+    truncate: Option<bool>,
+    long_input: Option<LongInput>,
+    chunk_overlap: Option<i64>,
+) -> Result<EncodeOptions, ApiError> {
+    let mode = long_input
+        .or(truncate.map(|t| {
+            if t {
+                LongInput::Truncate
+            } else {
+                LongInput::Error
+            }
+        }))
+        .unwrap_or(match state.config.long_input {
+            LongInput::Error if state.config.auto_truncate => LongInput::Truncate,
+            mode => mode,
+        });
+    let overlap = chunk_overlap.unwrap_or(0);
+    let overlap = usize::try_from(overlap).map_err(|_| {
+        ApiError::validation(format!(
+            "Input validation error: `chunk_overlap` must be at least 0, got {overlap}"
+        ))
+    })?;
+    opts.truncate = mode == LongInput::Truncate;
+    opts.chunking = (mode == LongInput::Chunk).then_some(Chunking {
+        overlap,
+        max_chunks: state.config.max_chunks,
+    });
+    Ok(opts)
 }
 
 /// Get embeddings. Returns a 424 status code if the model is not an embedding model.
@@ -78,7 +114,8 @@ pub(crate) fn encode_options(
     responses(
         (status = 200, description = "Embeddings", body = EmbedResponse),
         (status = 400, description = "Empty input", body = ErrorResponse),
-        (status = 422, description = "Invalid input: malformed body, more inputs than `--max-client-batch-size`, an input longer than the model's `max_input_length` tokens without truncation, token ids outside the vocabulary, an unknown `prompt_name` or one with token ids, `dimensions` over `hidden_size`, an unknown `encoding_format`, `quantization_ranges` that do not fit (or `int8`/`uint8` of unnormalized embeddings without them)", body = ErrorResponse),
+        (status = 413, description = "An input needing more windows than `--max-chunks` under `long_input: chunk` (the body over `--payload-limit` too)", body = ErrorResponse),
+        (status = 422, description = "Invalid input: malformed body, more inputs than `--max-client-batch-size`, an input longer than the model's `max_input_length` tokens with `long_input: error`, token ids outside the vocabulary, an unknown `prompt_name` or one with token ids, an unknown `long_input`, a negative `chunk_overlap` or one not below the window, `dimensions` over `hidden_size`, an unknown `encoding_format`, `quantization_ranges` that do not fit (or `int8`/`uint8` of unnormalized embeddings without them)", body = ErrorResponse),
         (status = 424, description = "Inference failed or wrong model type", body = ErrorResponse),
         Refusals,
     )
@@ -105,6 +142,13 @@ pub async fn embed(State(state): State<AppState>, req: TeiJson<EmbedRequest>) ->
             req.truncation_direction,
             req.prompt_name,
         );
+        let opts = with_long_input(
+            &state,
+            opts,
+            req.truncate,
+            req.long_input,
+            req.chunk_overlap,
+        )?;
         let (embeddings, metas) = embed_inputs(
             &state,
             inputs,
@@ -115,7 +159,7 @@ pub async fn embed(State(state): State<AppState>, req: TeiJson<EmbedRequest>) ->
             req.priority,
         )
         .await
-        .map_err(|e| ApiError::inference(e, names, TRUNCATE_HINT))?;
+        .map_err(|e| ApiError::inference(e, names, LONG_INPUT_HINT))?;
         let meta = ResponseMeta::new(start, chars, &metas);
         let method = if batched { "batch" } else { "single" };
         let embeddings = embeddings.into_iter().map(|e| encoder.encode(e)).collect();
@@ -182,7 +226,8 @@ pub async fn embed_all(State(state): State<AppState>, req: TeiJson<EmbedAllReque
     responses(
         (status = 200, description = "Similarities", body = SimilarityResponse),
         (status = 400, description = "Empty input", body = ErrorResponse),
-        (status = 422, description = "Invalid input: malformed body, more inputs than `--max-client-batch-size`, an input longer than the model's `max_input_length` tokens without truncation, an unknown `prompt_name`", body = ErrorResponse),
+        (status = 413, description = "An input needing more windows than `--max-chunks` under `long_input: chunk` (the body over `--payload-limit` too)", body = ErrorResponse),
+        (status = 422, description = "Invalid input: malformed body, more inputs than `--max-client-batch-size`, an input longer than the model's `max_input_length` tokens with `long_input: error`, an unknown `prompt_name` or `long_input`, a negative `chunk_overlap` or one not below the window", body = ErrorResponse),
         (status = 424, description = "Inference failed or wrong model type", body = ErrorResponse),
         Refusals,
     )
@@ -210,10 +255,17 @@ pub async fn similarity(
             params.truncation_direction,
             params.prompt_name,
         );
+        let opts = with_long_input(
+            &state,
+            opts,
+            params.truncate,
+            params.long_input,
+            params.chunk_overlap,
+        )?;
         let (embeddings, metas) =
             embed_inputs(&state, inputs, true, opts, true, None, req.priority)
                 .await
-                .map_err(|e| ApiError::inference(e, names, TRUNCATE_HINT))?;
+                .map_err(|e| ApiError::inference(e, names, LONG_INPUT_HINT))?;
         // Normalized vectors: cosine similarity is the dot product.
         let source = &embeddings[0];
         let scores = embeddings[1..]

@@ -4,7 +4,7 @@
 
 use crate::backend::BackendError;
 use crate::infer::InferError;
-use crate::tokenization::TokenizationError;
+use crate::tokenization::{ChunkError, TokenizationError};
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -223,10 +223,30 @@ impl ApiError {
                  limit). Given: {given}. {hint}",
                 names.of(index)
             )),
+            InferError::Input {
+                index,
+                error:
+                    TokenizationError::Chunk(ChunkError::TooManyChunks {
+                        needed,
+                        window,
+                        max,
+                    }),
+            } => Self::new(
+                ErrorType::PayloadTooLarge,
+                format!(
+                    "{} needs {needed} windows of {window} tokens under `long_input: chunk`, \
+                     more than `--max-chunks` ({max}); shorten it or send it as several inputs",
+                    names.of(index)
+                ),
+            ),
             other => other.into(),
         }
     }
 }
+
+/// What helps with an over-long input on TEI's embedding routes.
+pub(crate) const LONG_INPUT_HINT: &str =
+    "Send `truncate: true` to truncate it, or `long_input: \"chunk\"` to embed it whole";
 
 /// What helps with an over-long input on TEI's routes.
 pub(crate) const TRUNCATE_HINT: &str = "Send `truncate: true` to truncate it";
@@ -239,6 +259,9 @@ impl From<InferError> for ApiError {
             InferError::Tokenization(e) | InferError::Input { error: e, .. } => match e {
                 TokenizationError::Tokenizer(_) => ErrorType::Tokenizer,
                 TokenizationError::Stopped => ErrorType::Unhealthy,
+                TokenizationError::Chunk(ChunkError::TooManyChunks { .. }) => {
+                    ErrorType::PayloadTooLarge
+                }
                 _ => ErrorType::Validation,
             },
             InferError::Overloaded(_) => ErrorType::Overloaded,

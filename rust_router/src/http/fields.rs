@@ -65,6 +65,12 @@ pub(crate) fn dimensions<'de, D: Deserializer<'de>>(d: D) -> Result<Option<usize
     optional(d, "dimensions")
 }
 
+/// `chunk_overlap` of the embedding routes: signed, so that a negative one is refused with
+/// the routes' own message.
+pub(crate) fn chunk_overlap<'de, D: Deserializer<'de>>(d: D) -> Result<Option<i64>, D::Error> {
+    optional(d, "chunk_overlap")
+}
+
 /// `top_n` of the rerank routes: signed, so that a negative one is refused with the routes'
 /// own message (it must be at least 1, see `classify::top_n`).
 pub(crate) fn top_n<'de, D: Deserializer<'de>>(d: D) -> Result<Option<i64>, D::Error> {

@@ -38,6 +38,8 @@ mod tests_errors;
 #[cfg(test)]
 mod tests_hardening;
 #[cfg(test)]
+mod tests_long_input;
+#[cfg(test)]
 mod tests_metrics;
 #[cfg(test)]
 mod tests_models;

@@ -1,7 +1,7 @@
 //! OpenAI-compatible `POST /v1/embeddings`.
 
 use super::body::OpenAIJson;
-use super::embed::{check_inputs, embed_inputs, encode_options};
+use super::embed::{check_inputs, embed_inputs, encode_options, with_long_input};
 use super::error::{ApiError, InputNames, OpenAIErrorResponse};
 use super::model_routes::Needs;
 use super::openapi::OpenAIRefusals;
@@ -17,8 +17,8 @@ use axum::Json;
 use std::time::Instant;
 
 /// OpenAI's request has no `truncate` field: what helps with an over-long input here.
-const AUTO_TRUNCATE_HINT: &str =
-    "Shorten the input, or start the server with `--auto-truncate` to truncate over-long inputs";
+const AUTO_TRUNCATE_HINT: &str = "Shorten the input, send `long_input: \"chunk\"` to embed it \
+     whole, or start the server with `--auto-truncate` to truncate over-long inputs";
 
 /// OpenAI compatible embeddings: normalized, optionally shortened with `dimensions`.
 #[utoipa::path(
@@ -27,7 +27,8 @@ const AUTO_TRUNCATE_HINT: &str =
     responses(
         (status = 200, description = "Embeddings", body = OpenAICompatResponse),
         (status = 400, description = "Empty input or wrong model type", body = OpenAIErrorResponse),
-        (status = 422, description = "Invalid input: malformed body, more inputs than `--max-client-batch-size`, an input longer than the model's `max_input_length` tokens without truncation, token ids outside the vocabulary, `dimensions` over `hidden_size`, an unknown `encoding_format`, `quantization_ranges` that do not fit", body = OpenAIErrorResponse),
+        (status = 413, description = "An input needing more windows than `--max-chunks` under `long_input: chunk` (the body over `--payload-limit` too)", body = OpenAIErrorResponse),
+        (status = 422, description = "Invalid input: malformed body, more inputs than `--max-client-batch-size`, an input longer than the model's `max_input_length` tokens with `long_input: error`, token ids outside the vocabulary, an unknown `long_input`, a negative `chunk_overlap` or one not below the window, `dimensions` over `hidden_size`, an unknown `encoding_format`, `quantization_ranges` that do not fit", body = OpenAIErrorResponse),
         (status = 500, description = "Inference failed", body = OpenAIErrorResponse),
         OpenAIRefusals,
     )
@@ -52,6 +53,7 @@ pub async fn embeddings(
             req.dimensions,
         )?;
         let opts = encode_options(&state, None, TruncationDirection::Right, None);
+        let opts = with_long_input(&state, opts, None, req.long_input, req.chunk_overlap)?;
         let (embeddings, metas) = embed_inputs(
             &state,
             inputs,

@@ -27,6 +27,10 @@ tokio::task_local! {
 pub struct ServeConfig {
     pub max_client_batch_size: usize,
     pub auto_truncate: bool,
+    /// `--long-input`: what an over-long embedding input gets when its request says nothing.
+    pub long_input: crate::tokenization::LongInput,
+    /// `--max-chunks`: the most windows one input is cut into under `long_input: chunk`.
+    pub max_chunks: usize,
     pub served_model_name: String,
     pub api_key: Option<String>,
     pub payload_limit: usize,

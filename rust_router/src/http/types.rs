@@ -11,7 +11,7 @@ pub use super::info::{
 };
 pub use super::quantize::{Embedding, EncodingFormat};
 use crate::infer::Priority;
-use crate::tokenization::{EncodingInput, TruncationDirection};
+use crate::tokenization::{EncodingInput, LongInput, TruncationDirection};
 use serde::{de, Deserialize, Deserializer, Serialize};
 use serde_json::Value;
 use utoipa::ToSchema;
@@ -213,6 +213,18 @@ pub struct EmbedRequest {
     /// the adapter the inputs run with.
     #[serde(default)]
     pub prompt_name: Option<String>,
+    /// What to do with an input longer than the model's limit: `error` (422), `truncate` (as
+    /// `truncate: true`) or `chunk` (embed it whole: the weighted mean of windows of the
+    /// limit's size, see docs/server.md "Long inputs"). Takes precedence over `truncate`;
+    /// defaults to `--long-input`.
+    #[serde(default)]
+    #[schema(value_type = Option<LongInput>, nullable)]
+    pub long_input: Option<LongInput>,
+    /// With `long_input: chunk`: tokens each window shares with the previous one, from 0
+    /// (default) to less than the window; ignored otherwise.
+    #[serde(default, deserialize_with = "fields::chunk_overlap")]
+    #[schema(minimum = 0)]
+    pub chunk_overlap: Option<i64>,
     #[serde(default = "default_true")]
     #[schema(default = true)]
     pub normalize: bool,
@@ -379,6 +391,18 @@ pub struct SimilarityParameters {
     /// A key of the model's `prompts` (listed in `/info`); any other name is refused with 422.
     #[serde(default)]
     pub prompt_name: Option<String>,
+    /// What to do with an input longer than the model's limit: `error` (422), `truncate` (as
+    /// `truncate: true`) or `chunk` (embed it whole: the weighted mean of windows of the
+    /// limit's size, see docs/server.md "Long inputs"). Takes precedence over `truncate`;
+    /// defaults to `--long-input`.
+    #[serde(default)]
+    #[schema(value_type = Option<LongInput>, nullable)]
+    pub long_input: Option<LongInput>,
+    /// With `long_input: chunk`: tokens each window shares with the previous one, from 0
+    /// (default) to less than the window; ignored otherwise.
+    #[serde(default, deserialize_with = "fields::chunk_overlap")]
+    #[schema(minimum = 0)]
+    pub chunk_overlap: Option<i64>,
 }
 
 #[derive(Debug, Deserialize, ToSchema)]
@@ -530,6 +554,17 @@ pub struct OpenAICompatRequest {
     #[serde(default, deserialize_with = "fields::priority")]
     #[schema(value_type = Option<PriorityDoc>, nullable)]
     pub priority: Option<Priority>,
+    /// What to do with an input longer than the model's limit: `error` (422), `truncate` (as
+    /// `truncate: true`) or `chunk` (embed it whole: the weighted mean of windows of the
+    /// limit's size, see docs/server.md "Long inputs"). Defaults to `--long-input`.
+    #[serde(default)]
+    #[schema(value_type = Option<LongInput>, nullable)]
+    pub long_input: Option<LongInput>,
+    /// With `long_input: chunk`: tokens each window shares with the previous one, from 0
+    /// (default) to less than the window; ignored otherwise.
+    #[serde(default, deserialize_with = "fields::chunk_overlap")]
+    #[schema(minimum = 0)]
+    pub chunk_overlap: Option<i64>,
 }
 
 #[derive(Debug, Serialize, ToSchema)]

@@ -19,7 +19,8 @@ use crate::metrics::ModelMetrics;
 use crate::queue::{Entry, InferResult, Metadata, Queue, QueueError, RequestId};
 use crate::schedule::ServingProfile;
 use crate::tokenization::{
-    EncodeOptions, EncodingInput, Tokenization, TokenizationError, ValidEncoding, INLINE_MAX_BYTES,
+    weighted_mean, EncodeOptions, EncodingInput, Tokenization, TokenizationError, ValidEncoding,
+    INLINE_MAX_BYTES,
 };
 use futures_util::future::try_join_all;
 use std::future::Future;
@@ -279,13 +280,20 @@ impl Infer {
         request: InferRequest,
         kind: BatchKind,
     ) -> Result<Vec<(InferResult, InferMetadata)>, InferError> {
+        if request.opts.chunking.is_some() && kind != BatchKind::Pooled {
+            // Only a pooled vector has a mean over windows; routes set chunking for those.
+            return Err(TokenizationError::Tokenizer(
+                "`long_input: chunk` applies to pooled embeddings only".into(),
+            )
+            .into());
+        }
         let _permit = self.admit(request.batched)?;
         let start = Instant::now();
         let mut opts = request.opts;
         opts.inline = self.inline_ok(request.inputs.iter().map(EncodingInput::byte_len).sum());
-        let encodings = try_join_all(request.inputs.into_iter().enumerate().map(
+        let per_input = try_join_all(request.inputs.into_iter().enumerate().map(
             |(index, input)| {
-                let encoded = self.tokenization.encode(input, opts.clone());
+                let encoded = self.tokenization.encode_windows(input, opts.clone());
                 async move {
                     encoded
                         .await
@@ -294,6 +302,14 @@ impl Infer {
             },
         ))
         .await?;
+        // An input cut into windows (`long_input: chunk`) is several sequences, which the
+        // queue packs like any others; they are put back together by input below.
+        let mut weights = Vec::with_capacity(per_input.len());
+        let mut encodings = Vec::with_capacity(per_input.len());
+        for windows in per_input {
+            weights.push(windows.iter().map(|w| w.weight).collect::<Vec<_>>());
+            encodings.extend(windows.into_iter().map(|w| w.encoding));
+        }
         let total_tokens = encodings.iter().map(|e| e.input_ids.len()).sum();
         let fits_one_batch = self
             .queue
@@ -349,7 +365,7 @@ impl Infer {
         }
         // Timed out, none of it is queued any more.
         abandoned.finished = results.is_ok() || timed_out;
-        results
+        Ok(by_input(results?, &weights))
     }
 
     /// Awaits `results`, a request's, whose sequences may not start after `deadline`: at the
@@ -499,6 +515,38 @@ impl Infer {
             })
             .collect())
     }
+}
+
+/// Each input's result from its sequences' (in order, `weights[i]` for input `i`'s windows):
+/// an input of several windows gets the mean of their vectors weighted by their token counts,
+/// the sum of their tokens, and the longest of their waits.
+fn by_input(
+    results: Vec<(InferResult, InferMetadata)>,
+    weights: &[Vec<usize>],
+) -> Vec<(InferResult, InferMetadata)> {
+    let mut results = results.into_iter();
+    weights
+        .iter()
+        .map(|weights| {
+            let mut windows = results.by_ref().take(weights.len());
+            let (mut result, mut meta) = windows.next().expect("every input has a window");
+            if weights.len() == 1 {
+                return (result, meta);
+            }
+            let mut vectors = vec![std::mem::take(&mut result.values)];
+            for (r, m) in windows {
+                meta.prompt_tokens += m.prompt_tokens;
+                meta.queue = meta.queue.max(m.queue);
+                meta.handover = meta.handover.max(m.handover);
+                meta.inference = meta.inference.max(m.inference);
+                result.queue = result.queue.max(r.queue);
+                result.inference = result.inference.max(r.inference);
+                vectors.push(r.values);
+            }
+            result.values = weighted_mean(&vectors, weights);
+            (result, meta)
+        })
+        .collect()
 }
 
 /// One row of a sparse batch ((index, value) pairs) as its active pairs; pairs of value 0

@@ -8,6 +8,7 @@
 //! thread, and each inline caller, encodes with an [`Encoder`] of its own (`super::pool`,
 //! `super::inline`).
 
+use super::chunk::{windows, ChunkError, Chunking};
 use super::FastWordPiece;
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
@@ -69,9 +70,29 @@ pub struct ValidEncoding {
     pub position_ids: Vec<u32>,
 }
 
+/// One sequence of an input: the whole input, or one window of it (`long_input: chunk`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Window {
+    pub encoding: ValidEncoding,
+    /// The input's own tokens in it (no special tokens, no prompt): its weight in the input's
+    /// mean. The sequence's length for an input that was not cut.
+    pub weight: usize,
+}
+
+impl Window {
+    fn whole(encoding: ValidEncoding) -> Self {
+        Self {
+            weight: encoding.input_ids.len(),
+            encoding,
+        }
+    }
+}
+
 #[derive(Debug, Clone, Default)]
 pub struct EncodeOptions {
     pub truncate: bool,
+    /// `long_input: chunk`: a text over the limit is cut into windows (`encode_windows`).
+    pub chunking: Option<Chunking>,
     pub direction: TruncationDirection,
     pub prompt_name: Option<String>,
     /// Prompts are for embedding inputs; classification pairs are encoded as given.
@@ -106,6 +127,8 @@ pub enum TokenizationError {
     PromptWithIds,
     #[error("Input validation error: token id {id} is outside the vocabulary (size {vocab_size})")]
     IdOutOfRange { id: u32, vocab_size: usize },
+    #[error(transparent)]
+    Chunk(#[from] ChunkError),
     #[error("Tokenizer error: {0}")]
     Tokenizer(String),
     #[error("tokenization workers have stopped")]
@@ -163,6 +186,8 @@ pub struct TokenizerConfig {
 pub(crate) struct EncodeConfig {
     model: TokenizerConfig,
     vocab_size: usize,
+    /// The special tokens the tokenizer puts before and after one text ([CLS] and [SEP]).
+    frame: (Vec<u32>, Vec<u32>),
     /// BERT's tokenizer without its per-character bookkeeping, for ASCII texts, where the
     /// tokenizer is BERT's.
     fast: Option<FastWordPiece>,
@@ -174,6 +199,7 @@ impl EncodeConfig {
     pub(crate) fn new(tokenizer: &Tokenizer, model: TokenizerConfig) -> Self {
         Self {
             vocab_size: tokenizer.get_vocab_size(true),
+            frame: special_frame(tokenizer),
             fast: FastWordPiece::from_tokenizer(tokenizer),
             model,
         }
@@ -210,6 +236,18 @@ impl EncodeConfig {
             None => Ok(self.model.default_prompt.as_deref()),
         }
     }
+}
+
+/// The special tokens `tokenizer` puts before and after a text, read off a one-letter text.
+fn special_frame(tokenizer: &Tokenizer) -> (Vec<u32>, Vec<u32>) {
+    let Ok(encoding) = tokenizer.encode_fast("a", true) else {
+        return (Vec::new(), Vec::new());
+    };
+    let ids = encoding.get_ids();
+    let mask = encoding.get_special_tokens_mask();
+    let before = mask.iter().take_while(|&&m| m == 1).count();
+    let after = mask[before..].iter().rev().take_while(|&&m| m == 1).count();
+    (ids[..before].to_vec(), ids[ids.len() - after..].to_vec())
 }
 
 /// One tokenizer and the encode rules: a pool thread's, or an inline caller's.
@@ -356,16 +394,29 @@ impl Encoder {
                 if ids.len() > max {
                     return Err(too_long(ids.len()));
                 }
-                // A prompt's adapter (jina-embeddings-v3), unless the request chose one.
-                match cfg.adapter(opts).filter(|_| opts.adapter.is_none()) {
-                    Some(adapter) => {
-                        let n = ids.len();
-                        (ids, vec![adapter; n])
-                    }
-                    None => (ids, type_ids),
-                }
+                (ids, self.text_type_ids(type_ids, opts))
             }
         };
+        self.finish(input_ids, token_type_ids, opts)
+    }
+
+    /// The type ids a text's tokens get: its prompt's adapter (jina-embeddings-v3), unless
+    /// the request chose one.
+    fn text_type_ids(&self, type_ids: Vec<u32>, opts: &EncodeOptions) -> Vec<u32> {
+        match self.config.adapter(opts).filter(|_| opts.adapter.is_none()) {
+            Some(adapter) => vec![adapter; type_ids.len()],
+            None => type_ids,
+        }
+    }
+
+    /// The sequence the queue takes: the request's adapter on the type ids, and positions.
+    fn finish(
+        &self,
+        input_ids: Vec<u32>,
+        token_type_ids: Vec<u32>,
+        opts: &EncodeOptions,
+    ) -> Result<ValidEncoding, TokenizationError> {
+        let cfg = &self.config;
         // The request's LoRA adapter, whatever the input's kind (text, pair, token ids).
         let token_type_ids = match opts.adapter {
             Some(adapter) => {
@@ -386,6 +437,77 @@ impl Encoder {
             token_type_ids,
             position_ids,
         })
+    }
+
+    /// `input`'s sequences: one, or with `opts.chunking` a text's windows (the rule is in
+    /// `super::chunk`). Token ids and pairs are never cut.
+    pub(crate) fn encode_windows(
+        &mut self,
+        input: EncodingInput,
+        opts: &EncodeOptions,
+    ) -> Result<Vec<Window>, TokenizationError> {
+        let (text, chunking) = match (input, opts.chunking) {
+            (EncodingInput::Single(text), Some(chunking)) => (text, chunking),
+            (input, _) => return Ok(vec![Window::whole(self.encode(input, opts)?)]),
+        };
+        let cfg = self.config.clone();
+        let prompt = cfg.prompt(opts)?;
+        let text = match prompt {
+            Some(p) => format!("{p}{text}"),
+            None => text,
+        };
+        let ids = self.whole_text(&text)?;
+        let (before, after) = &cfg.frame;
+        if ids.len() <= before.len() + after.len() {
+            return Err(TokenizationError::Tokenizer(
+                "the input produced no tokens".into(),
+            ));
+        }
+        let content = &ids[before.len()..ids.len() - after.len()];
+        let prompt_len = match prompt {
+            Some(p) => self.prompt_len(p)?.min(content.len()),
+            None => 0,
+        };
+        let (prompt_ids, body) = content.split_at(prompt_len);
+        let window = cfg
+            .model
+            .max_input_length
+            .saturating_sub(before.len() + after.len() + prompt_len);
+        let ranges = windows(body.len(), window, chunking)?;
+        ranges
+            .into_iter()
+            .map(|range| {
+                let weight = range.len();
+                let mut ids = Vec::with_capacity(before.len() + prompt_len + weight + after.len());
+                ids.extend_from_slice(before);
+                ids.extend_from_slice(prompt_ids);
+                ids.extend_from_slice(&body[range]);
+                ids.extend_from_slice(after);
+                let type_ids = self.text_type_ids(vec![0; ids.len()], opts);
+                let encoding = self.finish(ids, type_ids, opts)?;
+                Ok(Window { encoding, weight })
+            })
+            .collect()
+    }
+
+    /// `text`'s ids with the special tokens, however long.
+    fn whole_text(&mut self, text: &str) -> Result<Vec<u32>, TokenizationError> {
+        let fast = self.config.fast.as_ref();
+        if let Some(ids) =
+            fast.and_then(|f| f.encode(text, None, TruncationDirection::Right.into()))
+        {
+            return Ok(ids);
+        }
+        self.set_truncation(None)?;
+        let encoding = self.tokenizer.encode_fast(text, true).map_err(tok_err)?;
+        Ok(encoding.get_ids().to_vec())
+    }
+
+    /// How many tokens `prompt` makes alone, without special tokens.
+    fn prompt_len(&mut self, prompt: &str) -> Result<usize, TokenizationError> {
+        self.set_truncation(None)?;
+        let encoding = self.tokenizer.encode_fast(prompt, false).map_err(tok_err)?;
+        Ok(encoding.len())
     }
 
     pub(crate) fn tokenize(

@@ -299,6 +299,7 @@ async fn the_router_encodes_as_the_tokenizer_does() {
                 apply_prompts: true,
                 inline,
                 adapter: None,
+                chunking: None,
             };
             let got = tokenization
                 .encode(EncodingInput::Single(text.clone()), opts)

@@ -4,7 +4,7 @@
 
 use super::{
     EncodeConfig, EncodeOptions, Encoder, EncodingInput, TokenizationError, TokenizerConfig,
-    ValidEncoding,
+    ValidEncoding, Window,
 };
 use std::sync::{Arc, Mutex};
 use tokenizers::utils::parallelism::MaybeParallelIterator;
@@ -78,6 +78,18 @@ impl InlinePool {
     ) -> Result<ValidEncoding, TokenizationError> {
         let mut worker = self.take();
         let result = worker.encode(input, opts);
+        self.put(worker);
+        result
+    }
+
+    /// [`Encoder::encode_windows`] on the calling thread, as [`InlinePool::encode`].
+    pub fn encode_windows(
+        &self,
+        input: EncodingInput,
+        opts: &EncodeOptions,
+    ) -> Result<Vec<Window>, TokenizationError> {
+        let mut worker = self.take();
+        let result = worker.encode_windows(input, opts);
         self.put(worker);
         result
     }

@@ -13,6 +13,7 @@
 //! pool's threads in `pool`, their scheduling class in `priority`, inline encoding in
 //! `inline`, and the switch that holds part of the pool back in `throttle`.
 
+mod chunk;
 mod encode;
 mod fast_wordpiece;
 mod inline;
@@ -22,9 +23,10 @@ mod throttle;
 
 pub(crate) use fast_wordpiece::FastWordPiece;
 
+pub use chunk::{weighted_mean, ChunkError, Chunking, LongInput};
 pub use encode::{
     load_tokenizer, EncodeOptions, EncodingInput, PairTemplate, TokenInfo, TokenizationError,
-    TokenizerConfig, TruncationDirection, ValidEncoding,
+    TokenizerConfig, TruncationDirection, ValidEncoding, Window,
 };
 pub(crate) use encode::{EncodeConfig, Encoder};
 pub use priority::PoolPriority;
@@ -134,6 +136,19 @@ impl Tokenization {
             return self.model.inline.encode(input, &opts);
         }
         self.submit(|r| Work::Encode(input, opts, r)).await
+    }
+
+    /// `input`'s sequences: one, or its windows under `long_input: chunk`
+    /// ([`EncodeOptions::chunking`]).
+    pub async fn encode_windows(
+        &self,
+        input: EncodingInput,
+        opts: EncodeOptions,
+    ) -> Result<Vec<Window>, TokenizationError> {
+        if opts.inline {
+            return self.model.inline.encode_windows(input, &opts);
+        }
+        self.submit(|r| Work::EncodeWindows(input, opts, r)).await
     }
 
     pub async fn tokenize(

@@ -6,7 +6,7 @@
 use super::priority::current_tid;
 use super::{
     EncodeOptions, Encoder, EncodingInput, InlinePool, PoolPriority, PoolThrottle, TokenInfo,
-    TokenizationError, ValidEncoding,
+    TokenizationError, ValidEncoding, Window,
 };
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc;
@@ -23,6 +23,7 @@ pub(super) struct Job {
 
 pub(super) enum Work {
     Encode(EncodingInput, EncodeOptions, Reply<ValidEncoding>),
+    EncodeWindows(EncodingInput, EncodeOptions, Reply<Vec<Window>>),
     Tokenize(String, bool, Option<String>, Reply<Vec<TokenInfo>>),
     Decode(Vec<u32>, bool, Reply<String>),
 }
@@ -200,6 +201,11 @@ fn run_job(encoder: &mut Encoder, work: Work) {
             // The client may be gone already (e.g. a sibling input failed): skip the work.
             if !reply.is_closed() {
                 let _ = reply.send(encoder.encode(input, &opts));
+            }
+        }
+        Work::EncodeWindows(input, opts, reply) => {
+            if !reply.is_closed() {
+                let _ = reply.send(encoder.encode_windows(input, &opts));
             }
         }
         Work::Tokenize(input, special, prompt_name, reply) => {
