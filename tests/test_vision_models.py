@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -33,13 +34,16 @@ def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return (a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)
 
 
-def reference_pixels(architecture: str, images: list[bytes]) -> np.ndarray:
+def reference_pixels(folder: Path, images: list[bytes]) -> np.ndarray:
+    """The pixels transformers' PIL processor of the checkpoint's config makes."""
     from transformers.image_utils import load_image
     from transformers.models.clip.image_processing_pil_clip import CLIPImageProcessorPil
     from transformers.models.siglip.image_processing_pil_siglip import SiglipImageProcessorPil
 
-    cls = CLIPImageProcessorPil if architecture == "CLIPModel" else SiglipImageProcessorPil
-    fields = {k: v for k, v in PROCESSORS[architecture].items() if not k.endswith("_type")}
+    config = json.loads((folder / "preprocessor_config.json").read_text())
+    kind = config["image_processor_type"]
+    cls = CLIPImageProcessorPil if kind.startswith("CLIP") else SiglipImageProcessorPil
+    fields = {k: v for k, v in config.items() if not k.endswith("_type")}
     decoded = [load_image(Image.open(io.BytesIO(data))) for data in images]
     return np.asarray(cls(**fields)(images=decoded, return_tensors="np")["pixel_values"])
 
@@ -77,9 +81,9 @@ def test_texts_equal_get_text_features(checkpoint):  # type: ignore[no-untyped-d
 
 
 def test_images_equal_get_image_features(checkpoint):  # type: ignore[no-untyped-def]
-    architecture, _, model, reference = checkpoint
+    _, folder, model, reference = checkpoint
     images = sample_images()
-    expected = hf_image_features(reference, reference_pixels(architecture, images)).numpy()
+    expected = hf_image_features(reference, reference_pixels(folder, images)).numpy()
     ours = model.embed_images(images, normalize=False)
     assert_same_vectors(ours, expected)
     assert ours.shape[1] == model.info.hidden_size

@@ -52,6 +52,14 @@ PROCESSORS = {
 }
 
 
+def preprocessor_config(architecture: str, size: int = IMAGE_SIZE) -> dict[str, Any]:
+    config = json.loads(json.dumps(PROCESSORS[architecture]))
+    for key in ("size", "crop_size"):
+        if key in config:
+            config[key] = {k: size for k in config[key]}
+    return config
+
+
 def text_tokenizer(architecture: str) -> Tokenizer:
     """CLIP style: `<start> text <end>`; SigLIP style: `text <end>` (padded by the model
     to its length with `<pad>`). `<end>` is the last id, as CLIP's end-of-text token."""
@@ -77,11 +85,14 @@ def make_vision_checkpoint(
     legacy_eos: bool = False,
     hidden_act: str | None = None,
     sentence_transformers: bool = False,
+    full_size: bool = False,
 ) -> Path:
     """A random `architecture` ("CLIPModel" or "SiglipModel") checkpoint with its
     tokenizer and preprocessor config. `legacy_eos`: CLIP's old `eos_token_id` 2, for which
     transformers pools at the largest token id. `sentence_transformers`: saved as
-    sentence-transformers' CLIP folders are, the model in `0_CLIPModel/`."""
+    sentence-transformers' CLIP folders are, the model in `0_CLIPModel/`. `full_size`: the
+    towers of transformers' default configs (CLIP ViT-B at patch 16, SigLIP base, 224
+    pixels) with transformers' own initialization, for the device tests."""
     import transformers
 
     tok = text_tokenizer(architecture)
@@ -90,32 +101,36 @@ def make_vision_checkpoint(
     act = hidden_act or ("quick_gelu" if architecture == "CLIPModel" else "gelu_pytorch_tanh")
     text: dict[str, Any] = dict(TEXT, vocab_size=vocab_size, hidden_act=act, pad_token_id=0)
     vision: dict[str, Any] = dict(VISION, hidden_act=act)
+    size = 224 if full_size else IMAGE_SIZE
+    if full_size:
+        text, vision = {"pad_token_id": 0}, {"patch_size": 16}
     if architecture == "CLIPModel":
         text.update(eos_token_id=2 if legacy_eos else end, bos_token_id=2)
         config = transformers.CLIPConfig(
             text_config=text,
-            vision_config=dict(vision, hidden_size=40),
-            projection_dim=CLIP_PROJECTION,
+            vision_config=vision if full_size else dict(vision, hidden_size=40),
+            projection_dim=512 if full_size else CLIP_PROJECTION,
         )
     else:
-        text.update(eos_token_id=end, projection_size=TEXT["hidden_size"])
-        config = transformers.SiglipConfig(
-            text_config=text, vision_config=dict(vision, hidden_size=TEXT["hidden_size"])
-        )
+        text.update(eos_token_id=end)
+        if not full_size:
+            text.update(projection_size=TEXT["hidden_size"])
+            vision.update(hidden_size=TEXT["hidden_size"])
+        config = transformers.SiglipConfig(text_config=text, vision_config=vision)
     torch.manual_seed(seed)
     model = getattr(transformers, architecture)(config).eval()
-    redraw(model)
+    if not full_size:
+        redraw(model)
     model_dir = folder / "0_CLIPModel" if sentence_transformers else folder
     model_dir.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(model_dir, safe_serialization=True)
     tok.save(str(model_dir / "tokenizer.json"))
     special = {"pad_token": PAD, "unk_token": UNK, "eos_token": END}
-    (model_dir / "tokenizer_config.json").write_text(
-        json.dumps(
-            {"tokenizer_class": "PreTrainedTokenizerFast", **special, "model_max_length": 16}
-        )
-    )
-    (model_dir / "preprocessor_config.json").write_text(json.dumps(PROCESSORS[architecture]))
+    fast = {"tokenizer_class": "PreTrainedTokenizerFast", **special}
+    fast["model_max_length"] = config.text_config.max_position_embeddings
+    (model_dir / "tokenizer_config.json").write_text(json.dumps(fast))
+    processor = preprocessor_config(architecture, size)
+    (model_dir / "preprocessor_config.json").write_text(json.dumps(processor))
     if sentence_transformers:
         module = {"idx": 0, "name": "0", "path": "0_CLIPModel"}
         module["type"] = "sentence_transformers.models.CLIPModel"
