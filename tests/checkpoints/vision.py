@@ -77,6 +77,46 @@ def text_tokenizer(architecture: str) -> Tokenizer:
     return tok
 
 
+def tokenizer_config(max_length: int) -> dict[str, Any]:
+    return {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "pad_token": PAD,
+        "unk_token": UNK,
+        "eos_token": END,
+        "model_max_length": max_length,
+    }
+
+
+def tiny_config(
+    architecture: str,
+    vocab_size: int,
+    legacy_eos: bool = False,
+    hidden_act: str | None = None,
+    full_size: bool = False,
+) -> Any:
+    """The transformers config of `make_vision_checkpoint`; `<end>` is the last id."""
+    import transformers
+
+    end = vocab_size - 1
+    act = hidden_act or ("quick_gelu" if architecture == "CLIPModel" else "gelu_pytorch_tanh")
+    text: dict[str, Any] = dict(TEXT, vocab_size=vocab_size, hidden_act=act, pad_token_id=0)
+    vision: dict[str, Any] = dict(VISION, hidden_act=act)
+    if full_size:
+        text, vision = {"pad_token_id": 0}, {"patch_size": 16}
+    if architecture == "CLIPModel":
+        text.update(eos_token_id=2 if legacy_eos else end, bos_token_id=2)
+        return transformers.CLIPConfig(
+            text_config=text,
+            vision_config=vision if full_size else dict(vision, hidden_size=40),
+            projection_dim=512 if full_size else CLIP_PROJECTION,
+        )
+    text.update(eos_token_id=end)
+    if not full_size:
+        text.update(projection_size=TEXT["hidden_size"])
+        vision.update(hidden_size=TEXT["hidden_size"])
+    return transformers.SiglipConfig(text_config=text, vision_config=vision)
+
+
 def make_vision_checkpoint(
     folder: Path,
     architecture: str,
@@ -96,27 +136,8 @@ def make_vision_checkpoint(
     import transformers
 
     tok = text_tokenizer(architecture)
-    vocab_size = tok.get_vocab_size()
-    end = tok.token_to_id(END)
-    act = hidden_act or ("quick_gelu" if architecture == "CLIPModel" else "gelu_pytorch_tanh")
-    text: dict[str, Any] = dict(TEXT, vocab_size=vocab_size, hidden_act=act, pad_token_id=0)
-    vision: dict[str, Any] = dict(VISION, hidden_act=act)
+    config = tiny_config(architecture, tok.get_vocab_size(), legacy_eos, hidden_act, full_size)
     size = 224 if full_size else IMAGE_SIZE
-    if full_size:
-        text, vision = {"pad_token_id": 0}, {"patch_size": 16}
-    if architecture == "CLIPModel":
-        text.update(eos_token_id=2 if legacy_eos else end, bos_token_id=2)
-        config = transformers.CLIPConfig(
-            text_config=text,
-            vision_config=vision if full_size else dict(vision, hidden_size=40),
-            projection_dim=512 if full_size else CLIP_PROJECTION,
-        )
-    else:
-        text.update(eos_token_id=end)
-        if not full_size:
-            text.update(projection_size=TEXT["hidden_size"])
-            vision.update(hidden_size=TEXT["hidden_size"])
-        config = transformers.SiglipConfig(text_config=text, vision_config=vision)
     torch.manual_seed(seed)
     model = getattr(transformers, architecture)(config).eval()
     if not full_size:
@@ -125,10 +146,8 @@ def make_vision_checkpoint(
     model_dir.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(model_dir, safe_serialization=True)
     tok.save(str(model_dir / "tokenizer.json"))
-    special = {"pad_token": PAD, "unk_token": UNK, "eos_token": END}
-    fast = {"tokenizer_class": "PreTrainedTokenizerFast", **special}
-    fast["model_max_length"] = config.text_config.max_position_embeddings
-    (model_dir / "tokenizer_config.json").write_text(json.dumps(fast))
+    length = config.text_config.max_position_embeddings
+    (model_dir / "tokenizer_config.json").write_text(json.dumps(tokenizer_config(length)))
     processor = preprocessor_config(architecture, size)
     (model_dir / "preprocessor_config.json").write_text(json.dumps(processor))
     if sentence_transformers:
@@ -165,6 +184,20 @@ def hf_image_features(model: Any, pixels: np.ndarray) -> torch.Tensor:
     with torch.inference_mode():
         tensor = torch.from_numpy(pixels).to(device, dtype)
         return model.get_image_features(pixel_values=tensor).pooler_output.float().cpu()
+
+
+def png_image(width: int, height: int, mode: str, seed: int) -> bytes:
+    """A PNG of random pixels with a block of colour, converted to `mode` ("RGB", "RGBA",
+    "L", "P"): lossless, so its pixels are the same whichever zlib wrote it."""
+    rng = np.random.default_rng(seed)
+    array = rng.integers(0, 256, (height, width, 3), dtype=np.uint8)
+    array[: height // 2, : width // 3] = [200, 30, 90]
+    image = Image.fromarray(array, "RGB")
+    if mode == "RGBA":
+        image.putalpha(Image.fromarray(rng.integers(0, 256, (height, width), dtype=np.uint8), "L"))
+    buffer = io.BytesIO()
+    image.convert(mode).save(buffer, format="PNG")
+    return buffer.getvalue()
 
 
 def sample_images() -> list[bytes]:
