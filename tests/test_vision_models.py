@@ -100,7 +100,8 @@ def test_batches_split_by_the_token_budget(checkpoint):  # type: ignore[no-untyp
     small = Model(
         folder, device="cpu", max_batch_tokens=3 * model.info.image_input.tokens_per_image
     )
-    assert small.executors[0].max_images(small.max_batch_tokens, 100) == 3
+    assert small.executors[0].max_images(small.max_batch_tokens) == 3
+    assert small.executors[0].max_images(small.max_batch_tokens, max_batch_size=2) == 2
     np.testing.assert_allclose(small.embed_images(images), model.embed_images(images), atol=1e-5)
     assert small.embed_images([]).shape == (0, model.info.hidden_size)
 

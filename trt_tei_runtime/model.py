@@ -199,7 +199,7 @@ class Model:
         self._check_dimensions(dimensions)
         if not items:
             return np.zeros((0, dimensions or self.info.hidden_size), dtype=np.float32)
-        per_batch = self.executors[0].max_images(self.max_batch_tokens, len(items))
+        per_batch = self.executors[0].max_images(self.max_batch_tokens)
         preprocessor = image_input.preprocessor
         pin = any(executor.device.type == "cuda" for executor in self.executors)
 

@@ -78,7 +78,8 @@ class AttentionPoolingHead(nn.Module):
         q = self.query(self.probe).view(1, self.num_heads, 1, self.head_dim)
         kv = self.key_value(hidden).view(n, t, 2, self.num_heads, self.head_dim)
         k, v = kv[:, :, 0].transpose(1, 2), kv[:, :, 1].transpose(1, 2)
-        pooled = F.scaled_dot_product_attention(q.expand(n, -1, -1, -1), k, v)
+        # One query per image; contiguous, as some attention kernels want a batch stride.
+        pooled = F.scaled_dot_product_attention(q.expand(n, -1, -1, -1).contiguous(), k, v)
         pooled = self.attn_out(pooled.reshape(n, h))
         return pooled + self.down(
             linear_activation(self.up, self.norm(pooled), self.act_name, self.act)

@@ -186,11 +186,13 @@ class Executor:
         self.bulk.large_graphs = runner
         torch.cuda.empty_cache()
 
-    def max_images(self, max_num_tokens: int, max_batch_size: int) -> int:
-        """Images a batch of `max_num_tokens` tokens holds (at least one)."""
-        tower = self.model.network.image_tower
-        assert tower is not None
-        return max(1, min(max_num_tokens // tower.tokens_per_image, max_batch_size))
+    def max_images(self, max_num_tokens: int, max_batch_size: int | None = None) -> int:
+        """Images a batch of `max_num_tokens` tokens (and at most `max_batch_size`
+        sequences) holds: at least one."""
+        images = max_num_tokens // self._image_tower().tokens_per_image
+        if max_batch_size is not None:
+            images = min(images, max_batch_size)
+        return max(1, images)
 
     def _capture_images(self, max_num_tokens: int, max_batch_size: int) -> ImageGraphRunner | None:
         """The vision tower's graphs for batches of up to `max_num_tokens` tokens, where the
