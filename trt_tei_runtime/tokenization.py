@@ -19,7 +19,7 @@ import numpy as np
 
 from ._router import FlatTokenizer
 from .errors import CheckpointError, InputError
-from .templates import PairTemplate
+from .templates import PairTemplate, TextPadding
 from .token_ids import TokenIds
 
 TextOrPair = Union[str, Sequence[str]]
@@ -49,7 +49,9 @@ class TextTokenizer:
         default_prompt_name: Optional[str] = None,
         pair_template: Optional[PairTemplate] = None,
         adapters: Optional[dict[str, int]] = None,
+        padding: Optional[TextPadding] = None,
     ) -> None:
+        """`padding`: texts to embed are padded after truncation (SigLIP's)."""
         path = model_dir / "tokenizer.json"
         if not path.is_file():
             raise CheckpointError(
@@ -74,6 +76,7 @@ class TextTokenizer:
         self.max_length = max_length
         self._prompts = sorted(prompts or {})
         self._pair_template = pair_template
+        self._padding = padding
 
     def encode_ids(
         self, texts: Sequence[str], prompt_name: Optional[str] = None, *, truncate: bool = True
@@ -88,6 +91,9 @@ class TextTokenizer:
         except ValueError as exc:
             raise self._error(exc, prompt_name, pairs=None, truncate=truncate) from None
         tokens = TokenIds.from_buffers(ids, lengths)
+        if self._padding is not None:
+            # Pads take type 0 as every token of a model without adapters does.
+            return self._padding.pad(tokens), None
         # No type ids: all are 0 (no adapter).
         return tokens, (TokenIds.from_buffers(type_ids, lengths) if type_ids else None)
 
