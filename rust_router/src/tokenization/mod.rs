@@ -23,8 +23,8 @@ mod throttle;
 pub(crate) use fast_wordpiece::FastWordPiece;
 
 pub use encode::{
-    load_tokenizer, EncodeOptions, EncodingInput, PairTemplate, TokenInfo, TokenizationError,
-    TokenizerConfig, TruncationDirection, ValidEncoding,
+    load_tokenizer, EncodeOptions, EncodingInput, PairTemplate, TextPadding, TokenInfo,
+    TokenizationError, TokenizerConfig, TruncationDirection, ValidEncoding,
 };
 pub(crate) use encode::{EncodeConfig, Encoder};
 pub use priority::PoolPriority;
