@@ -29,15 +29,18 @@ REGENERATE = "run `make snapshots` (tests/snapshots/generate.py) and commit the 
 class SnapshotCheck:
     name: str  # the folder under tests/snapshots
     task: str | None
-    kind: str  # "embed", "scores" or "sparse" (see tests/snapshots/references.py's Check)
+    # "embed", "scores", "sparse" or "embed_images" (tests/snapshots/references.py's Check)
+    kind: str
     inputs: list[Any]
     expected: np.ndarray
     # Embeddings stored normalized (a Normalize module), compared normalized.
     normalize: bool = False
+    # The output's name in outputs.safetensors.
+    key: str = "default"
 
     @property
     def id(self) -> str:
-        return f"{self.name}[{self.task or 'default'}]"
+        return f"{self.name}[{self.key}]"
 
 
 def manifest() -> dict[str, Any]:
@@ -55,12 +58,15 @@ def snapshot_names() -> list[str]:
 def load_checks(name: str) -> list[SnapshotCheck]:
     meta = json.loads((ROOT / name / "snapshot.json").read_text())
     outputs = load_file(str(ROOT / name / "outputs.safetensors"))
-    return [
-        SnapshotCheck(
-            name, c["task"], c["kind"], c["inputs"], outputs[c["task"] or "default"], c["normalize"]
+    checks = []
+    for c in meta["checks"]:
+        key = c.get("key") or c["task"] or "default"
+        checks.append(
+            SnapshotCheck(
+                name, c["task"], c["kind"], c["inputs"], outputs[key], c["normalize"], key
+            )
         )
-        for c in meta["checks"]
-    ]
+    return checks
 
 
 def all_checks() -> list[SnapshotCheck]:
@@ -78,6 +84,11 @@ def run(model: Model, check: SnapshotCheck) -> np.ndarray:
     if check.kind == "scores":
         items = [tuple(item) if isinstance(item, list) else item for item in check.inputs]
         return model.predict(items, raw_scores=True)
+    if check.kind == "embed_images":
+        from checkpoints.vision import png_image
+
+        images = [png_image(*spec) for spec in check.inputs]
+        return model.embed_images(images, normalize=check.normalize)
     if check.kind == "sparse":
         sparse = model.embed_sparse(check.inputs, sparse_tensor=True)  # type: ignore[attr-defined]
         return sparse.to_dense().numpy()

@@ -18,6 +18,13 @@ that device out of service and the others keep serving.
 Where `pipelines(device)` is true (a GPU, whose work runs behind the host's), the router's
 bulk thread calls `launch` instead: it starts batch k + 1 before it reads batch k's rows
 back (`Launched.result`), so the device never waits for the host between two bulk batches.
+
+Text-and-image models (`info()["image_input"]` set): the router turns each encoded image
+into its pixels with `preprocess_image` on its own worker threads (Pillow and numpy release
+the interpreter lock), then sends a batch's pixels end to end to `embed_images` (or
+`launch("embed_images", pixels)`); an image counts as `tokens_per_image` tokens of a batch's
+budget. Texts of models with `info()["text_padding"]` (SigLIP) are padded by the router to
+that length with that token before they are packed.
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ import contextlib
 import logging
 import os
 import sys
+import warnings
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
@@ -33,7 +41,8 @@ import numpy as np
 import torch
 
 from .batch import HostArrays, PackedBatch
-from .errors import DeviceError, RuntimeErrorBase
+from .errors import DeviceError, InputError, RuntimeErrorBase
+from .images import DEFAULT_MAX_IMAGE_PIXELS
 from .runtime import Executor, Lane, load_executors
 from .runtime.devices import parse_devices
 from .runtime.dispatch import to_host
@@ -151,7 +160,67 @@ class Backend:
             "device": str(self.model.device),
             "devices": [str(executor.device) for executor in self.executors],
             "interactive_lane": self.model.interactive is not None,
+            # Text-and-image models: {height, width, channels, patch_size,
+            # tokens_per_image} of the pixels `embed_images` takes; None for text models.
+            "image_input": None if info.image_input is None else info.image_input.as_dict(),
+            # SigLIP: {length, token_id}, every text padded to `length` with `token_id`.
+            "text_padding": None if info.text_padding is None else info.text_padding.as_dict(),
         }
+
+    def preprocess_image(
+        self, data: bytes, max_pixels: int | None = DEFAULT_MAX_IMAGE_PIXELS
+    ) -> np.ndarray:
+        """An encoded image (PNG, JPEG, WebP, GIF, ...) as the float32 pixels `[C, H, W]`
+        (C-contiguous; `.tobytes()` is what `embed_images` takes) the checkpoint's
+        preprocessor makes. `InputError` for bytes that are no readable image, a truncated
+        one, one above `max_pixels` pixels (None: no limit), or a model without images.
+        Safe to call from many threads at once; it holds the interpreter lock only
+        between Pillow's and numpy's steps."""
+        image_input = self.model.info.image_input
+        if image_input is None:
+            raise InputError(
+                f"{self.model.info.architecture} embeds texts only: it takes no images"
+            )
+        return image_input.preprocessor.preprocess(data, max_pixels)
+
+    def embed_images(self, pixels: Any, interactive: bool = False, device: int = 0) -> np.ndarray:
+        """Image embeddings `[n, D]` float32 (not normalized) of n images' pixels, as
+        little-endian float32 `bytes` of `[n, C, H, W]` (`preprocess_image`'s arrays end to
+        end) or an array of that shape."""
+        return self._call_images(self._pixels(pixels), interactive, device, _numpy)
+
+    def _pixels(self, pixels: Any) -> torch.Tensor:
+        image_input = self.model.info.image_input
+        if image_input is None:
+            raise InputError(
+                f"{self.model.info.architecture} embeds texts only: it takes no images"
+            )
+        shape = (image_input.channels, image_input.height, image_input.width)
+        if isinstance(pixels, (bytes, bytearray, memoryview)):
+            flat = np.frombuffer(pixels, dtype="<f4")
+            per_image = int(np.prod(shape))
+            if flat.size == 0 or flat.size % per_image:
+                raise InputError(
+                    f"pixels: {flat.size} float32 values are not a whole number of "
+                    f"{'x'.join(map(str, shape))} images"
+                )
+            with warnings.catch_warnings():
+                # The router's buffer is read-only, and nothing writes to these pixels.
+                warnings.filterwarnings("ignore", "The given NumPy array is not writable")
+                return torch.from_numpy(flat.reshape(-1, *shape))
+        return torch.as_tensor(np.asarray(pixels, dtype=np.float32))
+
+    def _call_images(
+        self,
+        pixels: torch.Tensor,
+        interactive: bool,
+        device: int,
+        finish: Callable[[torch.Tensor], T],
+    ) -> T:
+        executor = self.executors[device]
+        lane = executor.lane(interactive)
+        with _device_failures(executor), lane.active():
+            return finish(executor.embed_images(pixels, lane))
 
     def health(self, device: int = 0) -> None:
         """Runs one tiny forward pass on that device; raises if the model cannot run."""
@@ -204,17 +273,23 @@ class Backend:
         return self.executors[device].device.type == "cuda"
 
     def launch(self, method: str, *arrays: Any, device: int = 0) -> Launched:
-        """Starts a bulk batch of `method` ("embed", "embed_all", "predict" or
-        "embed_sparse", with the same arguments) and returns once the device holds all of
+        """Starts a bulk batch of `method` ("embed", "embed_all", "predict", "embed_sparse" or
+        "embed_images", with the same arguments) and returns once the device holds all of
         its work, its rows on their way to the host (with the interactive lane, that is
         when its last step is queued). Read them with `Launched.result()`, before or after
         launching the next batch."""
-        if method not in _LAUNCHABLE:
-            raise ValueError(f"launch: unknown method {method!r}, expected one of {_LAUNCHABLE}")
+        if method not in _LAUNCHABLE and method != "embed_images":
+            raise ValueError(
+                f"launch: unknown method {method!r}, expected one of "
+                f"{[*_LAUNCHABLE, 'embed_images']}"
+            )
         if getattr(type(self), method) is not getattr(Backend, method):
             # A subclass that wraps the method (e.g. to inject faults) keeps its say: its
             # rows are ready when this returns.
             host, wait = to_host(torch.from_numpy(getattr(self, method)(*arrays, device=device)))
+        elif method == "embed_images":
+            (pixels,) = arrays
+            host, wait = self._call_images(self._pixels(pixels), False, device, to_host)
         else:
             host, wait = self._call(
                 _LAUNCHABLE[method], HostArrays.check(*arrays), False, device, to_host

@@ -62,6 +62,24 @@ def _download_from_hub(repo_id: str, revision: str | None) -> Path:
         ) from exc
 
 
+# sentence-transformers module types that hold a whole transformers model in their folder.
+_MODEL_MODULES = ("CLIPModel", "Transformer")
+
+
+def transformer_folder(model_dir: Path) -> Path:
+    """The folder of the checkpoint's config.json: the model folder itself, or where its
+    first sentence-transformers module keeps the model (sentence-transformers' CLIP folders
+    put it in `0_CLIPModel/`)."""
+    if (model_dir / "config.json").is_file():
+        return model_dir
+    for module in _read_modules(model_dir / "modules.json"):
+        kind = str(module.get("type", "")).rsplit(".", 1)[-1]
+        folder = model_dir / str(module.get("path", ""))
+        if kind in _MODEL_MODULES and (folder / "config.json").is_file():
+            return folder
+    return model_dir
+
+
 def read_json(path: Path, *, required: bool = True) -> dict[str, Any] | None:
     """Reads a JSON object; a missing required file or malformed JSON names the file."""
     if not path.is_file():

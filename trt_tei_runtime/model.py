@@ -6,14 +6,17 @@ import os
 import threading
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar, Union
 
 import numpy as np
 import torch
+from PIL import Image
 from tqdm.auto import tqdm
 
 from .batch import PackedBatch
-from .errors import InputError
+from .errors import CheckpointError, InputError
+from .images import DEFAULT_MAX_IMAGE_PIXELS, ImageSource
 from .long_inputs import (
     DEFAULT_MAX_CHUNKS,
     Windows,
@@ -24,7 +27,7 @@ from .long_inputs import (
 from .pooling import apply_score_activation, finish_embeddings
 from .runtime import Executor, LoadedModel, ModelInfo, load_executors, parse_device
 from .runtime.devices import DeviceSpec
-from .runtime.dispatch import Method
+from .runtime.dispatch import Job, Method, run_jobs
 from .runtime.stream import Chunk, cat_rows, run_chunks
 from .sparse import unpack_active
 from .token_ids import TokenIds
@@ -36,6 +39,9 @@ DEFAULT_MAX_BATCH_TOKENS = 16384
 TOKENIZE_CHUNK = 256
 # Fewer inputs than this show no progress bar unless asked.
 PROGRESS_MIN_INPUTS = 256
+# Threads decoding and resizing images ahead of the devices (Pillow releases the
+# interpreter lock while it does).
+IMAGE_THREADS = min(8, os.cpu_count() or 1)
 
 K = TypeVar("K")
 # Token ids of several inputs: lists, or the flat arrays `tokenize_ids` returns.
@@ -48,6 +54,9 @@ class Model:
     >>> model = Model("sentence-transformers/all-MiniLM-L6-v2")
     >>> model.embed(["a query", "a document"]).shape
     (2, 384)
+
+    Text-and-image models (CLIP, SigLIP) also embed images, in the space of their texts:
+    `Model("openai/clip-vit-base-patch32").embed_images(["cat.jpg", png_bytes, pil_image])`.
 
     `device`: one device (default: the first GPU, else the CPU), or several, which then
     share every call's batches: `"all"` (every visible GPU), `"cuda:0,cuda:1"` or a list.
@@ -89,18 +98,33 @@ class Model:
             interactive_lane=False,
         )
         self.info: ModelInfo = self.executors[0].info
-        self.tokenizer = TextTokenizer(
-            self.info.model_dir,
-            self.info.max_input_length,
-            prompts=self.info.prompts,
-            default_prompt_name=self.info.default_prompt_name,
-            pair_template=self.info.pair_template,
-            adapters=self.info.adapters,
-        )
+        self._tokenizer: TextTokenizer | None = None
+        # An image model may come without a tokenizer.json (SigLIP's sentencepiece one has
+        # no fast form): it still embeds images, and says so when asked for texts.
+        if self.info.image_input is None or (self.info.model_dir / "tokenizer.json").is_file():
+            self._tokenizer = TextTokenizer(
+                self.info.model_dir,
+                self.info.max_input_length,
+                prompts=self.info.prompts,
+                default_prompt_name=self.info.default_prompt_name,
+                pair_template=self.info.pair_template,
+                adapters=self.info.adapters,
+                padding=self.info.text_padding,
+            )
         # A batch must hold at least one sequence of the maximum length.
         self.max_batch_tokens = max(max_batch_tokens, self.info.max_input_length)
         self._tokens: Counter[str] = Counter()
         self._tokens_lock = threading.Lock()
+
+    @property
+    def tokenizer(self) -> TextTokenizer:
+        if self._tokenizer is None:
+            raise CheckpointError(
+                f"{self.info.model_dir} has no tokenizer.json: this model embeds images only "
+                "(save its tokenizer as a fast one, e.g. transformers' "
+                "AutoTokenizer(...).save_pretrained, to embed texts)"
+            )
+        return self._tokenizer
 
     @property
     def device(self) -> torch.device:
@@ -189,6 +213,56 @@ class Model:
 
         outputs = self._run(len(texts), chunks(), show_progress_bar, Executor.embed)
         return self._finish(outputs, normalize, dimensions)
+
+    def embed_images(
+        self,
+        images: ImageSource | Sequence[ImageSource],
+        normalize: bool = True,
+        dimensions: int | None = None,
+        show_progress_bar: bool | None = None,
+        max_image_pixels: int | None = DEFAULT_MAX_IMAGE_PIXELS,
+    ) -> np.ndarray:
+        """Image embeddings `(n, dim)` float32 of a text-and-image model (CLIP, SigLIP), in
+        the space of `embed`'s: each image a PIL image, a path, or the bytes of a PNG, JPEG,
+        WebP or GIF (its first frame), preprocessed as the checkpoint's
+        `preprocessor_config.json` says (`images.py`). An image that cannot be read or has
+        more than `max_image_pixels` pixels (None: no limit) is an `InputError` naming its
+        index. Images are decoded on a few threads while the devices run earlier batches."""
+        image_input = self.info.image_input
+        if image_input is None:
+            raise InputError(
+                f"{self.info.architecture} embeds texts only: it takes no images "
+                "(image models: CLIPModel, SiglipModel)"
+            )
+        items = _as_images(images)
+        self._check_dimensions(dimensions)
+        if not items:
+            return np.zeros((0, dimensions or self.info.hidden_size), dtype=np.float32)
+        per_batch = self.executors[0].max_images(self.max_batch_tokens)
+        preprocessor = image_input.preprocessor
+        pin = any(executor.device.type == "cuda" for executor in self.executors)
+
+        def prepare(index: int) -> np.ndarray:
+            try:
+                return preprocessor.preprocess(items[index], max_image_pixels)
+            except InputError as exc:
+                raise InputError(f"image {index}: {exc}") from None
+
+        def jobs(pool: ThreadPoolExecutor) -> Iterator[Job[torch.Tensor]]:
+            for start in range(0, len(items), per_batch):
+                rows = range(start, min(start + per_batch, len(items)))
+                pixels = torch.from_numpy(np.stack(list(pool.map(prepare, rows))))
+                yield Job(start, pixels.pin_memory() if pin else pixels)
+
+        outputs: dict[int, torch.Tensor] = {}
+        progress = self._progress(len(items), show_progress_bar)
+        with progress, ThreadPoolExecutor(IMAGE_THREADS, "image-decode") as pool:
+            for job, out, device in run_jobs(self.executors, jobs(pool), _embed_images):
+                outputs[job.key] = out
+                self._count_tokens(0, device, out.shape[0] * image_input.tokens_per_image)
+                progress.update(out.shape[0])
+        pooled = torch.cat([outputs[start] for start in sorted(outputs)])
+        return self._finish(pooled, normalize, dimensions)
 
     def embed_sparse(
         self,
@@ -430,6 +504,15 @@ class Model:
         with self._tokens_lock:
             self._tokens[str(device)] += tokens
 
+    @staticmethod
+    def _progress(count: int, show_progress_bar: bool | None) -> tqdm:
+        # tqdm's None: shown on a terminal only.
+        if show_progress_bar is None:
+            disable = True if count < PROGRESS_MIN_INPUTS else None
+        else:
+            disable = not show_progress_bar
+        return tqdm(total=count, disable=disable, unit="input")
+
     def _run(
         self,
         count: int,
@@ -442,12 +525,7 @@ class Model:
         in input order."""
         if count == 0:
             return None
-        # tqdm's None: shown on a terminal only.
-        if show_progress_bar is None:
-            disable = True if count < PROGRESS_MIN_INPUTS else None
-        else:
-            disable = not show_progress_bar
-        progress = tqdm(total=count, disable=disable, unit="input")
+        progress = self._progress(count, show_progress_bar)
 
         def on_batch(rows: int, device: torch.device, tokens: int) -> None:
             self._count_tokens(rows, device, tokens)
@@ -466,6 +544,17 @@ class Model:
                 if out is not None:
                     outputs.append(out)
         return cat_rows(outputs)
+
+
+def _embed_images(executor: Executor, pixels: torch.Tensor) -> torch.Tensor:
+    return executor.embed_images(pixels)
+
+
+def _as_images(images: ImageSource | Sequence[ImageSource]) -> list[ImageSource]:
+    """One image (bytes, a path, a PIL image) or a list of them."""
+    if isinstance(images, (bytes, bytearray, memoryview, str, os.PathLike, Image.Image)):
+        return [images]
+    return list(images)
 
 
 def _as_items(texts_or_pairs: TextOrPair | Sequence[TextOrPair]) -> list[TextOrPair]:

@@ -13,7 +13,10 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from .errors import CheckpointError
+from .token_ids import TokenIds
 
 
 @dataclass(frozen=True)
@@ -55,6 +58,30 @@ class PairTemplate:
         }
 
 
+@dataclass(frozen=True)
+class TextPadding:
+    """Texts padded to `length` tokens with `token_id` after truncation, for models trained
+    on padded texts whose pooled token is a pad (SigLIP: `padding="max_length"`, and no
+    attention mask: the pads are attended to)."""
+
+    length: int
+    token_id: int
+
+    def as_dict(self) -> dict[str, int]:
+        return {"length": self.length, "token_id": self.token_id}
+
+    def pad(self, tokens: TokenIds) -> TokenIds:
+        """Every sequence (at most `length` long) followed by pads up to `length`."""
+        count = len(tokens)
+        padded = np.full((count, self.length), self.token_id, dtype=np.uint32)
+        lengths = tokens.lengths
+        rows = np.repeat(np.arange(count), lengths)
+        columns = np.arange(tokens.num_tokens) - np.repeat(tokens.offsets[:-1], lengths)
+        padded[rows, columns] = tokens.ids
+        offsets = np.arange(count + 1, dtype=np.int64) * self.length
+        return TokenIds(padded.reshape(-1), offsets)
+
+
 # The documented prompt of Qwen/Qwen3-Reranker-{0.6B,4B,8B} (model card, "Transformers
 # usage"): a chat turn asking for "yes" or "no", with an empty thinking block.
 QWEN3_RERANKER = PairTemplate(
@@ -91,13 +118,13 @@ class Vocabulary:
                 raise CheckpointError(f"cannot read {path}: {exc}") from exc
         return self._tokenizer
 
-    def token_id(self, token: str) -> int:
+    def token_id(self, token: str, needed_for: str = "yes/no scoring") -> int:
         """The id of one vocabulary token, as transformers' `convert_tokens_to_ids` finds it."""
         value = self._load().token_to_id(token)
         if value is None:
             raise CheckpointError(
-                f"tokenizer.json in {self.model_dir} has no token {token!r}, which yes/no "
-                "scoring needs"
+                f"tokenizer.json in {self.model_dir} has no token {token!r}, which "
+                f"{needed_for} needs"
             )
         return int(value)
 

@@ -20,7 +20,7 @@ import numpy as np
 from ._router import FlatTokenizer
 from .errors import CheckpointError, InputError
 from .long_inputs import Windows
-from .templates import PairTemplate
+from .templates import PairTemplate, TextPadding
 from .token_ids import TokenIds
 
 TextOrPair = Union[str, Sequence[str]]
@@ -50,7 +50,9 @@ class TextTokenizer:
         default_prompt_name: Optional[str] = None,
         pair_template: Optional[PairTemplate] = None,
         adapters: Optional[dict[str, int]] = None,
+        padding: Optional[TextPadding] = None,
     ) -> None:
+        """`padding`: texts to embed are padded after truncation (SigLIP's)."""
         path = model_dir / "tokenizer.json"
         if not path.is_file():
             raise CheckpointError(
@@ -75,6 +77,7 @@ class TextTokenizer:
         self.max_length = max_length
         self._prompts = sorted(prompts or {})
         self._pair_template = pair_template
+        self._padding = padding
 
     def encode_ids(
         self, texts: Sequence[str], prompt_name: Optional[str] = None, *, truncate: bool = True
@@ -89,6 +92,9 @@ class TextTokenizer:
         except ValueError as exc:
             raise self._error(exc, prompt_name, pairs=None, truncate=truncate) from None
         tokens = TokenIds.from_buffers(ids, lengths)
+        if self._padding is not None:
+            # Pads take type 0 as every token of a model without adapters does.
+            return self._padding.pad(tokens), None
         # No type ids: all are 0 (no adapter).
         return tokens, (TokenIds.from_buffers(type_ids, lengths) if type_ids else None)
 

@@ -221,6 +221,8 @@ impl FlatTokenizer {
             default_adapter,
             // The runtime adds a LoRA adapter's index to the type ids itself.
             adapter_type_stride: 1,
+            // The runtime pads texts itself (`TextTokenizer`'s `padding`).
+            text_padding: None,
         };
         let encoders = InlinePool::new(tokenizer.clone(), config);
         Ok(Self {

@@ -127,6 +127,7 @@ pub fn build_info(args: &Args, info: &ModelInfo, workers: usize) -> Info {
         sha: option_env!("VERGEN_GIT_SHA"),
         docker_label: option_env!("DOCKER_LABEL"),
         devices: Vec::new(),
+        image_input: info.image_input,
     }
 }
 
@@ -342,6 +343,7 @@ fn load_model(
             adapters: info.adapters.clone().unwrap_or_default(),
             default_adapter: default_adapter(&args, &info),
             adapter_type_stride: info.adapter_type_stride.unwrap_or(1),
+            text_padding: info.text_padding,
         },
         warm_hook,
     };

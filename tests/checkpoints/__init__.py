@@ -8,7 +8,9 @@ module per family of factories builds on them:
 - `families`: `make_family_checkpoint` (ModernBERT, NomicBERT, jina-embeddings-v3 and its
   LoRA adapters, Gemma3/EmbeddingGemma) and transformers' jina outputs;
 - `decoders`: `make_decoder_checkpoint` (Llama, Mistral, Qwen2, Qwen3, Gemma2), the BPE
-  tokenizer and transformers' decoder outputs.
+  tokenizer and transformers' decoder outputs;
+- `vision`: `make_vision_checkpoint` (CLIP, SigLIP: text and vision towers, a
+  preprocessor config), sample images made with Pillow and transformers' features.
 
 Tests import from the package: `from checkpoints import make_checkpoint`.
 """

@@ -18,6 +18,7 @@ GENERATOR_FILES = [
     "snapshots/rows.py",
     "checkpoints/configs.py",
     "checkpoints/st_modules.py",
+    "checkpoints/vision.py",
     "checkpoints/vocab.py",
     "checkpoints/weights.py",
 ]

@@ -36,11 +36,13 @@ sys.path.insert(0, str(HERE.parent))  # tests/: the snapshots and checkpoints pa
 from snapshots import generator_sha256  # noqa: E402
 from snapshots.references import (  # noqa: E402
     CLASSIFIER_INPUTS,
+    IMAGES,
     TASK_REFERENCES,
     TEXTS,
     Check,
     classifier_reference,
     embed_reference,
+    image_reference,
 )
 from snapshots.rows import ROWS, build_checkpoint, write_json  # noqa: E402
 
@@ -64,6 +66,8 @@ def checks_for(architecture: str) -> list[Check]:
             checks.append(Check(None, kind, CLASSIFIER_INPUTS, reference))
         else:
             checks.append(Check(None, kind, TEXTS, row.reference or embed_reference))
+        if row.images:
+            checks.append(Check(None, "embed_images", IMAGES, image_reference))
     for task in sorted(TASKS):
         if architecture in TASKS[task]:
             if task not in TASK_REFERENCES:
@@ -87,6 +91,8 @@ def generate_row(folder: Path, architecture: str) -> None:
             "architecture": architecture,
             "checks": [
                 {"task": c.task, "kind": c.kind, "inputs": c.inputs, "normalize": False}
+                # The output's name, where it is not the task's (`Check.key`).
+                | ({} if c.key == (c.task or "default") else {"key": c.key})
                 for c in checks
             ],
         },

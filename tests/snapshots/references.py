@@ -24,6 +24,15 @@ TEXTS = [
 ]
 QUERY = "what is the capital of france"
 DOCUMENTS = ["paris is the capital of france", "the cat sat on the mat", "yes", "a blue house"]
+# Text-and-image models' images: (width, height, mode, seed) of a PNG
+# (checkpoints.vision.png_image): landscape, portrait, smaller than the model's size, and
+# RGBA, greyscale and palette modes.
+IMAGES: list[list[Any]] = [
+    [48, 40, "RGB", 1],
+    [30, 64, "RGBA", 2],
+    [20, 20, "L", 3],
+    [70, 33, "P", 4],
+]
 # Classifiers score pairs (cross-encoders) and single texts.
 CLASSIFIER_INPUTS: list[Any] = [[QUERY, d] for d in DOCUMENTS] + [TEXTS[0], TEXTS[4]]
 
@@ -48,6 +57,56 @@ def embed_reference(folder: Path) -> torch.Tensor:
         model_kwargs={"dtype": torch.float32, "attn_implementation": "eager"},
     )
     return torch.from_numpy(st.encode(TEXTS, batch_size=4, convert_to_numpy=True))
+
+
+def contrastive_text_reference(folder: Path) -> torch.Tensor:
+    """`get_text_features` of each of TEXTS alone, tokenized by transformers with
+    truncation and, for SigLIP, `padding="max_length"` (as its model card says)."""
+    import transformers
+
+    model = transformers.AutoModel.from_pretrained(
+        folder, dtype=torch.float32, attn_implementation="eager"
+    ).eval()
+    tok = transformers.PreTrainedTokenizerFast(
+        tokenizer_file=str(folder / "tokenizer.json"), pad_token="<pad>"
+    )
+    length = model.config.text_config.max_position_embeddings
+    padding = "max_length" if model.config.model_type == "siglip" else False
+    rows = []
+    with torch.no_grad():
+        for text in TEXTS:
+            enc = tok(
+                text, truncation=True, max_length=length, padding=padding, return_tensors="pt"
+            )
+            rows.append(model.get_text_features(input_ids=enc["input_ids"]).pooler_output[0])
+    return torch.stack(rows)
+
+
+def image_reference(folder: Path) -> torch.Tensor:
+    """`get_image_features` of IMAGES on the pixels of transformers' PIL processor of the
+    checkpoint's preprocessor_config.json."""
+    import io
+    import json
+
+    import transformers
+    from checkpoints.vision import png_image
+    from PIL import Image
+    from transformers.image_utils import load_image
+    from transformers.models.clip.image_processing_pil_clip import CLIPImageProcessorPil
+    from transformers.models.siglip.image_processing_pil_siglip import SiglipImageProcessorPil
+
+    config = json.loads((folder / "preprocessor_config.json").read_text())
+    kind = config.pop("image_processor_type")
+    processor = (CLIPImageProcessorPil if kind.startswith("CLIP") else SiglipImageProcessorPil)(
+        **config
+    )
+    images = [load_image(Image.open(io.BytesIO(png_image(*spec)))) for spec in IMAGES]
+    pixels = processor(images=images, return_tensors="pt")["pixel_values"]
+    model = transformers.AutoModel.from_pretrained(
+        folder, dtype=torch.float32, attn_implementation="eager"
+    ).eval()
+    with torch.no_grad():
+        return model.get_image_features(pixel_values=pixels).pooler_output
 
 
 def classifier_reference(folder: Path) -> torch.Tensor:
@@ -105,13 +164,18 @@ class Check:
 
     task: str | None
     # "embed": Model.embed, cosine; "scores": Model.predict raw logits, 1e-4; "sparse":
-    # Model.embed_sparse as a dense (n, vocab) array, 1e-4.
+    # Model.embed_sparse as a dense (n, vocab) array, 1e-4; "embed_images":
+    # Model.embed_images of PNGs made from `inputs` (IMAGES), cosine.
     kind: str
     inputs: list[Any]
     reference: Callable[[Path], torch.Tensor]
 
     @property
     def key(self) -> str:
+        """Its output's name in outputs.safetensors: a row's image check sits beside its
+        own task's check."""
+        if self.kind == "embed_images":
+            return "images"
         return self.task or "default"
 
 

@@ -32,12 +32,13 @@ from checkpoints.configs import (
     set_labels,
 )
 from checkpoints.st_modules import ST, dense_config, module, pooling_config, splade_files
+from checkpoints.vision import preprocessor_config, text_tokenizer, tiny_config, tokenizer_config
 from checkpoints.vocab import bpe, wordpiece
 from checkpoints.weights import redraw_sorted
 from safetensors.torch import save_file
 from tokenizers import Tokenizer
 
-from snapshots.references import sparse_reference
+from snapshots.references import contrastive_text_reference, sparse_reference
 
 # --- tokenizers -------------------------------------------------------------------------------
 
@@ -94,6 +95,10 @@ TOKENIZERS = {
             "model_input_names": ["input_ids", "attention_mask"],
         },
     ),
+    # Text-and-image models: `<end>` last (CLIP's end-of-text token is its largest id);
+    # SigLIP's texts end with it, then pads.
+    "clip": TokenizerStyle(lambda: text_tokenizer("CLIPModel"), tokenizer_config(16)),
+    "siglip": TokenizerStyle(lambda: text_tokenizer("SiglipModel"), tokenizer_config(16)),
 }
 
 # --- config factories -------------------------------------------------------------------------
@@ -178,6 +183,8 @@ class Row:
     # Replaces the default reference (sentence-transformers embeddings of TEXTS, or
     # transformers logits of CLASSIFIER_INPUTS) for the row's own task.
     reference: Callable[[Path], torch.Tensor] | None = None
+    # Text-and-image models: also a check of image embeddings (references.IMAGES).
+    images: bool = False
 
 
 def splade_modules(folder: Path, strategy: str, activation: str) -> None:
@@ -194,6 +201,21 @@ def splade(strategy: str, activation: str, **kwargs: Any) -> Row:
         finish=lambda folder: splade_modules(folder, strategy, activation),
         reference=sparse_reference,
         **kwargs,
+    )
+
+
+def contrastive(architecture: str, tokenizer: str) -> Row:
+    """A text-and-image model: texts by `get_text_features`, images by
+    `get_image_features`, its preprocessor_config.json written beside it."""
+    return Row(
+        lambda vocab_size: tiny_config(architecture, vocab_size),
+        tokenizer,
+        kind="embed",
+        images=True,
+        finish=lambda folder: write_json(
+            folder / "preprocessor_config.json", preprocessor_config(architecture)
+        ),
+        reference=contrastive_text_reference,
     )
 
 
@@ -249,6 +271,8 @@ ROWS: dict[str, Row] = {
         )
         for family, make in DECODERS.items()
     },
+    "CLIPModel": contrastive("CLIPModel", "clip"),
+    "SiglipModel": contrastive("SiglipModel", "siglip"),
 }
 
 # --- building ---------------------------------------------------------------------------------

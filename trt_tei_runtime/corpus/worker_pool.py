@@ -173,6 +173,7 @@ class WorkerPool:
             default_prompt_name=info.default_prompt_name,
             pair_template=info.pair_template,
             adapters=info.adapters,
+            padding=info.text_padding,
         )
 
     def tokenize_ids(

@@ -20,6 +20,8 @@ _ACTIVATIONS: dict[str, Activation] = {
     "silu": F.silu,
     "swish": F.silu,
     "tanh": torch.tanh,
+    # OpenAI CLIP's GELU approximation.
+    "quick_gelu": lambda x: x * torch.sigmoid(1.702 * x),
 }
 
 

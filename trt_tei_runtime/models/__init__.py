@@ -20,6 +20,7 @@ from .adapters import (
 )
 from .base import Task, TransformerModel
 from .bert import BertModel
+from .clip import ClipModel
 from .deberta_v2 import DebertaV2Model
 from .distilbert import DistilBertModel
 from .electra import ElectraModel
@@ -34,6 +35,7 @@ from .nomic_bert import NomicBertModel
 from .qwen2 import Qwen2Model
 from .qwen3 import Qwen3Model
 from .roberta import RobertaModel
+from .siglip import SiglipModel
 
 # Families whose checkpoints only embed.
 EMBEDDER: tuple[Variant, ...] = (Variant("Model", as_embedder),)
@@ -58,7 +60,21 @@ FAMILIES: tuple[Family, ...] = (
     # EmbeddingGemma: bidirectional, its sentence-transformers Dense modules after pooling.
     Family("Gemma3Text", Gemma3TextModel, EMBEDDER),
     Family("Gemma3", Gemma3TextModel, (Variant("ForCausalLM", as_causal_lm_embedder),)),
+    # Texts and images in one space: the text tower is the model, the vision tower its
+    # `image_tower` (models/contrastive.py).
+    Family("CLIP", ClipModel, EMBEDDER),
+    Family("Siglip", SiglipModel, EMBEDDER),
 )
+
+# Architectures refused with a reason rather than the list of supported ones.
+REFUSED: dict[str, str] = {
+    "Siglip2Model": (
+        "SigLIP 2's NaFlex checkpoints (Siglip2Model: each image resized to its own patch "
+        "grid, position embeddings resampled per image) are not supported; the "
+        "fixed-resolution SigLIP 2 checkpoints (e.g. google/siglip2-base-patch16-224, "
+        "architecture SiglipModel) are"
+    ),
+}
 
 # ARCHITECTURES: name -> class. TASKS: tasks a checkpoint can be loaded for other than the
 # one its architecture implies, selected with `task=` at load: task -> name -> class
@@ -78,6 +94,8 @@ def architecture_class(name: str, task: str | None = None) -> type[TransformerMo
                 f"task {task!r} does not apply to architecture {name!r}; it applies to: "
                 + ", ".join(sorted(TASKS[task]))
             ) from None
+    if name in REFUSED:
+        raise UnsupportedArchitectureError(f"config.json: architecture {name!r}: {REFUSED[name]}")
     try:
         return ARCHITECTURES[name]
     except KeyError:

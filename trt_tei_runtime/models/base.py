@@ -48,6 +48,25 @@ class TokenLogitsHead(TaskHead):
         return self.token_logits(hidden)
 
 
+class ImageTower(nn.Module):
+    """A vision tower: images to one embedding each, in the space of the text embeddings.
+    Every image is `tokens_per_image` tokens, so a batch of n images packs as n sequences
+    of that length (`cu_seqlens` = 0, t, 2t, ...); `forward` takes the pixels `[n, C, H, W]`
+    (any float dtype: the tower casts) and that batch's attention metadata, and gives
+    `[n, embedding_size]` in the model dtype."""
+
+    image_size: tuple[int, int]  # (height, width) the pixels must have
+    channels: int
+    patch_size: int
+    tokens_per_image: int
+    embedding_size: int
+    # The transformer blocks, as a model's `layers`.
+    layers: nn.ModuleList
+
+    def forward(self, pixels: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        raise NotImplementedError
+
+
 class TransformerModel(nn.Module):
     """A family's base model: a packed batch to per-token hidden states. Task variants
     (`models.adapters`) add a `head` that maps those states to logits per sequence.
@@ -91,10 +110,28 @@ class TransformerModel(nn.Module):
     adapter_type_stride: int = 1
     # Why LoRA adapters cannot be attached to this family, where they cannot.
     lora_unsupported: ClassVar[str | None] = None
+    # Models trained on texts padded to their full length (SigLIP: its pooled token is the
+    # last pad): every text is padded with the tokenizer's pad token to `max_positions`.
+    pads_texts: ClassVar[bool] = False
+    # Set by two-tower (text and image) models: the vision tower (an instance attribute, as
+    # `head`).
+    image_tower: ImageTower | None
 
     def __init__(self) -> None:
         super().__init__()
         self.head = None
+        self.image_tower = None
+
+    @property
+    def pooled_size(self) -> int:
+        """Width of a pooled embedding, before any sentence-transformers Dense module."""
+        return self.hidden_size
+
+    def project_pooled(self, pooled: torch.Tensor) -> torch.Tensor:
+        """What the model itself applies to a pooled row `[n, hidden_size]` (float32), as
+        float32 `[n, pooled_size]`: CLIP's text projection, SigLIP's text head; nothing for
+        text models."""
+        return pooled
 
     def forward(self, batch: PackedBatch, meta: AttentionMetadata) -> torch.Tensor:
         raise NotImplementedError

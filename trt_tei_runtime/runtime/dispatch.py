@@ -14,7 +14,7 @@ import queue
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import torch
 
@@ -22,17 +22,19 @@ from ..batch import PackedBatch
 from .executor import Executor
 
 Method = Callable[[Executor, PackedBatch], torch.Tensor]
+# What a job's method takes: a packed batch of tokens, or an image batch's pixels.
+B = TypeVar("B")
 
 
 @dataclass
-class Job:
+class Job(Generic[B]):
     key: Any  # the caller's: e.g. which rows the batch holds
-    batch: PackedBatch
+    batch: B
 
 
 @dataclass
 class _Done:
-    job: Job
+    job: Job[Any]
     result: torch.Tensor
     device: torch.device
 
@@ -48,8 +50,10 @@ class _Failure:
 
 
 def run_jobs(
-    executors: list[Executor], jobs: Iterable[Job], method: Method
-) -> Iterator[tuple[Job, torch.Tensor, torch.device]]:
+    executors: list[Executor],
+    jobs: Iterable[Job[B]],
+    method: Callable[[Executor, B], torch.Tensor],
+) -> Iterator[tuple[Job[B], torch.Tensor, torch.device]]:
     """Yields `(job, host result, device it ran on)` for every job, in completion order.
     The first exception (from the iterator or a device) stops the feeding and is raised."""
     todo: queue.Queue[Any] = queue.Queue(maxsize=2 * len(executors))
@@ -78,7 +82,7 @@ def run_jobs(
                 put(_END)
 
     def work(executor: Executor) -> None:
-        pending: tuple[Job, torch.Tensor, Callable[[], None]] | None = None
+        pending: tuple[Job[B], torch.Tensor, Callable[[], None]] | None = None
 
         def deliver() -> None:
             nonlocal pending

@@ -19,11 +19,13 @@ from ..batch import HostArrays, PackedBatch
 from ..errors import InputError
 from ..layers.attention import packed_attention_available
 from ..models import Task
+from ..models.base import ImageTower
 from ..pooling import pool
 from ..sparse import splade_pool, top_active
 from .blas import preferred_blas, query_blas_library
 from .devices import DeviceSpec, parse_device, parse_devices
 from .graphs import MAX_GRAPH_TOKENS, CudaGraphRunner, ForwardPass, Pooler, bulk_ladder
+from .image_graphs import ImageGraphRunner
 from .lanes import InteractiveLane, Lane, on_device
 from .loader import LoadedModel, ModelInfo, load_model
 from .memory import (
@@ -107,6 +109,9 @@ class Executor:
                 self.bulk.graphs = self._capture(
                     min(max_num_tokens, MAX_GRAPH_TOKENS), max_batch_size
                 )
+                self.bulk.image_graphs = self._capture_images(
+                    min(max_num_tokens, MAX_GRAPH_TOKENS), max_batch_size
+                )
                 # One layer's time over a full bulk batch, where bulk batches outgrow
                 # the graphs above: it plans the gate's steps and the bulk graphs.
                 layer = None
@@ -123,6 +128,8 @@ class Executor:
                 if gate is not None:
                     # After every capture: graphs hold no host-side hooks.
                     gate.attach(model.network.layers)
+                    if model.network.image_tower is not None:
+                        gate.attach(model.network.image_tower.layers)
 
     def _add_interactive_lane(
         self,
@@ -178,6 +185,27 @@ class Executor:
         )
         self.bulk.large_graphs = runner
         torch.cuda.empty_cache()
+
+    def max_images(self, max_num_tokens: int, max_batch_size: int | None = None) -> int:
+        """Images a batch of `max_num_tokens` tokens (and at most `max_batch_size`
+        sequences) holds: at least one."""
+        images = max_num_tokens // self._image_tower().tokens_per_image
+        if max_batch_size is not None:
+            images = min(images, max_batch_size)
+        return max(1, images)
+
+    def _capture_images(self, max_num_tokens: int, max_batch_size: int) -> ImageGraphRunner | None:
+        """The vision tower's graphs for batches of up to `max_num_tokens` tokens, where the
+        model has one. As for texts, larger batches run eagerly: their launches cost little
+        next to their work, and an eager bulk pass stops at the gate between layers."""
+        tower = self.model.network.image_tower
+        if tower is None:
+            return None
+        runner = ImageGraphRunner(
+            tower, self.device, self.max_images(max_num_tokens, max_batch_size)
+        )
+        runner.capture()
+        return runner
 
     def _input_staging(self, max_num_tokens: int) -> InputStaging | None:
         """A lane's own buffers for eager batches of up to `max_num_tokens` (CUDA only):
@@ -250,7 +278,7 @@ class Executor:
 
     def _pool(self, hidden: torch.Tensor, cu_seqlens: torch.Tensor) -> torch.Tensor:
         assert self.info.pooling is not None
-        pooled = pool(hidden, cu_seqlens, self.info.pooling)
+        pooled = self.model.network.project_pooled(pool(hidden, cu_seqlens, self.info.pooling))
         for layer in self.model.dense:
             pooled = layer(pooled)
         return pooled
@@ -263,6 +291,10 @@ class Executor:
             self.embed_sparse(batch)  # also the vocabulary logits' chunk
         else:
             self.hidden_states(batch)
+        tower = self.model.network.image_tower
+        if tower is not None:
+            images = max(1, max_num_tokens // tower.tokens_per_image)
+            self.embed_images(torch.zeros((images, tower.channels, *tower.image_size)))
         torch.cuda.synchronize(self.device)
 
     @torch.inference_mode()
@@ -286,6 +318,30 @@ class Executor:
         if out.pooled is not None:
             return out.pooled
         return self._pool(out.hidden, out.batch.cu_seqlens)
+
+    @torch.inference_mode()
+    def embed_images(self, pixels: torch.Tensor, lane: Lane | None = None) -> torch.Tensor:
+        """Image embeddings `[n, dim]` in float32, not normalized, of preprocessed pixels
+        `[n, C, H, W]` (`ModelInfo.image_input`, `images.ImagePreprocessor`)."""
+        tower = self._image_tower()
+        expected = (tower.channels, *tower.image_size)
+        if pixels.dim() != 4 or tuple(pixels.shape[1:]) != expected or not pixels.shape[0]:
+            raise InputError(
+                f"pixels must be [n, {', '.join(map(str, expected))}] with n >= 1, got "
+                f"{list(pixels.shape)}"
+            )
+        if not pixels.is_floating_point():
+            raise InputError(f"pixels must be floating point, got {pixels.dtype}")
+        return (lane or self.bulk).forward_images(pixels, tower).float()
+
+    def _image_tower(self) -> ImageTower:
+        tower = self.model.network.image_tower
+        if tower is None:
+            raise InputError(
+                f"{self.info.architecture} embeds texts only: it takes no images "
+                "(image models: CLIPModel, SiglipModel)"
+            )
+        return tower
 
     @torch.inference_mode()
     def embed_sparse(

@@ -23,8 +23,10 @@ import torch
 from ..batch import PackedBatch
 from ..layers import AttentionMetadata
 from ..models import TransformerModel
+from ..models.base import ImageTower
 from .cuda_driver import CudaDriver
 from .graphs import CudaGraphRunner, ForwardPass
+from .image_graphs import ImageGraphRunner, image_cu_seqlens
 from .preemption import LayerGate
 from .query_path import QueryPath
 from .staging import InputStaging
@@ -54,6 +56,8 @@ class Lane:
         self.graphs = graphs
         # Batches above `graphs`' sizes: segmented replays, the gate between segments.
         self.large_graphs: CudaGraphRunner | None = None
+        # The vision tower's graphs (text-and-image models), for small image batches.
+        self.image_graphs: ImageGraphRunner | None = None
         self.gate = gate
         self.inputs = inputs
 
@@ -82,6 +86,23 @@ class Lane:
             if limit is None or batch.num_tokens <= limit:
                 return self._eager(batch)
             return self._eager_in_parts(batch, limit)
+
+    def forward_images(self, pixels: torch.Tensor, tower: ImageTower) -> torch.Tensor:
+        """The tower's rows `[n, D]` (model dtype) for pixels `[n, C, H, W]`: a graph replay
+        where the lane's image graphs hold the batch, else an eager pass (through the gate
+        on a gated lane, which stops between the tower's layers as between the text's)."""
+        images = pixels.shape[0]
+        if self.image_graphs is not None and self.image_graphs.can_run(images):
+            return self.image_graphs.run(pixels)
+        t = tower.tokens_per_image
+        meta = AttentionMetadata.build(
+            image_cu_seqlens(images, t, self.device), t, packed=self.packed_attention
+        )
+        pixels = pixels.to(self.device, non_blocking=True)
+        if self.gate is None:
+            return tower(pixels, meta)
+        with self.gate.bulk():
+            return tower(pixels, meta)
 
     def _eager(self, batch: PackedBatch) -> ForwardPass:
         batch = self._to_device(batch)
@@ -150,6 +171,14 @@ class InteractiveLane(Lane):
         if self.graphs is not None and self.graphs.can_run(batch):
             return self.graphs.run(batch)
         return self._eager(batch)
+
+    def forward_images(self, pixels: torch.Tensor, tower: ImageTower) -> torch.Tensor:
+        """Never gated: an image query runs eagerly on this lane's stream."""
+        t = tower.tokens_per_image
+        meta = AttentionMetadata.build(
+            image_cu_seqlens(pixels.shape[0], t, self.device), t, packed=True
+        )
+        return tower(pixels.to(self.device, non_blocking=True), meta)
 
 
 def on_device(device: torch.device) -> contextlib.AbstractContextManager[object]:

@@ -18,20 +18,46 @@ from ..checkpoint import (
     read_json,
     read_sentence_transformers_config,
     resolve_model_dir,
+    transformer_folder,
 )
 from ..dense import DenseLayer
 from ..errors import CheckpointError, InputError
+from ..images import ImagePreprocessor
 from ..models import Task, TransformerModel, architecture_class
+from ..models.base import ImageTower
 from ..models.lora import attach_adapters
 from ..models.peft import LoraAdapter, read_adapter
 from ..pooling import canonical_pooling, score_activation
 from ..sparse import SpladeConfig
-from ..templates import PairTemplate, Vocabulary
+from ..templates import PairTemplate, TextPadding, Vocabulary
 from ..weights import WeightReader, load_checkpoint_tensors
 from .devices import parse_device, parse_dtype
 from .engine_files import load_engine_network, read_engine_manifest
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ImageInput:
+    """What a model that embeds images takes: `channels x height x width` float32 pixels
+    per image, as `preprocessor` makes them from an encoded image; each image runs as
+    `tokens_per_image` tokens (what it counts for in a batch's token budget)."""
+
+    height: int
+    width: int
+    channels: int
+    patch_size: int
+    tokens_per_image: int
+    preprocessor: ImagePreprocessor
+
+    def as_dict(self) -> dict[str, int]:
+        return {
+            "height": self.height,
+            "width": self.width,
+            "channels": self.channels,
+            "patch_size": self.patch_size,
+            "tokens_per_image": self.tokens_per_image,
+        }
 
 
 @dataclass
@@ -65,6 +91,10 @@ class ModelInfo:
     # SPLADE models: how token logits are pooled, and the default cap on active dimensions.
     splade: SpladeConfig | None = None
     max_active_dims: int | None = None
+    # Models that also embed images (CLIP, SigLIP): what their images must be.
+    image_input: ImageInput | None = None
+    # Models trained on padded texts (SigLIP): the length and pad token every text takes.
+    text_padding: TextPadding | None = None
 
     @property
     def model_type(self) -> str:
@@ -114,7 +144,8 @@ def load_model(
     PEFT LoRA folder, stacked onto the base weights and chosen per token (`models.lora`)."""
     if max_active_dims is not None and max_active_dims <= 0:
         raise InputError(f"max_active_dims must be a positive integer, got {max_active_dims}")
-    model_dir = resolve_model_dir(model_id, revision)
+    root = resolve_model_dir(model_id, revision)
+    model_dir = transformer_folder(root)
     config = read_json(model_dir / "config.json")
     assert config is not None
     architectures = config.get("architectures")
@@ -122,7 +153,7 @@ def load_model(
         raise CheckpointError(f"config.json in {model_dir}: missing field 'architectures'")
     arch_name = str(architectures[0])
     arch = architecture_class(arch_name, task)
-    st = read_sentence_transformers_config(model_dir)
+    st = read_sentence_transformers_config(root)
     torch_device = parse_device(device)
     torch_dtype = parse_dtype(dtype, torch_device, config.get("torch_dtype") or config.get("dtype"))
 
@@ -205,7 +236,7 @@ def _model_info(
         architecture=arch_name,
         task=network.task,
         model_dir=model_dir,
-        hidden_size=dense[-1].linear.out_features if dense else network.hidden_size,
+        hidden_size=dense[-1].linear.out_features if dense else network.pooled_size,
         max_input_length=max_length,
         position_offset=network.position_offset,
         pooling=None,
@@ -228,6 +259,8 @@ def _model_info(
                 f"{arch_name} has no masked-LM head"
             )
         info.pooling = canonical_pooling(pooling or st.pooling or network.default_pooling)
+        if network.image_tower is not None:
+            _image_model_info(info, network, network.image_tower)
     else:
         if pooling is not None:
             raise InputError(f"{arch_name} is a classifier: pooling does not apply to it")
@@ -238,6 +271,49 @@ def _model_info(
             network.classifier.num_labels, network.classifier.problem_type
         )
     return info
+
+
+def _image_model_info(info: ModelInfo, network: TransformerModel, tower: ImageTower) -> None:
+    """A text-and-image model: its fixed text pooling, its texts' padding, its images."""
+    if info.pooling != network.default_pooling:
+        raise InputError(
+            f"{info.architecture} pools its texts as it was trained ({network.default_pooling}); "
+            f"pooling {info.pooling!r} does not apply to it"
+        )
+    preprocessor = ImagePreprocessor.from_folder(info.model_dir)
+    size = preprocessor.output_size
+    if size != tower.image_size:
+        shown = "of the image's own aspect ratio" if size is None else "x".join(map(str, size))
+        raise CheckpointError(
+            f"{info.model_dir / 'preprocessor_config.json'} makes images {shown}; the vision "
+            f"tower takes {tower.image_size[0]}x{tower.image_size[1]}"
+        )
+    info.image_input = ImageInput(
+        height=tower.image_size[0],
+        width=tower.image_size[1],
+        channels=tower.channels,
+        patch_size=tower.patch_size,
+        tokens_per_image=tower.tokens_per_image,
+        preprocessor=preprocessor,
+    )
+    if network.pads_texts and (info.model_dir / "tokenizer.json").is_file():
+        token = _pad_token(info.model_dir)
+        token_id = Vocabulary(info.model_dir).token_id(token, "padding texts to their length")
+        info.text_padding = TextPadding(info.max_input_length, token_id)
+
+
+def _pad_token(model_dir: Path) -> str:
+    """The tokenizer's pad token (tokenizer_config.json, else special_tokens_map.json)."""
+    for name in ("tokenizer_config.json", "special_tokens_map.json"):
+        value = (read_json(model_dir / name, required=False) or {}).get("pad_token")
+        if isinstance(value, dict):
+            value = value.get("content")
+        if isinstance(value, str) and value:
+            return value
+    raise CheckpointError(
+        f"{model_dir}: the model pads its texts, but neither tokenizer_config.json nor "
+        "special_tokens_map.json names a pad_token"
+    )
 
 
 def _read_adapters(folders: Mapping[str, str | os.PathLike[str]]) -> list[LoraAdapter]:

@@ -101,8 +101,11 @@ def estimate_model_memory(
     weights = sum(
         _tensor_bytes(stored, numel, elem, engine) for stored, numel in _weight_headers(model_dir)
     )
-    hidden = int(config.get("hidden_size") or 0)
-    intermediate = int(config.get("intermediate_size") or 4 * hidden)
+    # Text-and-image models keep their sizes per tower; the wider one bounds a layer.
+    towers = [config.get(k) for k in ("text_config", "vision_config")]
+    sizes = [config, *(t for t in towers if isinstance(t, dict))]
+    hidden = max(int(c.get("hidden_size") or 0) for c in sizes)
+    intermediate = max(int(c.get("intermediate_size") or 4 * hidden) for c in sizes)
     batch = lanes * max_num_tokens * (4 * hidden + intermediate) * elem
     return MemoryEstimate(weights=weights, batch=batch)
 

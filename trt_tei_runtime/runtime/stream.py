@@ -97,7 +97,7 @@ def run_chunks(
     order: deque[_Pending[K]] = deque()
     lock = threading.Lock()
 
-    def jobs() -> Iterator[Job]:
+    def jobs() -> Iterator[Job[PackedBatch]]:
         for chunk in chunks:
             lengths = chunk.ids.lengths
             empty = np.flatnonzero(lengths == 0)

@@ -172,6 +172,8 @@ impl FakeBackend {
             device: Some("cpu".into()),
             interactive_lane: false,
             devices: None,
+            image_input: None,
+            text_padding: None,
         }
     }
 

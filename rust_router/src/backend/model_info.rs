@@ -1,7 +1,7 @@
 //! What the runtime tells the router about the loaded model ([`ModelInfo`]).
 
 use super::contract::{BackendError, BatchKind};
-use crate::tokenization::PairTemplate;
+use crate::tokenization::{PairTemplate, TextPadding};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashMap};
 
@@ -90,11 +90,29 @@ pub struct ModelInfo {
     /// (`device=i`). Missing, empty or one entry: one device, called without `device=`.
     #[serde(default)]
     pub devices: Option<Vec<String>>,
+    /// Set for models that also embed images (CLIP, SigLIP): the pixels each image becomes.
+    #[serde(default)]
+    pub image_input: Option<ImageInput>,
+    /// Set for models trained on padded texts (SigLIP): every text, after truncation, is padded
+    /// to the same length with a pad token.
+    #[serde(default)]
+    pub text_padding: Option<TextPadding>,
+}
+
+/// What one image becomes before the model sees it (`Backend.info()`'s `image_input`): a
+/// float32 `[channels, height, width]` array, costing `tokens_per_image` tokens of a batch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct ImageInput {
+    pub height: usize,
+    pub width: usize,
+    pub channels: usize,
+    pub patch_size: usize,
+    pub tokens_per_image: usize,
 }
 
 impl ModelInfo {
     /// Every key of the contract, in the struct's order.
-    pub const FIELDS: [&'static str; 20] = [
+    pub const FIELDS: [&'static str; 22] = [
         "model_type",
         "tokenizer_path",
         "max_input_length",
@@ -115,6 +133,8 @@ impl ModelInfo {
         "device",
         "interactive_lane",
         "devices",
+        "image_input",
+        "text_padding",
     ];
 
     /// Rejects an info that the router could not serve correctly, before any request arrives.

@@ -1,6 +1,6 @@
 //! Wire types of `/info` and `/health`: the model, the router's settings, the devices.
 
-use crate::backend::DeviceStatus;
+use crate::backend::{DeviceStatus, ImageInput};
 use serde::Serialize;
 use std::collections::BTreeMap;
 use utoipa::ToSchema;
@@ -47,6 +47,10 @@ pub struct Info {
     pub docker_label: Option<&'static str>,
     /// Every device the server runs on, filled in when `/info` is asked.
     pub devices: Vec<DeviceInfo>,
+    /// Set when the model also embeds images (CLIP, SigLIP): the size each image is resized
+    /// to and the tokens of a batch it costs. Absent for text-only models.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub image_input: Option<ImageInput>,
 }
 
 /// One device in `/info`.

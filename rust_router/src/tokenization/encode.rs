@@ -161,6 +161,15 @@ pub struct PairTemplate {
     pub suffix_ids: Vec<u32>,
 }
 
+/// Texts padded to one length (`Backend.info()`'s `text_padding`), for models trained on padded
+/// texts whose pooled token may be a pad (SigLIP: the pads are attended to). Every input, after
+/// truncation, gets pads of `token_id` up to `length` tokens, type id 0, positions continuing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TextPadding {
+    pub length: usize,
+    pub token_id: u32,
+}
+
 /// What the workers need to know about the model.
 #[derive(Debug, Clone, Default)]
 pub struct TokenizerConfig {
@@ -180,6 +189,8 @@ pub struct TokenizerConfig {
     /// type `t` is `i * stride + t` (`Backend.info()`'s `adapter_type_stride`; 1 where the
     /// model reads no token types, 2 for BERT-style pairs).
     pub adapter_type_stride: u32,
+    /// Pads every input up to the same length (SigLIP).
+    pub text_padding: Option<TextPadding>,
 }
 
 #[derive(Debug)]
@@ -260,6 +271,14 @@ pub(crate) struct Encoder {
 
 fn tok_err(e: impl std::fmt::Display) -> TokenizationError {
     TokenizationError::Tokenizer(e.to_string())
+}
+
+/// `ids` (already at most `padding.length` long) followed by pads up to `padding.length`.
+fn pad(mut ids: Vec<u32>, mut type_ids: Vec<u32>, padding: TextPadding) -> (Vec<u32>, Vec<u32>) {
+    let length = padding.length.max(ids.len());
+    ids.resize(length, padding.token_id);
+    type_ids.resize(length, 0);
+    (ids, type_ids)
 }
 
 impl Encoder {
@@ -430,6 +449,10 @@ impl Encoder {
                 "the input produced no tokens".into(),
             ));
         }
+        let (input_ids, token_type_ids) = match cfg.model.text_padding {
+            Some(padding) => pad(input_ids, token_type_ids, padding),
+            None => (input_ids, token_type_ids),
+        };
         let offset = cfg.model.position_offset;
         let position_ids = (offset..offset + input_ids.len() as u32).collect();
         Ok(ValidEncoding {

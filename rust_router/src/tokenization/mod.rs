@@ -25,8 +25,8 @@ pub(crate) use fast_wordpiece::FastWordPiece;
 
 pub use chunk::{weighted_mean, ChunkError, Chunking, LongInput};
 pub use encode::{
-    load_tokenizer, EncodeOptions, EncodingInput, PairTemplate, TokenInfo, TokenizationError,
-    TokenizerConfig, TruncationDirection, ValidEncoding, Window,
+    load_tokenizer, EncodeOptions, EncodingInput, PairTemplate, TextPadding, TokenInfo,
+    TokenizationError, TokenizerConfig, TruncationDirection, ValidEncoding, Window,
 };
 pub(crate) use encode::{EncodeConfig, Encoder};
 pub use priority::PoolPriority;

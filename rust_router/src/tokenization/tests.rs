@@ -234,6 +234,39 @@ async fn pair_template_keeps_the_suffix_when_truncating() {
 }
 
 #[tokio::test]
+async fn text_padding_pads_every_input_after_truncation() {
+    let config = TokenizerConfig {
+        max_input_length: 5,
+        position_offset: 1,
+        text_padding: Some(TextPadding {
+            length: 5,
+            token_id: 0,
+        }),
+        ..Default::default()
+    };
+    let t = Tokenization::new(test_tokenizer(), 1, config);
+    let e = t.encode(single("hello"), Default::default()).await.unwrap();
+    assert_eq!(e.input_ids, vec![2, 4, 3, 0, 0]);
+    assert_eq!(e.token_type_ids, vec![0; 5]);
+    assert_eq!(e.position_ids, vec![1, 2, 3, 4, 5]);
+    let truncate = EncodeOptions {
+        truncate: true,
+        ..Default::default()
+    };
+    let e = t.encode(single("a b c d e"), truncate).await.unwrap();
+    assert_eq!(
+        e.input_ids,
+        vec![2, 12, 13, 14, 3],
+        "cut, no room left for pads"
+    );
+    let e = t
+        .encode(EncodingInput::Ids(vec![2, 4]), Default::default())
+        .await
+        .unwrap();
+    assert_eq!(e.input_ids, vec![2, 4, 0, 0, 0]);
+}
+
+#[tokio::test]
 async fn token_ids_are_checked_and_truncated() {
     let t = test_tokenization(3, 0);
     let ids = |v: &[u32]| EncodingInput::Ids(v.to_vec());
