@@ -5,8 +5,8 @@
 //! HTTP/2. An HTTP/2 connection is served on the workers' runtime, never on the HTTP thread,
 //! which stays the HTTP/1.1 queries' (see `http_thread`).
 
+use super::activity::{ConnectionLimits, DEADLINE_FLUSH};
 use super::in_flight::InFlight;
-use super::ConnectionLimits;
 use crate::shutdown::{Phase, Shutdown, DRAIN_GRACE};
 use axum::extract::Request;
 use axum::response::Response;
@@ -105,20 +105,23 @@ pub(super) fn protocol_of(first: &[u8]) -> Option<Protocol> {
     }
 }
 
-/// Serves one HTTP/2 connection with `service` until the client closes it or the shutdown
-/// sequence ends it: from the drain, the client is told to open no new stream (GOAWAY) and
-/// the streams it has finish; at the deadline (+ `flush`) the connection is dropped. Each
-/// request counts in `in_flight` until it is answered. Runs on `elsewhere` when given.
-pub(super) async fn serve(
-    stream: TcpStream,
-    service: Http2Service,
-    shutdown: Shutdown,
-    in_flight: Arc<InFlight>,
-    elsewhere: Option<Handle>,
-    flush: Duration,
-) {
+/// What an HTTP/2 connection is served with.
+pub(super) struct Served {
+    pub service: Http2Service,
+    pub shutdown: Shutdown,
+    /// Each request counts here until it is answered.
+    pub in_flight: Arc<InFlight>,
+    pub limits: ConnectionLimits,
+}
+
+/// Serves one HTTP/2 connection until the client closes it, stops answering pings (sent
+/// every `--keep-alive-timeout`, answered within `--send-timeout`), or the shutdown sequence
+/// ends it: from the drain, the client is told to open no new stream (GOAWAY) and the
+/// streams it has finish; at the deadline (+ [`DEADLINE_FLUSH`]) the connection is dropped.
+/// Runs on `elsewhere` when given.
+pub(super) async fn serve(stream: TcpStream, served: Served, elsewhere: Option<Handle>) {
     let Some(elsewhere) = elsewhere else {
-        return serve_here(stream, service, shutdown, in_flight, flush).await;
+        return serve_here(stream, served).await;
     };
     // A socket belongs to the runtime that registered it: hand it over unregistered.
     let stream = match stream.into_std() {
@@ -127,7 +130,7 @@ pub(super) async fn serve(
     };
     let task = elsewhere.spawn(async move {
         match TcpStream::from_std(stream) {
-            Ok(stream) => serve_here(stream, service, shutdown, in_flight, flush).await,
+            Ok(stream) => serve_here(stream, served).await,
             Err(e) => tracing::debug!("cannot serve an HTTP/2 connection: {e}"),
         }
     });
@@ -136,13 +139,13 @@ pub(super) async fn serve(
     let _ = task.output().await;
 }
 
-async fn serve_here(
-    stream: TcpStream,
-    service: Http2Service,
-    shutdown: Shutdown,
-    in_flight: Arc<InFlight>,
-    flush: Duration,
-) {
+async fn serve_here(stream: TcpStream, served: Served) {
+    let Served {
+        service,
+        shutdown,
+        in_flight,
+        limits,
+    } = served;
     let _ = stream.set_nodelay(true);
     let requests = service_fn(move |req: hyper::Request<Incoming>| {
         let counted = in_flight.enter();
@@ -155,6 +158,8 @@ async fn serve_here(
     });
     let conn = http2::Builder::new(TokioExecutor::new())
         .timer(TokioTimer::new())
+        .keep_alive_interval(limits.keep_alive_timeout)
+        .keep_alive_timeout(limits.send_timeout)
         .serve_connection(TokioIo::new(stream), requests);
     tokio::pin!(conn);
     tokio::select! {
@@ -166,7 +171,7 @@ async fn serve_here(
         result = conn.as_mut() => log_end(result),
         _ = async {
             shutdown.reached(Phase::Deadline).await;
-            tokio::time::sleep(flush).await;
+            tokio::time::sleep(DEADLINE_FLUSH).await;
         } => tracing::debug!("closing an HTTP/2 connection at the shutdown deadline"),
     }
 }

@@ -329,23 +329,18 @@ async fn serve_any(
     let Some(service) = shared.http2.clone() else {
         return serve_connection(stream, shared, permit).await;
     };
-    let protocol = if http2_only {
-        Ok(Protocol::Http2)
-    } else {
-        sniff(&stream, &shared.limits, &shared.shutdown).await
-    };
-    match protocol {
+    match sniff(&stream, &shared.limits, &shared.shutdown).await {
+        // An HTTP/1.1 client on `--grpc-port`: closed unanswered.
+        Ok(Protocol::Http1) if http2_only => {}
         Ok(Protocol::Http1) => return serve_connection(stream, shared, permit).await,
         Ok(Protocol::Http2) => {
-            http2::serve(
-                stream,
+            let served = http2::Served {
                 service,
-                shared.shutdown.clone(),
-                shared.in_flight.clone(),
-                shared.handlers.elsewhere.clone(),
-                DEADLINE_FLUSH,
-            )
-            .await
+                shutdown: shared.shutdown.clone(),
+                in_flight: shared.in_flight.clone(),
+                limits: shared.limits,
+            };
+            http2::serve(stream, served, shared.handlers.elsewhere.clone()).await
         }
         Err(Unsniffed::Idle) => shared
             .metrics
