@@ -57,8 +57,9 @@ impl TeiApi {
                     "Input validation error: {why}"
                 )))
             })?;
+        // A deadline past what the clock can hold (centuries away) is none.
         Ok(Call {
-            deadline: Some(Instant::now() + timeout),
+            deadline: Instant::now().checked_add(timeout),
         })
     }
 
