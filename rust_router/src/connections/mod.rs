@@ -1,4 +1,5 @@
-//! Accepting and serving HTTP/1.1 connections, with the limits that keep slow, idle or absent
+//! Accepting and serving HTTP/1.1 connections (and HTTP/2 ones, for gRPC: [`http2`]), with the
+//! limits that keep slow, idle or absent
 //! clients from holding the server: a deadline for a request's headers, an idle keep-alive
 //! timeout, a send deadline for answers the client does not read and a cap on the answer
 //! bytes all connections hold ([`activity`]), a cap on open connections (past it, a new
@@ -11,9 +12,12 @@
 
 mod activity;
 mod closing;
+mod http2;
+mod in_flight;
 mod peer;
 
 pub use activity::{ConnectionLimits, UnsentBytes, DEADLINE_FLUSH};
+pub use http2::Http2Service;
 
 use crate::http::error::{is_openai_path, shutting_down, ApiError, ErrorType};
 use crate::http_thread::Handlers;
@@ -27,10 +31,12 @@ use axum::body::HttpBody as _;
 use axum::response::{IntoResponse, Response};
 use axum::Router;
 use closing::{linger, refuse, Refusals, LINGER};
+use http2::{sniff, Protocol, Unsniffed};
 use hyper::body::Incoming;
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
+use in_flight::InFlight;
 use peer::{PeerState, PeerWatch, PROBE_POLL};
 use std::future::Future as _;
 use std::io;
@@ -48,25 +54,6 @@ use tokio::time::Instant;
 /// rather than refused; clients that reconnect after their 503 kept hitting that window.
 pub const LISTEN_QUIET: Duration = Duration::from_millis(100);
 
-/// Requests in a handler across every connection: the drain ends when none is left.
-#[derive(Debug, Default)]
-struct InFlight {
-    count: std::sync::atomic::AtomicUsize,
-    none_left: tokio::sync::Notify,
-}
-
-impl InFlight {
-    async fn wait_until_none(&self) {
-        loop {
-            let notified = self.none_left.notified();
-            if self.count.load(std::sync::atomic::Ordering::Acquire) == 0 {
-                return;
-            }
-            notified.await;
-        }
-    }
-}
-
 /// Marks a request's handler as running until dropped (also when the client goes away).
 struct InHandler {
     activity: SharedActivity,
@@ -81,9 +68,7 @@ impl InHandler {
         a.requests += 1;
         a.http11 = http11;
         drop(a);
-        in_flight
-            .count
-            .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        in_flight.count_one();
         Self {
             activity: activity.clone(),
             in_flight: in_flight.clone(),
@@ -97,13 +82,7 @@ impl Drop for InHandler {
         a.in_handler -= 1;
         a.idle_since = Instant::now();
         drop(a);
-        let before = self
-            .in_flight
-            .count
-            .fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
-        if before == 1 {
-            self.in_flight.none_left.notify_waiters();
-        }
+        self.in_flight.leave();
     }
 }
 
@@ -139,9 +118,33 @@ impl ConnDeadline {
     }
 }
 
+/// What [`serve`] serves.
+pub struct Endpoints {
+    /// The HTTP port's listeners: HTTP/1.1, and HTTP/2 when `http2` is set.
+    pub http: Vec<TcpListener>,
+    /// `--grpc-port`'s listeners: HTTP/2 only.
+    pub grpc: Vec<TcpListener>,
+    pub app: Router,
+    /// What answers HTTP/2 requests (gRPC, and the app's routes); `None`: HTTP/1.1 only.
+    pub http2: Option<Http2Service>,
+}
+
+impl Endpoints {
+    /// `app` on `http`, HTTP/1.1 only.
+    pub fn http1(http: Vec<TcpListener>, app: Router) -> Self {
+        Self {
+            http,
+            grpc: Vec::new(),
+            app,
+            http2: None,
+        }
+    }
+}
+
 /// Everything the accept loop and the connections share.
 struct Shared {
     app: Router,
+    http2: Option<Http2Service>,
     limits: ConnectionLimits,
     shutdown: Shutdown,
     metrics: Arc<Metrics>,
@@ -163,20 +166,32 @@ impl Shared {
     }
 }
 
-/// Serves `app` on every listener until the shutdown sequence ends: after `Draining` no
-/// connection is accepted and each one closes as soon as it has nothing accepted to finish;
-/// after `Deadline` (+ [`DEADLINE_FLUSH`]) every one is closed. Each request's handler runs
-/// where `handlers` says.
+/// Serves `endpoints` until the shutdown sequence ends: after `Draining` no connection is
+/// accepted and each one closes as soon as it has nothing accepted to finish; after
+/// `Deadline` (+ [`DEADLINE_FLUSH`]) every one is closed. Each HTTP/1.1 request's handler
+/// runs where `handlers` says; HTTP/2 connections are served on its `elsewhere` runtime.
 pub async fn serve(
-    listeners: Vec<TcpListener>,
-    app: Router,
+    endpoints: Endpoints,
     limits: ConnectionLimits,
     shutdown: Shutdown,
     metrics: Arc<Metrics>,
     handlers: Handlers,
 ) {
+    let Endpoints {
+        http,
+        grpc,
+        app,
+        http2,
+    } = endpoints;
+    // Each listener with whether it takes HTTP/2 only.
+    let listeners: Vec<(TcpListener, bool)> = http
+        .into_iter()
+        .map(|l| (l, false))
+        .chain(grpc.into_iter().map(|l| (l, true)))
+        .collect();
     let shared = Arc::new(Shared {
         app,
+        http2,
         limits,
         shutdown: shutdown.clone(),
         unsent: Arc::new(UnsentBytes::new(
@@ -208,7 +223,7 @@ pub async fn serve(
             Some(_) = connections.join_next(), if !connections.is_empty() => continue,
         };
         match accepted {
-            Ok(stream) => admit(stream, &shared, &mut connections),
+            Ok((stream, http2_only)) => admit(stream, http2_only, &shared, &mut connections),
             Err(e) => {
                 // Out of file descriptors, usually: wait instead of spinning on the error.
                 tracing::error!("cannot accept a connection: {e}");
@@ -224,15 +239,15 @@ pub async fn serve(
     loop {
         tokio::select! {
             accepted = tokio::time::timeout(LISTEN_QUIET, accept_any(&listeners)) => match accepted {
-                Ok(Ok(stream)) => admit(stream, &shared, &mut connections),
+                Ok(Ok((stream, http2_only))) => admit(stream, http2_only, &shared, &mut connections),
                 Ok(Err(_)) | Err(_) => break,
             },
             _ = &mut deadline => break,
         }
     }
-    for listener in &listeners {
+    for (listener, http2_only) in &listeners {
         while let Some(Ok((stream, _))) = futures_util::FutureExt::now_or_never(listener.accept()) {
-            admit(stream, &shared, &mut connections);
+            admit(stream, *http2_only, &shared, &mut connections);
         }
     }
     drop(listeners);
@@ -253,17 +268,20 @@ pub async fn serve(
     }
 }
 
-async fn accept_any(listeners: &[TcpListener]) -> io::Result<TcpStream> {
-    let accepts = listeners.iter().map(|l| Box::pin(l.accept()));
+/// The next connection of any listener, with whether its listener takes HTTP/2 only.
+async fn accept_any(listeners: &[(TcpListener, bool)]) -> io::Result<(TcpStream, bool)> {
+    let accepts = listeners.iter().map(|(l, http2_only)| {
+        Box::pin(async move { l.accept().await.map(|(stream, _)| (stream, *http2_only)) })
+    });
     let (result, _, _) = futures_util::future::select_all(accepts).await;
-    result.map(|(stream, _)| stream)
+    result
 }
 
-fn admit(stream: TcpStream, shared: &Arc<Shared>, connections: &mut JoinSet<()>) {
+fn admit(stream: TcpStream, http2_only: bool, shared: &Arc<Shared>, connections: &mut JoinSet<()>) {
     match shared.open.clone().try_acquire_owned() {
         Ok(permit) => {
             shared.set_open_gauge();
-            connections.spawn(serve_connection(stream, shared.clone(), permit));
+            connections.spawn(serve_any(stream, http2_only, shared.clone(), permit));
         }
         Err(_) => refuse(
             stream,
@@ -298,6 +316,42 @@ fn answer_bytes(response: &Response, method: &hyper::Method) -> u64 {
         response.body().size_hint().lower()
     };
     head_bytes(response) + body
+}
+
+/// Serves a connection in the protocol it speaks: HTTP/2 on an HTTP/2-only listener, else
+/// as its first bytes tell when HTTP/2 is served at all, else HTTP/1.1.
+async fn serve_any(
+    stream: TcpStream,
+    http2_only: bool,
+    shared: Arc<Shared>,
+    permit: OwnedSemaphorePermit,
+) {
+    let Some(service) = shared.http2.clone() else {
+        return serve_connection(stream, shared, permit).await;
+    };
+    match sniff(&stream, &shared.limits, &shared.shutdown).await {
+        // An HTTP/1.1 client on `--grpc-port`: closed unanswered.
+        Ok(Protocol::Http1) if http2_only => {}
+        Ok(Protocol::Http1) => return serve_connection(stream, shared, permit).await,
+        Ok(Protocol::Http2) => {
+            let served = http2::Served {
+                service,
+                shutdown: shared.shutdown.clone(),
+                in_flight: shared.in_flight.clone(),
+                limits: shared.limits,
+            };
+            http2::serve(stream, served, shared.handlers.elsewhere.clone()).await
+        }
+        Err(Unsniffed::Idle) => shared
+            .metrics
+            .inc("te_connection_timeout", &[("phase", "idle")]),
+        Err(Unsniffed::Head) => shared
+            .metrics
+            .inc("te_connection_timeout", &[("phase", "header")]),
+        Err(Unsniffed::Closed | Unsniffed::ShuttingDown) => {}
+    }
+    drop(permit);
+    shared.set_open_gauge();
 }
 
 async fn serve_connection(stream: TcpStream, shared: Arc<Shared>, permit: OwnedSemaphorePermit) {
@@ -483,3 +537,6 @@ mod tests;
 
 #[cfg(test)]
 mod tests_clients;
+
+#[cfg(test)]
+mod tests_http2;

@@ -113,8 +113,7 @@ async fn serve_fake(
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let server = tokio::spawn(serve(
-        vec![listener],
-        app.router.clone(),
+        Endpoints::http1(vec![listener], app.router.clone()),
         limits(),
         shutdown.clone(),
         app.metrics.clone(),

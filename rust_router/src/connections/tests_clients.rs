@@ -61,8 +61,7 @@ async fn start(limits: ConnectionLimits) -> Server {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(serve(
-        vec![listener],
-        app(dropped.clone()),
+        Endpoints::http1(vec![listener], app(dropped.clone())),
         limits,
         Shutdown::default(),
         metrics.clone(),
@@ -236,8 +235,7 @@ async fn a_declared_oversize_body_is_refused_before_it_is_sent() {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(serve(
-        vec![listener],
-        test.router.clone(),
+        Endpoints::http1(vec![listener], test.router.clone()),
         limits(),
         Shutdown::default(),
         test.metrics.clone(),

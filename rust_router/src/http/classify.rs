@@ -4,7 +4,7 @@ use super::body::TeiJson;
 use super::error::{ApiError, ErrorResponse, InputNames, TRUNCATE_HINT};
 use super::model_routes::Needs;
 use super::openapi::Refusals;
-use super::response_meta::ResponseMeta;
+use super::response_meta::{Answered, ResponseMeta};
 use super::state::AppState;
 use super::types::{
     PredictInput, PredictRequest, PredictResponse, Prediction, Rank, RerankRequest, RerankResponse,
@@ -35,70 +35,76 @@ fn descending(a: f32, b: f32) -> Ordering {
     )
 )]
 pub async fn predict(State(state): State<AppState>, req: TeiJson<PredictRequest>) -> Response {
-    let result = async {
-        let req = req.0;
-        let state = state.for_model(req.model.as_deref())?;
-        let start = Instant::now();
-        state.require(Needs::Classifier, "/predict")?;
-        let (batched, sequences) = match req.inputs {
-            PredictInput::Single(s) => (false, vec![s]),
-            PredictInput::Batch(b) => (true, b),
-        };
-        state.check_batch(sequences.len(), "inputs")?;
-        let names = InputNames::new("inputs", batched);
-        let empty = |s: &Sequence| match s {
-            Sequence::Single(a) => a.is_empty(),
-            Sequence::Pair(a, b) => a.is_empty() || b.is_empty(),
-        };
-        if let Some(index) = sequences.iter().position(empty) {
-            return Err(ApiError::empty_input(names, index));
-        }
-        let inputs: Vec<EncodingInput> = sequences.into_iter().map(Into::into).collect();
-        let chars = inputs.iter().map(EncodingInput::count_chars).sum();
-        let opts = EncodeOptions {
-            truncate: req.truncate.unwrap_or(state.config.auto_truncate),
-            direction: req.truncation_direction,
-            adapter: state.adapter,
-            ..Default::default()
-        };
-        let request = InferRequest {
-            inputs,
-            opts,
-            batched,
-            priority: req.priority,
-        };
-        let results = state
-            .infer
-            .predict(request, req.raw_scores)
-            .await
-            .map_err(|e| ApiError::inference(e, names, TRUNCATE_HINT))?;
-        let info = state.infer.info();
-        let (predictions, metas): (Vec<Vec<Prediction>>, Vec<_>) = results
-            .into_iter()
-            .map(|(scores, meta)| {
-                let mut p: Vec<Prediction> = scores
-                    .into_iter()
-                    .enumerate()
-                    .map(|(i, score)| Prediction {
-                        score,
-                        label: info.label(i),
-                    })
-                    .collect();
-                p.sort_by(|a, b| descending(a.score, b.score));
-                (p, meta)
-            })
-            .unzip();
-        let meta = ResponseMeta::new(start, chars, &metas);
-        let body = if batched {
-            PredictResponse::Batch(predictions)
-        } else {
-            PredictResponse::Single(predictions.into_iter().next().unwrap_or_default())
-        };
-        let method = if batched { "batch" } else { "single" };
-        Ok((meta.finish(&state, method), Json(body)))
-    }
-    .await;
+    let result = predict_answer(&state, req.0)
+        .await
+        .map(|a| (a.headers, Json(a.body)));
     state.finish(result)
+}
+
+/// `/predict`'s answer to `req` (also the gRPC `Predict` calls').
+pub(crate) async fn predict_answer(
+    state: &AppState,
+    req: PredictRequest,
+) -> Result<Answered<PredictResponse>, ApiError> {
+    let state = state.for_model(req.model.as_deref())?;
+    let start = Instant::now();
+    state.require(Needs::Classifier, "/predict")?;
+    let (batched, sequences) = match req.inputs {
+        PredictInput::Single(s) => (false, vec![s]),
+        PredictInput::Batch(b) => (true, b),
+    };
+    state.check_batch(sequences.len(), "inputs")?;
+    let names = InputNames::new("inputs", batched);
+    let empty = |s: &Sequence| match s {
+        Sequence::Single(a) => a.is_empty(),
+        Sequence::Pair(a, b) => a.is_empty() || b.is_empty(),
+    };
+    if let Some(index) = sequences.iter().position(empty) {
+        return Err(ApiError::empty_input(names, index));
+    }
+    let inputs: Vec<EncodingInput> = sequences.into_iter().map(Into::into).collect();
+    let chars = inputs.iter().map(EncodingInput::count_chars).sum();
+    let opts = EncodeOptions {
+        truncate: req.truncate.unwrap_or(state.config.auto_truncate),
+        direction: req.truncation_direction,
+        adapter: state.adapter,
+        ..Default::default()
+    };
+    let request = InferRequest {
+        inputs,
+        opts,
+        batched,
+        priority: req.priority,
+    };
+    let results = state
+        .infer
+        .predict(request, req.raw_scores)
+        .await
+        .map_err(|e| ApiError::inference(e, names, TRUNCATE_HINT))?;
+    let info = state.infer.info();
+    let (predictions, metas): (Vec<Vec<Prediction>>, Vec<_>) = results
+        .into_iter()
+        .map(|(scores, meta)| {
+            let mut p: Vec<Prediction> = scores
+                .into_iter()
+                .enumerate()
+                .map(|(i, score)| Prediction {
+                    score,
+                    label: info.label(i),
+                })
+                .collect();
+            p.sort_by(|a, b| descending(a.score, b.score));
+            (p, meta)
+        })
+        .unzip();
+    let meta = ResponseMeta::new(start, chars, &metas);
+    let body = if batched {
+        PredictResponse::Batch(predictions)
+    } else {
+        PredictResponse::Single(predictions.into_iter().next().unwrap_or_default())
+    };
+    let method = if batched { "batch" } else { "single" };
+    Ok(meta.answer(&state, method, body))
 }
 
 /// Rank `texts` by relevance to `query`. Returns a 424 status code if the model is not a
@@ -115,43 +121,49 @@ pub async fn predict(State(state): State<AppState>, req: TeiJson<PredictRequest>
     )
 )]
 pub async fn rerank(State(state): State<AppState>, req: TeiJson<RerankRequest>) -> Response {
-    let result = async {
-        let req = req.0;
-        let state = state.for_model(req.model.as_deref())?;
-        let start = Instant::now();
-        state.require(Needs::Reranker, "/rerank")?;
-        let top_n = top_n(req.top_n)?;
-        let opts = EncodeOptions {
-            truncate: req.truncate.unwrap_or(state.config.auto_truncate),
-            direction: req.truncation_direction,
-            adapter: state.adapter,
-            ..Default::default()
-        };
-        let ranked = rank(
-            &state,
-            &req.query,
-            &req.texts,
-            "texts",
-            opts,
-            req.raw_scores,
-            req.priority,
-        )
-        .await?;
-        let ranks: Vec<Rank> = ranked
-            .scores
-            .into_iter()
-            .take(top_n)
-            .map(|(index, score)| Rank {
-                index,
-                text: req.return_text.then(|| req.texts[index].clone()),
-                score,
-            })
-            .collect();
-        let meta = ResponseMeta::new(start, ranked.chars, &ranked.metas);
-        Ok((meta.finish(&state, "batch"), Json(RerankResponse(ranks))))
-    }
-    .await;
+    let result = rerank_answer(&state, req.0)
+        .await
+        .map(|a| (a.headers, Json(RerankResponse(a.body))));
     state.finish(result)
+}
+
+/// `/rerank`'s answer to `req` (also the gRPC `Rerank` call's): ranks, best first.
+pub(crate) async fn rerank_answer(
+    state: &AppState,
+    req: RerankRequest,
+) -> Result<Answered<Vec<Rank>>, ApiError> {
+    let state = state.for_model(req.model.as_deref())?;
+    let start = Instant::now();
+    state.require(Needs::Reranker, "/rerank")?;
+    let top_n = top_n(req.top_n)?;
+    let opts = EncodeOptions {
+        truncate: req.truncate.unwrap_or(state.config.auto_truncate),
+        direction: req.truncation_direction,
+        adapter: state.adapter,
+        ..Default::default()
+    };
+    let ranked = rank(
+        &state,
+        &req.query,
+        &req.texts,
+        "texts",
+        opts,
+        req.raw_scores,
+        req.priority,
+    )
+    .await?;
+    let ranks: Vec<Rank> = ranked
+        .scores
+        .into_iter()
+        .take(top_n)
+        .map(|(index, score)| Rank {
+            index,
+            text: req.return_text.then(|| req.texts[index].clone()),
+            score,
+        })
+        .collect();
+    let meta = ResponseMeta::new(start, ranked.chars, &ranked.metas);
+    Ok(meta.answer(&state, "batch", ranks))
 }
 
 /// How many of the best results a rerank request asks for: `top_n`, all without it. At
@@ -193,11 +205,30 @@ pub(crate) async fn rank(
     if let Some(index) = texts.iter().position(String::is_empty) {
         return Err(ApiError::empty_input(InputNames::List(field), index));
     }
-    let query_chars = query.chars().count();
-    let chars = texts.iter().map(|t| query_chars + t.chars().count()).sum();
     let pairs = texts
         .iter()
-        .map(|text| EncodingInput::Pair(query.to_string(), text.clone()))
+        .map(|text| (query.to_string(), text.clone()))
+        .collect();
+    score_pairs(state, pairs, field, opts, raw_scores, priority).await
+}
+
+/// Scores each (query, text) pair, best first; `field` names the texts in errors. The pairs
+/// are not checked here: [`rank`] checks one query's, the gRPC `RerankStream` each message's.
+pub(crate) async fn score_pairs(
+    state: &AppState,
+    pairs: Vec<(String, String)>,
+    field: &str,
+    opts: EncodeOptions,
+    raw_scores: bool,
+    priority: Option<Priority>,
+) -> Result<Ranked, ApiError> {
+    let chars = pairs
+        .iter()
+        .map(|(query, text)| query.chars().count() + text.chars().count())
+        .sum();
+    let pairs = pairs
+        .into_iter()
+        .map(|(query, text)| EncodingInput::Pair(query, text))
         .collect();
     let request = InferRequest {
         inputs: pairs,

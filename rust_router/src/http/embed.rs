@@ -4,11 +4,11 @@ use super::body::TeiJson;
 use super::error::{ApiError, ErrorResponse, InputNames, LONG_INPUT_HINT, TRUNCATE_HINT};
 use super::model_routes::Needs;
 use super::openapi::Refusals;
-use super::response_meta::ResponseMeta;
+use super::response_meta::{Answered, ResponseMeta};
 use super::state::AppState;
 use super::types::{
-    EmbedAllRequest, EmbedAllResponse, EmbedRequest, EmbedResponse, InputType, SimilarityRequest,
-    SimilarityResponse,
+    EmbedAllRequest, EmbedAllResponse, EmbedRequest, EmbedResponse, Embedding, InputType,
+    SimilarityRequest, SimilarityResponse,
 };
 use crate::infer::{InferError, InferMetadata, InferRequest, Priority};
 use crate::tokenization::{Chunking, EncodeOptions, LongInput};
@@ -121,52 +121,58 @@ pub(crate) fn with_long_input(
     )
 )]
 pub async fn embed(State(state): State<AppState>, req: TeiJson<EmbedRequest>) -> Response {
-    let result = async {
-        let req = req.0;
-        let state = state.for_model(req.model.as_deref())?;
-        let start = Instant::now();
-        state.require(Needs::Embedding, "/embed")?;
-        let (batched, inputs) = req.inputs.into_vec();
-        let names = InputNames::new("inputs", batched);
-        let chars = check_inputs(&state, &inputs, names)?;
-        state.check_dimensions(req.dimensions)?;
-        let encoder = state.encoder(
-            req.encoding_format,
-            req.quantization_ranges,
-            req.normalize,
-            req.dimensions,
-        )?;
-        let opts = encode_options(
-            &state,
-            req.truncate,
-            req.truncation_direction,
-            req.prompt_name,
-        );
-        let opts = with_long_input(
-            &state,
-            opts,
-            req.truncate,
-            req.long_input,
-            req.chunk_overlap,
-        )?;
-        let (embeddings, metas) = embed_inputs(
-            &state,
-            inputs,
-            batched,
-            opts,
-            req.normalize,
-            req.dimensions,
-            req.priority,
-        )
+    let result = embed_answer(&state, req.0)
         .await
-        .map_err(|e| ApiError::inference(e, names, LONG_INPUT_HINT))?;
-        let meta = ResponseMeta::new(start, chars, &metas);
-        let method = if batched { "batch" } else { "single" };
-        let embeddings = embeddings.into_iter().map(|e| encoder.encode(e)).collect();
-        Ok((meta.finish(&state, method), Json(EmbedResponse(embeddings))))
-    }
-    .await;
+        .map(|a| (a.headers, Json(EmbedResponse(a.body))));
     state.finish(result)
+}
+
+/// `/embed`'s answer to `req` (also the gRPC `Embed` call's).
+pub(crate) async fn embed_answer(
+    state: &AppState,
+    req: EmbedRequest,
+) -> Result<Answered<Vec<Embedding>>, ApiError> {
+    let state = state.for_model(req.model.as_deref())?;
+    let start = Instant::now();
+    state.require(Needs::Embedding, "/embed")?;
+    let (batched, inputs) = req.inputs.into_vec();
+    let names = InputNames::new("inputs", batched);
+    let chars = check_inputs(&state, &inputs, names)?;
+    state.check_dimensions(req.dimensions)?;
+    let encoder = state.encoder(
+        req.encoding_format,
+        req.quantization_ranges,
+        req.normalize,
+        req.dimensions,
+    )?;
+    let opts = encode_options(
+        &state,
+        req.truncate,
+        req.truncation_direction,
+        req.prompt_name,
+    );
+    let opts = with_long_input(
+        &state,
+        opts,
+        req.truncate,
+        req.long_input,
+        req.chunk_overlap,
+    )?;
+    let (embeddings, metas) = embed_inputs(
+        &state,
+        inputs,
+        batched,
+        opts,
+        req.normalize,
+        req.dimensions,
+        req.priority,
+    )
+    .await
+    .map_err(|e| ApiError::inference(e, names, LONG_INPUT_HINT))?;
+    let meta = ResponseMeta::new(start, chars, &metas);
+    let method = if batched { "batch" } else { "single" };
+    let embeddings = embeddings.into_iter().map(|e| encoder.encode(e)).collect();
+    Ok(meta.answer(&state, method, embeddings))
 }
 
 /// Get all per-token embeddings (last hidden states, not pooled, not normalized).
@@ -182,41 +188,45 @@ pub async fn embed(State(state): State<AppState>, req: TeiJson<EmbedRequest>) ->
     )
 )]
 pub async fn embed_all(State(state): State<AppState>, req: TeiJson<EmbedAllRequest>) -> Response {
-    let result = async {
-        let req = req.0;
-        let state = state.for_model(req.model.as_deref())?;
-        let start = Instant::now();
-        state.require(Needs::Embedding, "/embed_all")?;
-        let (batched, inputs) = req.inputs.into_vec();
-        let names = InputNames::new("inputs", batched);
-        let chars = check_inputs(&state, &inputs, names)?;
-        let opts = encode_options(
-            &state,
-            req.truncate,
-            req.truncation_direction,
-            req.prompt_name,
-        );
-        let request = InferRequest {
-            inputs: inputs.into_iter().map(Into::into).collect(),
-            opts,
-            batched,
-            priority: req.priority,
-        };
-        let results = state
-            .infer
-            .embed_all(request)
-            .await
-            .map_err(|e| ApiError::inference(e, names, TRUNCATE_HINT))?;
-        let (embeddings, metas): (Vec<_>, Vec<_>) = results.into_iter().unzip();
-        let meta = ResponseMeta::new(start, chars, &metas);
-        let method = if batched { "batch" } else { "single" };
-        Ok::<_, ApiError>((
-            meta.finish(&state, method),
-            Json(EmbedAllResponse(embeddings)),
-        ))
-    }
-    .await;
+    let result = embed_all_answer(&state, req.0)
+        .await
+        .map(|a| (a.headers, Json(EmbedAllResponse(a.body))));
     state.finish(result)
+}
+
+/// `/embed_all`'s answer to `req` (also the gRPC `EmbedAll` call's): per input, a row per
+/// token.
+pub(crate) async fn embed_all_answer(
+    state: &AppState,
+    req: EmbedAllRequest,
+) -> Result<Answered<Vec<Vec<Vec<f32>>>>, ApiError> {
+    let state = state.for_model(req.model.as_deref())?;
+    let start = Instant::now();
+    state.require(Needs::Embedding, "/embed_all")?;
+    let (batched, inputs) = req.inputs.into_vec();
+    let names = InputNames::new("inputs", batched);
+    let chars = check_inputs(&state, &inputs, names)?;
+    let opts = encode_options(
+        &state,
+        req.truncate,
+        req.truncation_direction,
+        req.prompt_name,
+    );
+    let request = InferRequest {
+        inputs: inputs.into_iter().map(Into::into).collect(),
+        opts,
+        batched,
+        priority: req.priority,
+    };
+    let results = state
+        .infer
+        .embed_all(request)
+        .await
+        .map_err(|e| ApiError::inference(e, names, TRUNCATE_HINT))?;
+    let (embeddings, metas): (Vec<_>, Vec<_>) = results.into_iter().unzip();
+    let meta = ResponseMeta::new(start, chars, &metas);
+    let method = if batched { "batch" } else { "single" };
+    Ok(meta.answer(&state, method, embeddings))
 }
 
 /// Cosine similarity of `source_sentence` with each of `sentences`.

@@ -329,6 +329,10 @@ impl IntoResponse for ApiError {
     }
 }
 
+/// Why a request that arrives once the server is draining is refused.
+pub(crate) const DRAINING: &str =
+    "The server is shutting down and takes no new requests; retry on another replica";
+
 /// A 503 `shutting_down` answer that closes the connection.
 pub(crate) fn shutting_down(openai: bool, message: &str) -> Response {
     ApiError::new(ErrorType::ShuttingDown, message)

@@ -24,37 +24,42 @@ use futures_util::future::try_join_all;
     )
 )]
 pub async fn tokenize(State(state): State<AppState>, req: TeiJson<TokenizeRequest>) -> Response {
-    let result = async {
-        let req = req.0;
-        let state = state.for_model(req.model.as_deref())?;
-        let inputs = match req.inputs {
-            TokenizeInput::Single(s) => vec![s],
-            TokenizeInput::Batch(b) => b,
-        };
-        state.check_batch(inputs.len(), "inputs")?;
-        let tokenization = state.infer.tokenization();
-        let tokens = try_join_all(inputs.into_iter().map(|input| {
-            tokenization.tokenize(input, req.add_special_tokens, req.prompt_name.clone())
-        }))
-        .await?;
-        let body = tokens
-            .into_iter()
-            .map(|seq| {
-                seq.into_iter()
-                    .map(|t| SimpleToken {
-                        id: t.id,
-                        text: t.text,
-                        special: t.special,
-                        start: t.start,
-                        stop: t.stop,
-                    })
-                    .collect()
-            })
-            .collect();
-        Ok::<_, ApiError>(Json(TokenizeResponse(body)))
-    }
-    .await;
+    let result = tokenize_answer(&state, req.0)
+        .await
+        .map(|tokens| Json(TokenizeResponse(tokens)));
     state.finish(result)
+}
+
+/// `/tokenize`'s answer to `req` (also the gRPC `Tokenize` call's): each input's tokens.
+pub(crate) async fn tokenize_answer(
+    state: &AppState,
+    req: TokenizeRequest,
+) -> Result<Vec<Vec<SimpleToken>>, ApiError> {
+    let state = state.for_model(req.model.as_deref())?;
+    let inputs = match req.inputs {
+        TokenizeInput::Single(s) => vec![s],
+        TokenizeInput::Batch(b) => b,
+    };
+    state.check_batch(inputs.len(), "inputs")?;
+    let tokenization = state.infer.tokenization();
+    let tokens = try_join_all(inputs.into_iter().map(|input| {
+        tokenization.tokenize(input, req.add_special_tokens, req.prompt_name.clone())
+    }))
+    .await?;
+    Ok(tokens
+        .into_iter()
+        .map(|seq| {
+            seq.into_iter()
+                .map(|t| SimpleToken {
+                    id: t.id,
+                    text: t.text,
+                    special: t.special,
+                    start: t.start,
+                    stop: t.stop,
+                })
+                .collect()
+        })
+        .collect())
 }
 
 /// Decode token ids back to text.
@@ -70,27 +75,32 @@ pub async fn tokenize(State(state): State<AppState>, req: TeiJson<TokenizeReques
     )
 )]
 pub async fn decode(State(state): State<AppState>, req: TeiJson<DecodeRequest>) -> Response {
-    let result = async {
-        let req = req.0;
-        let state = state.for_model(req.model.as_deref())?;
-        let ids = match req.ids {
-            InputIds::Single(ids) => vec![ids],
-            InputIds::Batch(b) => b,
-        };
-        state.check_batch(ids.len(), "ids")?;
-        if ids.iter().any(Vec::is_empty) {
-            return Err(ApiError::empty("ids"));
-        }
-        let tokenization = state.infer.tokenization();
-        let texts = try_join_all(
-            ids.into_iter()
-                .map(|ids| tokenization.decode(ids, req.skip_special_tokens)),
-        )
-        .await?;
-        Ok(Json(DecodeResponse(texts)))
-    }
-    .await;
+    let result = decode_answer(&state, req.0)
+        .await
+        .map(|texts| Json(DecodeResponse(texts)));
     state.finish(result)
+}
+
+/// `/decode`'s answer to `req` (also the gRPC `Decode` call's): each list's text.
+pub(crate) async fn decode_answer(
+    state: &AppState,
+    req: DecodeRequest,
+) -> Result<Vec<String>, ApiError> {
+    let state = state.for_model(req.model.as_deref())?;
+    let ids = match req.ids {
+        InputIds::Single(ids) => vec![ids],
+        InputIds::Batch(b) => b,
+    };
+    state.check_batch(ids.len(), "ids")?;
+    if ids.iter().any(Vec::is_empty) {
+        return Err(ApiError::empty("ids"));
+    }
+    let tokenization = state.infer.tokenization();
+    Ok(try_join_all(
+        ids.into_iter()
+            .map(|ids| tokenization.decode(ids, req.skip_special_tokens)),
+    )
+    .await?)
 }
 
 /// Text Embeddings Inference endpoint info.
@@ -105,10 +115,15 @@ pub async fn decode(State(state): State<AppState>, req: TeiJson<DecodeRequest>) 
     )
 )]
 pub async fn info(State(state): State<AppState>, Query(query): Query<ModelQuery>) -> Response {
-    let state = match state.for_model(query.model.as_deref()) {
-        Ok(state) => state,
-        Err(e) => return e.into_response(),
-    };
+    match info_answer(&state, query.model.as_deref()) {
+        Ok(info) => Json(info).into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+/// `/info`'s answer for the model `model` names (also the gRPC `Info` call's).
+pub(crate) fn info_answer(state: &AppState, model: Option<&str>) -> Result<Info, ApiError> {
+    let state = state.for_model(model)?;
     let mut info = state.info.as_ref().clone();
     info.devices = state
         .infer
@@ -116,7 +131,7 @@ pub async fn info(State(state): State<AppState>, Query(query): Query<ModelQuery>
         .into_iter()
         .map(DeviceInfo::from)
         .collect();
-    Json(info).into_response()
+    Ok(info)
 }
 
 /// `?model=NAME` of the GET routes that describe one model.
@@ -147,13 +162,28 @@ pub async fn root_probe(state: State<AppState>) -> Response {
     )
 )]
 pub async fn health(State(state): State<AppState>) -> Response {
+    match serving(&state).await {
+        Ok(degraded) if degraded.is_empty() => StatusCode::OK.into_response(),
+        Ok(degraded) => {
+            let body = HealthDegraded {
+                status: "degraded",
+                unhealthy_devices: degraded,
+            };
+            (StatusCode::OK, Json(body)).into_response()
+        }
+        Err(e) => e.into_response(),
+    }
+}
+
+/// Whether the server serves (also the gRPC health service's answer): `Ok` with the devices
+/// that failed while every model has one that serves, else why not.
+pub(crate) async fn serving(state: &AppState) -> Result<Vec<DeviceRef>, ApiError> {
     if state.shutdown.is_draining() {
         // Answered at once, so a load balancer stops sending before connections close.
-        return ApiError::new(
+        return Err(ApiError::new(
             ErrorType::ShuttingDown,
             "the server is shutting down (SIGTERM received)",
-        )
-        .into_response();
+        ));
     }
     // Every model's devices: the server serves while each model has a device that does.
     let several = state.models.entries().len() > 1;
@@ -179,7 +209,7 @@ pub async fn health(State(state): State<AppState>) -> Response {
                 true => format!("model `{model}` is unhealthy: {}", health.message()),
                 false => format!("unhealthy: {}", health.message()),
             };
-            return ApiError::new(ErrorType::Unhealthy, message).into_response();
+            return Err(ApiError::new(ErrorType::Unhealthy, message));
         }
         degraded.extend(health.failures.into_iter().map(|f| DeviceRef {
             index: f.index,
@@ -187,14 +217,7 @@ pub async fn health(State(state): State<AppState>) -> Response {
             model: several.then(|| model.clone()),
         }));
     }
-    if degraded.is_empty() {
-        return StatusCode::OK.into_response();
-    }
-    let body = HealthDegraded {
-        status: "degraded",
-        unhealthy_devices: degraded,
-    };
-    (StatusCode::OK, Json(body)).into_response()
+    Ok(degraded)
 }
 
 /// Prometheus metrics.

@@ -1,23 +1,24 @@
 //! The HTTP surface: `app()` builds the whole router from an [`AppState`], so handlers are
 //! tested with `oneshot` and no socket; `server.rs` only binds and serves it.
 
+pub(crate) mod auth;
 mod body;
-mod classify;
+pub(crate) mod classify;
 mod cloud;
 mod docs;
-mod embed;
+pub(crate) mod embed;
 pub mod error;
 mod fields;
 mod info;
-mod meta;
+pub(crate) mod meta;
 pub mod model_routes;
 pub mod models;
 mod openai;
 mod openapi;
 pub mod quantize;
 pub mod rerank_compat;
-mod response_meta;
-mod sparse;
+pub(crate) mod response_meta;
+pub(crate) mod sparse;
 pub mod state;
 pub mod types;
 
@@ -90,48 +91,16 @@ async fn record_failures(State(state): State<AppState>, req: Request, next: Next
 /// answer is counted once in `te_request_failure{err="dropped"}` ([`Unanswered`]).
 async fn guard(State(state): State<AppState>, req: Request, next: Next) -> Response {
     if state.shutdown.is_draining() {
-        return shutting_down(
-            is_openai_path(req.uri().path()),
-            "The server is shutting down and takes no new requests; retry on another replica",
-        );
+        return shutting_down(is_openai_path(req.uri().path()), error::DRAINING);
     }
-    let Some(key) = state.config.api_key.as_deref() else {
-        return Unanswered::run(&state, next, req).await;
-    };
-    let given = req
+    let authorization = req
         .headers()
         .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(bearer_token);
-    // Compare without an early exit so response time does not leak the key's prefix.
-    let ok = given.is_some_and(|g| {
-        g.len() == key.len()
-            && g.bytes()
-                .zip(key.bytes())
-                .fold(0u8, |a, (x, y)| a | (x ^ y))
-                == 0
-    });
-    if ok {
-        return Unanswered::run(&state, next, req).await;
+        .and_then(|v| v.to_str().ok());
+    match auth::authorize(state.config.api_key.as_deref(), authorization) {
+        Ok(()) => Unanswered::run(&state, next, req).await,
+        Err(e) => e.openai(is_openai_path(req.uri().path())).into_response(),
     }
-    let message = match given {
-        None => "Unauthorized: missing `Authorization: Bearer <api key>` header",
-        Some(_) => "Unauthorized: invalid API key",
-    };
-    let openai = is_openai_path(req.uri().path());
-    ApiError::new(ErrorType::Unauthorized, message)
-        .openai(openai)
-        .into_response()
-}
-
-/// The token of an `Authorization: Bearer <token>` value. The scheme is case-insensitive
-/// (RFC 9110, 11.1: `bearer` and `BEARER` too), and one or more spaces separate it from the
-/// token.
-fn bearer_token(value: &str) -> Option<&str> {
-    let (scheme, token) = value.split_once(' ')?;
-    scheme
-        .eq_ignore_ascii_case("bearer")
-        .then(|| token.trim_start_matches(' '))
 }
 
 /// A request let through the gate, until it is answered. Dropped before that, its client

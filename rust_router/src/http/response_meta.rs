@@ -1,6 +1,7 @@
 //! Timings of one HTTP request ([`ResponseMeta`]): reported in the answer's headers, the
 //! debug log and the request metrics; `/vertex` records its instances as one request
-//! ([`as_one_request`]).
+//! ([`as_one_request`]). A route's answer before it is an HTTP response is an [`Answered`]:
+//! the gRPC API answers from the same.
 
 use super::state::AppState;
 use crate::infer::InferMetadata;
@@ -27,6 +28,14 @@ pub(crate) async fn as_one_request<F: std::future::Future>(
     };
     let counted = state.infer.one_request(true, run);
     INSTANCES.scope(RefCell::default(), counted).await
+}
+
+/// A route's answer, recorded in the metrics: its body, the timing headers and the timings.
+#[derive(Debug)]
+pub(crate) struct Answered<T> {
+    pub body: T,
+    pub headers: HeaderMap,
+    pub meta: ResponseMeta,
 }
 
 /// Timings of one HTTP request, reported in headers, logs and metrics.
@@ -80,6 +89,16 @@ impl ResponseMeta {
             queue: mean(|p| p.queue),
             handover: mean(|p| p.handover),
             inference: mean(|p| p.inference),
+        }
+    }
+
+    /// A route's answer `body`, recorded as [`ResponseMeta::finish`] records it.
+    pub fn answer<T>(self, state: &AppState, method: &str, body: T) -> Answered<T> {
+        let headers = self.finish(state, method);
+        Answered {
+            body,
+            headers,
+            meta: self,
         }
     }
 

@@ -6,7 +6,7 @@ use super::error::{ApiError, ErrorResponse, InputNames, TRUNCATE_HINT};
 use super::model_routes::Needs;
 use super::openapi::InputDoc;
 use super::openapi::Refusals;
-use super::response_meta::ResponseMeta;
+use super::response_meta::{Answered, ResponseMeta};
 use super::state::AppState;
 use super::types::InputType;
 use crate::infer::InferRequest;
@@ -72,51 +72,54 @@ pub async fn embed_sparse(
     State(state): State<AppState>,
     req: TeiJson<EmbedSparseRequest>,
 ) -> Response {
-    let result = async {
-        let req = req.0;
-        let state = state.for_model(req.model.as_deref())?;
-        let start = Instant::now();
-        state.require(Needs::Sparse, "/embed_sparse")?;
-        let (batched, inputs): (bool, Vec<InputType>) = req.inputs.into_vec();
-        let names = InputNames::new("inputs", batched);
-        let chars = check_inputs(&state, &inputs, names)?;
-        let opts = encode_options(
-            &state,
-            req.truncate,
-            req.truncation_direction,
-            req.prompt_name,
-        );
-        let request = InferRequest {
-            inputs: inputs.into_iter().map(Into::into).collect(),
-            opts,
-            batched,
-            priority: req.priority,
-        };
-        let results = state
-            .infer
-            .embed_sparse(request)
-            .await
-            .map_err(|e| ApiError::inference(e, names, TRUNCATE_HINT))?;
-        let (vectors, metas): (Vec<_>, Vec<_>) = results.into_iter().unzip();
-        let vectors = vectors
-            .into_iter()
-            .map(|pairs| {
-                pairs
-                    .into_iter()
-                    .map(|(index, value)| SparseValue {
-                        index: index as usize,
-                        value,
-                    })
-                    .collect()
-            })
-            .collect();
-        let meta = ResponseMeta::new(start, chars, &metas);
-        let method = if batched { "batch" } else { "single" };
-        Ok::<_, ApiError>((
-            meta.finish(&state, method),
-            Json(EmbedSparseResponse(vectors)),
-        ))
-    }
-    .await;
+    let result = embed_sparse_answer(&state, req.0)
+        .await
+        .map(|a| (a.headers, Json(EmbedSparseResponse(a.body))));
     state.finish(result)
+}
+
+/// `/embed_sparse`'s answer to `req` (also the gRPC `EmbedSparse` call's).
+pub(crate) async fn embed_sparse_answer(
+    state: &AppState,
+    req: EmbedSparseRequest,
+) -> Result<Answered<Vec<Vec<SparseValue>>>, ApiError> {
+    let state = state.for_model(req.model.as_deref())?;
+    let start = Instant::now();
+    state.require(Needs::Sparse, "/embed_sparse")?;
+    let (batched, inputs): (bool, Vec<InputType>) = req.inputs.into_vec();
+    let names = InputNames::new("inputs", batched);
+    let chars = check_inputs(&state, &inputs, names)?;
+    let opts = encode_options(
+        &state,
+        req.truncate,
+        req.truncation_direction,
+        req.prompt_name,
+    );
+    let request = InferRequest {
+        inputs: inputs.into_iter().map(Into::into).collect(),
+        opts,
+        batched,
+        priority: req.priority,
+    };
+    let results = state
+        .infer
+        .embed_sparse(request)
+        .await
+        .map_err(|e| ApiError::inference(e, names, TRUNCATE_HINT))?;
+    let (vectors, metas): (Vec<_>, Vec<_>) = results.into_iter().unzip();
+    let vectors = vectors
+        .into_iter()
+        .map(|pairs| {
+            pairs
+                .into_iter()
+                .map(|(index, value)| SparseValue {
+                    index: index as usize,
+                    value,
+                })
+                .collect()
+        })
+        .collect();
+    let meta = ResponseMeta::new(start, chars, &metas);
+    let method = if batched { "batch" } else { "single" };
+    Ok(meta.answer(&state, method, vectors))
 }

@@ -45,6 +45,8 @@ pub struct Options {
     pub more_models: Vec<(&'static str, ModelInfo)>,
     /// The default model's LoRA adapters, with their indexes.
     pub adapters: Vec<(crate::models::LoraSpec, u32)>,
+    /// `--max-queue-ms`.
+    pub max_queue: Option<Duration>,
 }
 
 impl Default for Options {
@@ -69,6 +71,7 @@ impl Default for Options {
             devices: 1,
             more_models: Vec::new(),
             adapters: Vec::new(),
+            max_queue: None,
         }
     }
 }
@@ -107,6 +110,7 @@ pub fn test_app(opts: Options) -> TestApp {
         max_batch_requests: opts.max_batch_requests,
         interactive_max_tokens: opts.interactive_max_tokens,
         max_bulk_batch_ms: 0,
+        max_queue: opts.max_queue,
         ..args.policy_flags()
     };
     let profile = ServingProfile::resolve(&flags, BackendFacts::of(&backend));

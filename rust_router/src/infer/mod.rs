@@ -9,7 +9,8 @@ mod policy;
 mod stalls;
 
 pub use policy::{
-    lane_for, lane_for_request, parse_max_queue_ms, with_max_queue, Priority, MAX_QUEUE_MS_CAP,
+    lane_for, lane_for_request, parse_max_queue_ms, waiting_for_admission, with_max_queue,
+    Priority, MAX_QUEUE_MS_CAP,
 };
 
 use crate::backend::{
@@ -234,17 +235,32 @@ impl Infer {
         PART_OF_A_REQUEST.scope((), calls).await
     }
 
-    /// Admission control: refuse (429) rather than queue without bound.
-    fn admit(&self, batched: bool) -> Result<OwnedSemaphorePermit, InferError> {
+    /// Admission control: refuse (429) rather than queue without bound; a gRPC stream's
+    /// message waits instead ([`waiting_for_admission`]).
+    async fn admit(&self, batched: bool) -> Result<OwnedSemaphorePermit, InferError> {
         // Outside [`Infer::one_request`], a call is a client request of its own.
         if PART_OF_A_REQUEST.try_with(|_| ()).is_err() {
             self.metrics
                 .inc("te_request_count", &[("method", method(batched))]);
         }
+        let overloaded = || InferError::Overloaded(self.max_concurrent_requests);
+        if policy::waits_for_admission() {
+            return self
+                .permits
+                .clone()
+                .acquire_owned()
+                .await
+                .map_err(|_| overloaded());
+        }
         self.permits
             .clone()
             .try_acquire_owned()
-            .map_err(|_| InferError::Overloaded(self.max_concurrent_requests))
+            .map_err(|_| overloaded())
+    }
+
+    /// `--max-queue-ms`: the queue deadline of requests that set none.
+    pub fn default_max_queue(&self) -> Option<Duration> {
+        self.default_max_queue
     }
 
     /// Whether a request whose inputs total `total_bytes` is tokenized inline on the calling
@@ -287,7 +303,7 @@ impl Infer {
             )
             .into());
         }
-        let _permit = self.admit(request.batched)?;
+        let _permit = self.admit(request.batched).await?;
         let start = Instant::now();
         let mut opts = request.opts;
         opts.inline = self.inline_ok(request.inputs.iter().map(EncodingInput::byte_len).sum());

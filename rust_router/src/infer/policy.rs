@@ -103,6 +103,25 @@ pub async fn with_max_queue<F: Future>(limit: Duration, calls: F) -> F::Output {
     MAX_QUEUE.scope(limit, calls).await
 }
 
+tokio::task_local! {
+    /// Set around the calls of a gRPC stream: each of its messages is a request of its own,
+    /// and one that finds every concurrency permit taken waits for one instead of failing
+    /// (which would end the stream). The stream's own bound on messages in flight keeps the
+    /// waiting finite.
+    static WAITS_FOR_ADMISSION: ();
+}
+
+/// Runs `calls` (the calls of one stream message) so that they wait for a concurrency permit
+/// rather than being refused as overloaded.
+pub async fn waiting_for_admission<F: Future>(calls: F) -> F::Output {
+    WAITS_FOR_ADMISSION.scope((), calls).await
+}
+
+/// Whether the request being handled waits for a permit ([`waiting_for_admission`]).
+pub(super) fn waits_for_admission() -> bool {
+    WAITS_FOR_ADMISSION.try_with(|_| ()).is_ok()
+}
+
 /// The queue deadline of the request being handled: the client's, else `default`
 /// (`--max-queue-ms`).
 pub(super) fn max_queue(default: Option<Duration>) -> Option<Duration> {

@@ -1,0 +1,685 @@
+//! The gRPC API over the fake backend: each call against its HTTP route's answer, the errors
+//! and their codes, the API key, the drain, deadlines, streams, health and reflection. Calls
+//! go to the services themselves, or through [`http2_service`] as encoded gRPC frames.
+
+use super::call::TeiApi;
+use super::health::HealthService;
+use super::pb;
+use super::pb::embed_server::Embed as _;
+use super::pb::info_server::Info as _;
+use super::pb::predict_server::Predict as _;
+use super::pb::rerank_server::Rerank as _;
+use super::pb::tokenize_server::Tokenize as _;
+use super::routes::http2_service;
+use crate::backend::fake::{FakeBackend, Gate};
+use crate::http::test_util::{as_vec, assert_close, test_app, Options, TestApp};
+use crate::shutdown::Phase;
+use axum::body::Body;
+use http_body_util::BodyExt as _;
+use serde_json::json;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tonic::{Code, Request};
+use tonic_health::pb::health_check_response::ServingStatus;
+use tonic_health::pb::health_server::Health as _;
+use tonic_health::pb::HealthCheckRequest;
+use tower::ServiceExt as _;
+
+fn api(app: &TestApp) -> TeiApi {
+    TeiApi::new(app.state.clone())
+}
+
+fn request<T>(message: T, metadata: &[(&'static str, &str)]) -> Request<T> {
+    let mut request = Request::new(message);
+    for (key, value) in metadata {
+        request
+            .metadata_mut()
+            .insert(*key, value.parse().expect("ascii metadata"));
+    }
+    request
+}
+
+fn embed_request(text: &str) -> pb::EmbedRequest {
+    pb::EmbedRequest {
+        inputs: text.into(),
+        normalize: true,
+        ..Default::default()
+    }
+}
+
+async fn until(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !done() {
+        assert!(Instant::now() < deadline, "timed out waiting until {what}");
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+}
+
+#[tokio::test]
+async fn embed_answers_as_the_http_route() {
+    let app = test_app(Options::default());
+    for normalize in [true, false] {
+        let http = app
+            .post(
+                "/embed",
+                json!({"inputs": "hello world", "normalize": normalize}),
+            )
+            .await;
+        assert_eq!(http.status, 200, "{}", http.text);
+        let message = pb::EmbedRequest {
+            normalize,
+            ..embed_request("hello world")
+        };
+        let answer = api(&app).embed(request(message, &[])).await.unwrap();
+        let tokens = answer.metadata().get("x-compute-tokens").unwrap().clone();
+        let answer = answer.into_inner();
+        assert_close(&answer.embeddings, &as_vec(&http.json[0]));
+        let metadata = answer.metadata.unwrap();
+        assert_eq!(
+            tokens.to_str().unwrap(),
+            metadata.compute_tokens.to_string()
+        );
+        assert_eq!(
+            http.headers["x-compute-tokens"].to_str().unwrap(),
+            tokens.to_str().unwrap()
+        );
+        assert_eq!(metadata.compute_chars, 11);
+        assert!(metadata.total_time_ns >= metadata.inference_time_ns);
+    }
+    // Counted as the HTTP requests are.
+    assert_eq!(app.sample("te_request_success{method=\"single\"}"), 4.0);
+}
+
+#[tokio::test]
+async fn extensions_reach_the_route() {
+    let app = test_app(Options::default());
+    let message = pb::EmbedRequest {
+        dimensions: Some(2),
+        priority: pb::Priority::Low.into(),
+        ..embed_request("hello world")
+    };
+    let answer = api(&app).embed(request(message, &[])).await.unwrap();
+    assert_eq!(answer.into_inner().embeddings.len(), 2);
+    let http = app
+        .post("/embed", json!({"inputs": "hello world", "dimensions": 2}))
+        .await;
+    let message = pb::EmbedRequest {
+        dimensions: Some(2),
+        ..embed_request("hello world")
+    };
+    let answer = api(&app).embed(request(message, &[])).await.unwrap();
+    assert_close(&answer.into_inner().embeddings, &as_vec(&http.json[0]));
+    let too_many = pb::EmbedRequest {
+        dimensions: Some(10_000),
+        ..embed_request("hello")
+    };
+    let e = api(&app).embed(request(too_many, &[])).await.unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument);
+    assert!(e.message().contains("`dimensions`"), "{}", e.message());
+}
+
+#[tokio::test]
+async fn bad_input_has_the_http_message_and_teis_code() {
+    let app = test_app(Options::default());
+    let e = api(&app)
+        .embed(request(embed_request(""), &[]))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument);
+    assert_eq!(e.message(), "`inputs` cannot be empty");
+    assert_eq!(e.metadata().get("error-type").unwrap(), "empty");
+    assert_eq!(app.sample("te_request_failure{err=\"empty\"}"), 1.0);
+    let long = vec!["word"; 40].join(" ");
+    let e = api(&app)
+        .embed(request(embed_request(&long), &[]))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument);
+    let http = app.post("/embed", json!({"inputs": long})).await;
+    assert_eq!(e.message(), http.json["error"].as_str().unwrap());
+    let bad_direction = pb::EmbedRequest {
+        truncation_direction: 9,
+        ..embed_request("hello")
+    };
+    let e = api(&app)
+        .embed(request(bad_direction, &[]))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument);
+    assert!(
+        e.message().contains("truncation_direction"),
+        "{}",
+        e.message()
+    );
+    // A call the model does not serve: TEI's code, the HTTP route's message.
+    let predict = pb::PredictRequest {
+        inputs: "hello".into(),
+        ..Default::default()
+    };
+    let e = api(&app).predict(request(predict, &[])).await.unwrap_err();
+    assert_eq!(e.code(), Code::FailedPrecondition);
+    let http = app.post("/predict", json!({"inputs": "hello"})).await;
+    assert_eq!(e.message(), http.json["error"].as_str().unwrap());
+    let pair = pb::PredictPairRequest {
+        inputs: vec!["a".into(), "b".into(), "c".into()],
+        ..Default::default()
+    };
+    let e = api(&app)
+        .predict_pair(request(pair, &[]))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument);
+    assert!(e.message().contains("got 3"), "{}", e.message());
+}
+
+#[tokio::test]
+async fn truncation_follows_the_flag_and_the_field() {
+    let long = vec!["word"; 40].join(" ");
+    let app = test_app(Options::default());
+    let truncated = pb::EmbedRequest {
+        truncate: true,
+        ..embed_request(&long)
+    };
+    let answer = api(&app).embed(request(truncated, &[])).await.unwrap();
+    assert_eq!(answer.into_inner().metadata.unwrap().compute_tokens, 16);
+    // `truncate: false` is the server's default, which `--auto-truncate` sets.
+    let app = test_app(Options {
+        auto_truncate: true,
+        ..Default::default()
+    });
+    let answer = api(&app).embed(request(embed_request(&long), &[])).await;
+    assert!(answer.is_ok(), "{answer:?}");
+}
+
+#[tokio::test]
+async fn the_api_key_is_checked_on_every_call() {
+    let app = test_app(Options {
+        api_key: Some("s3cret".into()),
+        ..Default::default()
+    });
+    let e = api(&app)
+        .embed(request(embed_request("hello"), &[]))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::Unauthenticated);
+    assert!(e.message().contains("missing"), "{}", e.message());
+    let wrong = [("authorization", "Bearer nope")];
+    let e = api(&app)
+        .info(request(pb::InfoRequest::default(), &wrong))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::Unauthenticated);
+    assert_eq!(app.sample("te_request_failure{err=\"unauthorized\"}"), 2.0);
+    let right = [("authorization", "Bearer s3cret")];
+    assert!(api(&app)
+        .embed(request(embed_request("hello"), &right))
+        .await
+        .is_ok());
+    // The probes need no key.
+    let health = HealthService::new(app.state.clone());
+    let status = health
+        .check(Request::new(HealthCheckRequest::default()))
+        .await
+        .unwrap();
+    assert_eq!(status.into_inner().status, ServingStatus::Serving as i32);
+}
+
+#[tokio::test]
+async fn a_draining_server_takes_no_new_call() {
+    let app = test_app(Options::default());
+    app.state.shutdown.advance(Phase::Draining);
+    let e = api(&app)
+        .embed(request(embed_request("hello"), &[]))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::Unavailable);
+    assert!(e.message().contains("shutting down"), "{}", e.message());
+    let health = HealthService::new(app.state.clone());
+    let status = health
+        .check(Request::new(HealthCheckRequest::default()))
+        .await
+        .unwrap();
+    assert_eq!(status.into_inner().status, ServingStatus::NotServing as i32);
+}
+
+#[tokio::test]
+async fn a_malformed_deadline_is_refused() {
+    let app = test_app(Options::default());
+    let e = api(&app)
+        .embed(request(embed_request("hello"), &[("grpc-timeout", "10x")]))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument);
+    assert!(e.message().contains("grpc-timeout"), "{}", e.message());
+    for far in ["5S", "99999999H"] {
+        assert!(api(&app)
+            .embed(request(embed_request("hello"), &[("grpc-timeout", far)]))
+            .await
+            .is_ok());
+    }
+}
+
+#[tokio::test]
+async fn the_deadline_bounds_the_queue_wait_and_the_answer() {
+    let gate = Arc::new(Gate::default());
+    let app = test_app(Options {
+        gate: Some(gate.clone()),
+        interactive_max_tokens: 8,
+        ..Default::default()
+    });
+    let spawn_embed = |text: &'static str, metadata: Vec<(&'static str, &'static str)>| {
+        let api = api(&app);
+        tokio::spawn(async move {
+            let message = pb::EmbedRequest {
+                priority: pb::Priority::Low.into(),
+                ..embed_request(text)
+            };
+            api.embed(request(message, &metadata)).await
+        })
+    };
+    // "g" holds the bulk thread at the gate: the call has started, so only its whole
+    // deadline applies to it.
+    let held = spawn_embed("g a b c d e f h i", vec![("grpc-timeout", "300m")]);
+    until("the backend is held", || gate.held() == 1).await;
+    let next = spawn_embed("a b c d e f h i j", vec![]);
+    until("the next batch is packed", || {
+        app.sample("te_batch_next_size_count{lane=\"bulk\"}") == 2.0
+    })
+    .await;
+    // Behind both, in the queue: its deadline passes there, and it never runs.
+    let queued = spawn_embed("hello", vec![("grpc-timeout", "20m")]);
+    let e = queued.await.unwrap().unwrap_err();
+    assert_eq!(e.code(), Code::DeadlineExceeded);
+    assert_eq!(e.metadata().get("error-type").unwrap(), "queue_timeout");
+    assert_eq!(app.sample("te_queue_timeout_count"), 1.0);
+    let e = held.await.unwrap().unwrap_err();
+    assert_eq!(e.code(), Code::DeadlineExceeded);
+    assert!(e.message().contains("Deadline exceeded"), "{}", e.message());
+    gate.open();
+    assert!(next.await.unwrap().is_ok());
+    assert_eq!(app.sample("te_queue_size"), 0.0);
+}
+
+#[tokio::test]
+async fn the_servers_shorter_queue_limit_answers_unavailable() {
+    let gate = Arc::new(Gate::default());
+    let app = test_app(Options {
+        gate: Some(gate.clone()),
+        interactive_max_tokens: 8,
+        max_queue: Some(Duration::from_millis(20)),
+        ..Default::default()
+    });
+    let spawn_embed = |text: &'static str, metadata: Vec<(&'static str, &'static str)>| {
+        let api = api(&app);
+        tokio::spawn(async move {
+            let message = pb::EmbedRequest {
+                priority: pb::Priority::Low.into(),
+                ..embed_request(text)
+            };
+            api.embed(request(message, &metadata)).await
+        })
+    };
+    let held = spawn_embed("g a b c d e f h i", vec![]);
+    until("the backend is held", || gate.held() == 1).await;
+    let next = spawn_embed("a b c d e f h i j", vec![]);
+    until("the next batch is packed", || {
+        app.sample("te_batch_next_size_count{lane=\"bulk\"}") == 2.0
+    })
+    .await;
+    // The call's own deadline is longer than --max-queue-ms: the server's limit passes first,
+    // and says "busy, retry elsewhere" as the HTTP route's 503 does.
+    let queued = spawn_embed("hello", vec![("grpc-timeout", "10S")]);
+    let e = queued.await.unwrap().unwrap_err();
+    assert_eq!(e.code(), Code::Unavailable, "{e:?}");
+    assert_eq!(e.metadata().get("error-type").unwrap(), "queue_timeout");
+    assert!(e.message().contains("20 ms"), "{}", e.message());
+    gate.open();
+    assert!(held.await.unwrap().is_ok());
+    assert!(next.await.unwrap().is_ok());
+}
+
+#[tokio::test]
+async fn several_models_are_chosen_by_model() {
+    let app = test_app(Options {
+        more_models: vec![("rr=fake/reranker", FakeBackend::classifier_info(1))],
+        ..Default::default()
+    });
+    let info = api(&app)
+        .info(request(
+            pb::InfoRequest {
+                model: Some("rr".into()),
+            },
+            &[],
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(info.model_type, pb::ModelType::Reranker as i32);
+    assert_eq!(info.model_id, "fake/reranker");
+    let default = api(&app)
+        .info(request(pb::InfoRequest::default(), &[]))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(default.model_type, pb::ModelType::Embedding as i32);
+    let message = pb::RerankRequest {
+        model: Some("rr".into()),
+        query: "what".into(),
+        texts: vec!["a b".into(), "c".into(), "what is".into()],
+        return_text: true,
+        top_n: Some(2),
+        ..Default::default()
+    };
+    let ranks = api(&app)
+        .rerank(request(message, &[]))
+        .await
+        .unwrap()
+        .into_inner()
+        .ranks;
+    let http = app
+        .post(
+            "/rerank",
+            json!({"model": "rr", "query": "what", "texts": ["a b", "c", "what is"],
+                   "return_text": true, "top_n": 2}),
+        )
+        .await;
+    assert_eq!(ranks.len(), 2);
+    for (rank, expected) in ranks.iter().zip(http.json.as_array().unwrap()) {
+        assert_eq!(u64::from(rank.index), expected["index"].as_u64().unwrap());
+        assert_eq!(rank.text.as_deref(), expected["text"].as_str());
+        assert!((f64::from(rank.score) - expected["score"].as_f64().unwrap()).abs() < 1e-6);
+    }
+    let unknown = pb::EmbedRequest {
+        model: Some("nope".into()),
+        ..embed_request("hello")
+    };
+    let e = api(&app).embed(request(unknown, &[])).await.unwrap_err();
+    assert_eq!(e.code(), Code::NotFound);
+    assert!(e.message().contains("nope"), "{}", e.message());
+}
+
+#[tokio::test]
+async fn tokenize_and_decode_answer_as_the_http_routes() {
+    let app = test_app(Options::default());
+    let message = pb::EncodeRequest {
+        inputs: "hello world".into(),
+        add_special_tokens: true,
+        ..Default::default()
+    };
+    let tokens = api(&app)
+        .tokenize(request(message, &[]))
+        .await
+        .unwrap()
+        .into_inner()
+        .tokens;
+    let http = app
+        .post("/tokenize", json!({"inputs": "hello world"}))
+        .await;
+    let expected = http.json[0].as_array().unwrap();
+    assert_eq!(tokens.len(), expected.len());
+    for (token, e) in tokens.iter().zip(expected) {
+        assert_eq!(u64::from(token.id), e["id"].as_u64().unwrap());
+        assert_eq!(token.text, e["text"].as_str().unwrap());
+        assert_eq!(token.start.map(u64::from), e["start"].as_u64());
+    }
+    let ids: Vec<u32> = tokens.iter().map(|t| t.id).collect();
+    let decoded = api(&app)
+        .decode(request(
+            pb::DecodeRequest {
+                ids: ids.clone(),
+                skip_special_tokens: true,
+                ..Default::default()
+            },
+            &[],
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    let http = app
+        .post("/decode", json!({"ids": ids, "skip_special_tokens": true}))
+        .await;
+    assert_eq!(decoded.text, http.json[0].as_str().unwrap());
+    let e = api(&app)
+        .decode(request(pb::DecodeRequest::default(), &[]))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument);
+}
+
+#[tokio::test]
+async fn health_names_what_each_service_can_do() {
+    let app = test_app(Options::default());
+    let health = HealthService::new(app.state.clone());
+    let check = |service: &str| {
+        let health = &health;
+        let service = service.to_string();
+        async move {
+            health
+                .check(Request::new(HealthCheckRequest { service }))
+                .await
+                .map(|r| r.into_inner().status)
+        }
+    };
+    assert_eq!(check("").await.unwrap(), ServingStatus::Serving as i32);
+    assert_eq!(
+        check("tei.v1.Embed").await.unwrap(),
+        ServingStatus::Serving as i32
+    );
+    assert_eq!(
+        check("tei.v1.Rerank").await.unwrap(),
+        ServingStatus::NotServing as i32
+    );
+    assert_eq!(
+        check("tei.v1.Nope").await.unwrap_err().code(),
+        Code::NotFound
+    );
+    let unhealthy = test_app(Options {
+        healthy: false,
+        ..Default::default()
+    });
+    let health = HealthService::new(unhealthy.state.clone());
+    let status = health
+        .check(Request::new(HealthCheckRequest::default()))
+        .await
+        .unwrap();
+    assert_eq!(status.into_inner().status, ServingStatus::NotServing as i32);
+}
+
+/// `messages` as a gRPC request body: each one length-prefixed, uncompressed.
+fn frames<M: prost::Message>(messages: &[M]) -> Vec<u8> {
+    let mut body = Vec::new();
+    for message in messages {
+        let bytes = message.encode_to_vec();
+        body.push(0);
+        body.extend_from_slice(&(bytes.len() as u32).to_be_bytes());
+        body.extend_from_slice(&bytes);
+    }
+    body
+}
+
+/// The answers of a gRPC call of `path` with `messages`, through the HTTP/2 service, and its
+/// status code and message.
+async fn call<M: prost::Message, R: prost::Message + Default>(
+    app: &TestApp,
+    path: &str,
+    messages: &[M],
+) -> (Vec<R>, i32, String) {
+    let service = http2_service(app.state.clone(), app.router.clone());
+    let req = axum::http::Request::post(path)
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .body(Body::from(frames(messages)))
+        .unwrap();
+    let response = service.oneshot(req).await.unwrap();
+    let headers = response.headers().clone();
+    let collected = response.into_body().collect().await.unwrap();
+    let trailers = collected.trailers().cloned().unwrap_or_default();
+    let bytes = collected.to_bytes();
+    let field = |name: &str| {
+        trailers
+            .get(name)
+            .or_else(|| headers.get(name))
+            .map(|v| v.to_str().unwrap().to_string())
+    };
+    let code = field("grpc-status")
+        .expect("a grpc-status")
+        .parse()
+        .unwrap();
+    let message = percent_decoded(&field("grpc-message").unwrap_or_default());
+    let mut answers = Vec::new();
+    let mut rest = &bytes[..];
+    while rest.len() >= 5 {
+        let len = u32::from_be_bytes(rest[1..5].try_into().unwrap()) as usize;
+        answers.push(R::decode(&rest[5..5 + len]).unwrap());
+        rest = &rest[5 + len..];
+    }
+    (answers, code, message)
+}
+
+/// A `grpc-message` as its sender wrote it (gRPC percent-encodes it).
+fn percent_decoded(value: &str) -> String {
+    let bytes = value.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = bytes
+            .get(i + 1..i + 3)
+            .and_then(|h| u8::from_str_radix(std::str::from_utf8(h).ok()?, 16).ok());
+        match (bytes[i], hex) {
+            (b'%', Some(byte)) => {
+                out.push(byte);
+                i += 3;
+            }
+            (byte, _) => {
+                out.push(byte);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8(out).unwrap()
+}
+
+#[tokio::test]
+async fn a_stream_answers_each_message_in_order() {
+    let app = test_app(Options::default());
+    let texts = ["hello", "a b c d e f g h i j", "world", "x y"];
+    let messages: Vec<_> = texts.iter().map(|t| embed_request(t)).collect();
+    let (answers, code, _) =
+        call::<_, pb::EmbedResponse>(&app, "/tei.v1.Embed/EmbedStream", &messages).await;
+    assert_eq!(code, 0);
+    assert_eq!(answers.len(), texts.len());
+    for (answer, text) in answers.iter().zip(texts) {
+        let http = app.post("/embed", json!({"inputs": text})).await;
+        assert_close(&answer.embeddings, &as_vec(&http.json[0]));
+    }
+    // A bad message ends the stream with its status, after the answers before it.
+    let messages = vec![
+        embed_request("hello"),
+        embed_request(""),
+        embed_request("x"),
+    ];
+    let (answers, code, message) =
+        call::<_, pb::EmbedResponse>(&app, "/tei.v1.Embed/EmbedStream", &messages).await;
+    assert_eq!(answers.len(), 1);
+    assert_eq!(code, Code::InvalidArgument as i32);
+    assert_eq!(message, "`inputs` cannot be empty");
+}
+
+#[tokio::test]
+async fn rerank_stream_ranks_its_pairs_as_rerank() {
+    let app = test_app(Options {
+        info: FakeBackend::classifier_info(1),
+        ..Default::default()
+    });
+    let texts = ["a b", "what", "c d e"];
+    let messages: Vec<_> = texts
+        .iter()
+        .map(|text| pb::RerankStreamRequest {
+            query: "what is".into(),
+            text: (*text).into(),
+            return_text: true,
+            ..Default::default()
+        })
+        .collect();
+    let (answers, code, message) =
+        call::<_, pb::RerankResponse>(&app, "/tei.v1.Rerank/RerankStream", &messages).await;
+    assert_eq!(code, 0, "{message}");
+    let http = app
+        .post(
+            "/rerank",
+            json!({"query": "what is", "texts": texts, "return_text": true}),
+        )
+        .await;
+    let ranks = &answers[0].ranks;
+    let expected = http.json.as_array().unwrap();
+    assert_eq!(ranks.len(), expected.len());
+    for (rank, e) in ranks.iter().zip(expected) {
+        assert_eq!(u64::from(rank.index), e["index"].as_u64().unwrap());
+        assert_eq!(rank.text.as_deref(), e["text"].as_str());
+    }
+    // More pairs than one request may hold.
+    let many = vec![messages[0].clone(); 9];
+    let (_, code, message) =
+        call::<_, pb::RerankResponse>(&app, "/tei.v1.Rerank/RerankStream", &many).await;
+    assert_eq!(code, Code::InvalidArgument as i32);
+    assert!(message.contains("batch size 9"), "{message}");
+    let (_, code, _) = call::<pb::RerankStreamRequest, pb::RerankResponse>(
+        &app,
+        "/tei.v1.Rerank/RerankStream",
+        &[],
+    )
+    .await;
+    assert_eq!(code, Code::InvalidArgument as i32);
+}
+
+#[tokio::test]
+async fn http2_requests_reach_grpc_or_the_routes_by_content_type() {
+    let app = test_app(Options::default());
+    let service = http2_service(app.state.clone(), app.router.clone());
+    let health = axum::http::Request::get("/health")
+        .body(Body::empty())
+        .unwrap();
+    let response = service.clone().oneshot(health).await.unwrap();
+    assert_eq!(response.status(), 200);
+    let (_, code, _) =
+        call::<_, pb::EmbedResponse>(&app, "/tei.v1.Embed/Nope", &[embed_request("x")]).await;
+    assert_eq!(code, Code::Unimplemented as i32);
+    let (answers, code, _) =
+        call::<_, pb::InfoResponse>(&app, "/tei.v1.Info/Info", &[pb::InfoRequest::default()]).await;
+    assert_eq!(code, 0);
+    assert_eq!(answers[0].model_id, "fake/model");
+    assert_eq!(answers[0].max_input_length, 16);
+}
+
+#[tokio::test]
+async fn reflection_lists_every_service() {
+    use tonic_reflection::pb::v1::server_reflection_request::MessageRequest;
+    use tonic_reflection::pb::v1::server_reflection_response::MessageResponse;
+    use tonic_reflection::pb::v1::{ServerReflectionRequest, ServerReflectionResponse};
+    let app = test_app(Options::default());
+    let list = ServerReflectionRequest {
+        host: String::new(),
+        message_request: Some(MessageRequest::ListServices(String::new())),
+    };
+    let (answers, code, _) = call::<_, ServerReflectionResponse>(
+        &app,
+        "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo",
+        &[list],
+    )
+    .await;
+    assert_eq!(code, 0);
+    let Some(MessageResponse::ListServicesResponse(services)) = &answers[0].message_response else {
+        panic!("not a list: {:?}", answers[0]);
+    };
+    let names: Vec<&str> = services.service.iter().map(|s| s.name.as_str()).collect();
+    for name in [
+        "tei.v1.Info",
+        "tei.v1.Embed",
+        "tei.v1.Predict",
+        "tei.v1.Rerank",
+        "tei.v1.Tokenize",
+        "grpc.health.v1.Health",
+    ] {
+        assert!(names.contains(&name), "{name} not in {names:?}");
+    }
+}
