@@ -21,3 +21,5 @@ pub use routes::http2_service;
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_wire;
