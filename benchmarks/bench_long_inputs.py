@@ -52,12 +52,23 @@ def long_documents(
     ]
 
 
+def fitting_text(tokenizer: Tokenizer, ids: list[int], window: int) -> str:
+    """`ids` decoded, cut until the text tokenizes back to at most `window` tokens (decoding
+    joins some word pieces that then tokenize differently)."""
+    n = len(ids)
+    while True:
+        text = tokenizer.decode(ids[:n])
+        if len(tokenizer.encode(text, add_special_tokens=False).ids) <= window:
+            return text
+        n -= 1
+
+
 def as_texts(tokenizer: Tokenizer, docs: list[list[int]], window: int) -> dict[str, Any]:
     """The long documents as texts, and their windows as short texts (each decoded from its
     window's ids), with the tokens each side runs, special tokens included."""
     long_texts = [tokenizer.decode(ids) for ids in docs]
     windows = [ids[s : s + window] for ids in docs for s in range(0, len(ids), window)]
-    short_texts = [tokenizer.decode(w) for w in windows]
+    short_texts = [fitting_text(tokenizer, w, window) for w in windows]
 
     def tokens(texts: list[str]) -> int:
         return sum(len(e.ids) for e in tokenizer.encode_batch(texts))
