@@ -115,10 +115,12 @@ def test_options_apply_to_their_model_alone(served, alone):  # type: ignore[no-u
     assert served.post("/embed", {"inputs": too_long, "model": "plain"}).status_code == 422
     # `own` embeds it whole (its `long_input: chunk`), as its own server does, and refuses
     # one of more than its 3 windows.
-    whole = served.post("/embed", {"inputs": too_long, "model": "own"})
+    long = " ".join(["the"] * (limit + 8))  # one token a word: two windows
+    whole = served.post("/embed", {"inputs": long, "model": "own"})
     assert whole.status_code == 200, whole.text
-    assert whole.json() == alone["own"].post("/embed", {"inputs": too_long}).json()
-    longer = " ".join(["word"] * (4 * limit))
+    assert whole.json() == alone["own"].post("/embed", {"inputs": long}).json()
+    assert served.post("/embed", {"inputs": long, "model": "plain"}).status_code == 422
+    longer = " ".join(["the"] * (4 * limit))
     assert served.post("/embed", {"inputs": longer, "model": "own"}).status_code == 413
 
 
