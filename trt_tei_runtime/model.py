@@ -333,6 +333,25 @@ class Model:
         ids, _ = self.tokenizer.encode_ids(texts, prompt_name or None, truncate=truncate)
         return ids
 
+    def tokenize_windows(
+        self,
+        texts: str | Sequence[str],
+        *,
+        prompt_name: str | None = None,
+        overlap: int = 0,
+        max_chunks: int = DEFAULT_MAX_CHUNKS,
+    ) -> Windows:
+        """Texts cut into windows as `embed(long_input="chunk")` cuts them (a text within the
+        limit is one window): the windows' ids end to end, each text's window count and each
+        window's weight. `embed_ids(windows.ids, normalize=False)` and `mean_of_windows`
+        then give what `embed` would."""
+        texts = [texts] if isinstance(texts, str) else list(texts)
+        self._check_strings(texts)
+        check_chunking(overlap, max_chunks)
+        return self.tokenizer.encode_windows(
+            texts, prompt_name or None, overlap=overlap, max_chunks=max_chunks
+        )
+
     def embed_ids(
         self,
         ids: Ids,

@@ -51,8 +51,8 @@ pub struct Args {
     /// default when no `--model-id` is given), each with its own options: a list of entries
     /// with `model_id` and optionally `name`, `revision`, `dtype`, `pooling`, `task`,
     /// `max_active_dims`, `default_prompt_name` or `default_prompt`, `max_batch_tokens`,
-    /// `max_batch_requests`, `max_client_batch_size`, `auto_truncate`, `lora_adapters`
-    /// (name: folder) and `weight` (its share of a device's backfill time, default 1). An
+    /// `max_batch_requests`, `max_client_batch_size`, `auto_truncate`, `long_input`,
+    /// `max_chunks`, `lora_adapters` (name: folder) and `weight` (its share of a device's backfill time, default 1). An
     /// entry's option overrides the flag of the same name for that model only.
     #[arg(
         long = "models",
@@ -450,6 +450,12 @@ impl Args {
         }
         if let Some(truncate) = options.auto_truncate {
             self.auto_truncate = truncate;
+        }
+        if let Some(mode) = options.long_input {
+            self.long_input = mode;
+        }
+        if let Some(chunks) = options.max_chunks {
+            self.max_chunks = chunks;
         }
     }
 

@@ -7,6 +7,7 @@
 //!   pooling: cls
 //!   default_prompt_name: query
 //!   max_batch_tokens: 8192
+//!   long_input: chunk                    # documents over the limit embedded whole
 //!   weight: 2                            # its share of a device's backfill time
 //! - model_id: BAAI/bge-reranker-base
 //!   lora_adapters: {legal: /adapters/legal}
@@ -16,6 +17,7 @@
 //! the file, the entry (`[1]` is the second) and the key, and the line where YAML knows it.
 
 use crate::models::{LoraSpec, ModelSpec};
+use crate::tokenization::LongInput;
 use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::num::{NonZeroU32, NonZeroUsize};
@@ -37,6 +39,8 @@ pub struct ModelOptions {
     pub max_batch_requests: Option<usize>,
     pub max_client_batch_size: Option<usize>,
     pub auto_truncate: Option<bool>,
+    pub long_input: Option<LongInput>,
+    pub max_chunks: Option<u32>,
 }
 
 /// One model of the file.
@@ -112,6 +116,8 @@ struct Entry {
     max_batch_requests: Option<NonZeroUsize>,
     max_client_batch_size: Option<NonZeroUsize>,
     auto_truncate: Option<bool>,
+    long_input: Option<LongInput>,
+    max_chunks: Option<NonZeroU32>,
     #[serde(default)]
     lora_adapters: BTreeMap<String, String>,
     #[serde(default)]
@@ -180,6 +186,8 @@ impl Entry {
                 max_batch_requests: self.max_batch_requests.map(NonZeroUsize::get),
                 max_client_batch_size: self.max_client_batch_size.map(NonZeroUsize::get),
                 auto_truncate: self.auto_truncate,
+                long_input: self.long_input,
+                max_chunks: self.max_chunks.map(NonZeroU32::get),
             },
         })
     }

@@ -1,5 +1,6 @@
 use super::*;
 use crate::cli::Args;
+use crate::tokenization::LongInput;
 use clap::Parser;
 use std::path::PathBuf;
 
@@ -49,6 +50,8 @@ const EVERY_KEY: &str = "
   max_batch_requests: 16
   max_client_batch_size: 8
   auto_truncate: true
+  long_input: chunk
+  max_chunks: 16
   lora_adapters:
     legal: /adapters/legal
     medical: /adapters/medical
@@ -81,6 +84,8 @@ fn every_key_is_read_and_absent_ones_are_unset() {
             max_batch_requests: Some(16),
             max_client_batch_size: Some(8),
             auto_truncate: Some(true),
+            long_input: Some(LongInput::Chunk),
+            max_chunks: Some(16),
         }
     );
     assert_eq!(
@@ -157,6 +162,17 @@ fn bad_entries_are_refused_naming_the_entry_and_key() {
         (
             "- {model_id: a, auto_truncate: 'no way'}\n",
             &["[0].auto_truncate: invalid type"],
+        ),
+        (
+            "- {model_id: a, long_input: whole}\n",
+            &[
+                "[0]",
+                "`long_input` must be \"error\", \"truncate\" or \"chunk\"",
+            ],
+        ),
+        (
+            "- {model_id: a, max_chunks: 0}\n",
+            &["[0].max_chunks: invalid value: integer `0`"],
         ),
         (
             "- {model_id: [a, b]}\n",
@@ -256,6 +272,7 @@ fn the_files_models_follow_the_model_ids_and_override_flags_for_themselves_alone
     );
     assert_eq!(bge.policy_flags().max_batch_tokens, 8192);
     assert_eq!((bge.max_client_batch_size, bge.auto_truncate), (8, true));
+    assert_eq!((bge.long_input, bge.max_chunks), (LongInput::Chunk, 16));
     // Its prompt name replaces the command line's prompt text.
     assert_eq!(
         (
@@ -274,6 +291,10 @@ fn the_files_models_follow_the_model_ids_and_override_flags_for_themselves_alone
     assert_eq!(reranker.max_batch_tokens, 4096);
     assert_eq!(reranker.default_prompt.as_deref(), Some("query: "));
     assert_eq!(reranker.share_weight(), 1.0);
+    assert_eq!(
+        (reranker.long_input, reranker.max_chunks),
+        (LongInput::Error, 64)
+    );
     assert_eq!(reranker.max_client_batch_size, 32);
 }
 

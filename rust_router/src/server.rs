@@ -116,6 +116,8 @@ pub fn build_info(args: &Args, info: &ModelInfo, workers: usize) -> Info {
         max_batch_requests: args.max_batch_requests,
         max_client_batch_size: args.max_client_batch_size,
         auto_truncate: args.auto_truncate,
+        long_input: args.long_input,
+        max_chunks: args.max_chunks,
         tokenization_workers: workers,
         hidden_size: info.hidden_size,
         prompts: info

@@ -19,6 +19,7 @@ TEXTS = ["the cat sat on the mat", "a river runs through paris", "search engine 
 # What the command line gives every model, and what the file's first entry sets instead.
 FLAGS = ("--pooling", "cls", "--max-batch-tokens", "2048")
 OWN = ("--pooling", "mean", "--default-prompt-name", "query", "--max-batch-tokens", "512")
+OWN_LONG = ("--long-input", "chunk", "--max-chunks", "3")
 
 
 @pytest.fixture(scope="module")
@@ -41,6 +42,8 @@ def models_file(folder: Path) -> Path:
   default_prompt_name: query
   max_batch_tokens: 512
   max_client_batch_size: 2
+  long_input: chunk
+  max_chunks: 3
 - name: weighted
   model_id: {folder}
   auto_truncate: true
@@ -60,7 +63,7 @@ def alone(start_server, folder):  # type: ignore[no-untyped-def]
     """Each model in a server of its own, its options given as flags."""
     return {
         "plain": start_server(folder, *FLAGS),
-        "own": start_server(folder, *OWN, "--max-client-batch-size", "2"),
+        "own": start_server(folder, *OWN, *OWN_LONG, "--max-client-batch-size", "2"),
         "weighted": start_server(folder, *FLAGS, "--auto-truncate"),
     }
 
@@ -85,22 +88,24 @@ def test_each_model_answers_as_a_server_with_its_options_as_flags(served, alone)
 
 def test_each_models_info_shows_its_own_options(served, alone):  # type: ignore[no-untyped-def]
     expected = {
-        "plain": ("cls", 2048, 32, False),
-        "own": ("mean", 512, 2, False),
-        "weighted": ("cls", 2048, 32, True),
+        "plain": ("cls", 2048, 32, False, "error", 64),
+        "own": ("mean", 512, 2, False, "chunk", 3),
+        "weighted": ("cls", 2048, 32, True, "error", 64),
     }
-    for name, (pooling, batch_tokens, client_batch, truncate) in expected.items():
+    for name, (pooling, batch_tokens, client_batch, truncate, long, chunks) in expected.items():
         info = served.get("/info", params={"model": name}).json()
         assert info["model_type"] == {"embedding": {"pooling": pooling}}, name
         assert info["max_batch_tokens"] == batch_tokens, name
         assert info["max_client_batch_size"] == client_batch, name
         assert info["auto_truncate"] is truncate, name
+        assert (info["long_input"], info["max_chunks"]) == (long, chunks), name
         one = alone[name].get("/info").json()
-        for key in ("model_type", "max_batch_tokens", "max_client_batch_size", "prompts"):
+        keys = ("model_type", "max_batch_tokens", "max_client_batch_size", "prompts")
+        for key in (*keys, "long_input", "max_chunks"):
             assert info[key] == one[key], (name, key)
 
 
-def test_options_apply_to_their_model_alone(served):  # type: ignore[no-untyped-def]
+def test_options_apply_to_their_model_alone(served, alone):  # type: ignore[no-untyped-def]
     three = {"inputs": TEXTS}
     assert served.post("/embed", {**three, "model": "own"}).status_code == 422
     assert served.post("/embed", {**three, "model": "plain"}).status_code == 200
@@ -108,6 +113,15 @@ def test_options_apply_to_their_model_alone(served):  # type: ignore[no-untyped-
     too_long = " ".join(["word"] * (limit + 8))
     assert served.post("/embed", {"inputs": too_long, "model": "weighted"}).status_code == 200
     assert served.post("/embed", {"inputs": too_long, "model": "plain"}).status_code == 422
+    # `own` embeds it whole (its `long_input: chunk`), as its own server does, and refuses
+    # one of more than its 3 windows.
+    long = " ".join(["the"] * (limit + 8))  # one token a word: two windows
+    whole = served.post("/embed", {"inputs": long, "model": "own"})
+    assert whole.status_code == 200, whole.text
+    assert whole.json() == alone["own"].post("/embed", {"inputs": long}).json()
+    assert served.post("/embed", {"inputs": long, "model": "plain"}).status_code == 422
+    longer = " ".join(["the"] * (4 * limit))
+    assert served.post("/embed", {"inputs": longer, "model": "own"}).status_code == 413
 
 
 def test_a_bad_file_stops_the_start_up_naming_entry_and_key(folder, tmp_path):  # type: ignore[no-untyped-def]

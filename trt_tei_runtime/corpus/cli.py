@@ -13,9 +13,10 @@ from pathlib import Path
 from typing import Any, NoReturn, Optional
 
 from ..errors import RuntimeErrorBase
+from ..long_inputs import DEFAULT_MAX_CHUNKS
 from .device_workers import DEVICE_WORKER_MODES
 from .errors import BadRowError, CorpusError
-from .options import BAD_ROW_POLICIES, DTYPES, VERIFY_MODES, JobOptions
+from .options import BAD_ROW_POLICIES, DTYPES, LONG_INPUT_MODES, VERIFY_MODES, JobOptions
 from .progress import Progress, Summary
 
 PROG = "trt-tei-embed"
@@ -91,6 +92,27 @@ def build_parser() -> argparse.ArgumentParser:
         "checkpoint's half type on GPU). Stored vectors are float32 whatever it is",
     )
     p.add_argument(
+        "--long-input",
+        choices=LONG_INPUT_MODES,
+        default="truncate",
+        help="a text over the model's input limit: truncate it (default), or chunk = embed it "
+        "whole, as the weighted mean of windows of the limit (the server's `long_input: "
+        "chunk`, docs/server.md); num_tokens then counts every window's tokens",
+    )
+    p.add_argument(
+        "--chunk-overlap",
+        type=int,
+        default=0,
+        help="with --long-input chunk: tokens each window shares with the one before (default 0)",
+    )
+    p.add_argument(
+        "--max-chunks",
+        type=int,
+        default=DEFAULT_MAX_CHUNKS,
+        help="with --long-input chunk: a text needing more windows is a bad row (default "
+        f"{DEFAULT_MAX_CHUNKS})",
+    )
+    p.add_argument(
         "--shard-rows", type=int, default=100_000, help="input rows per shard (default 100000)"
     )
     p.add_argument(
@@ -153,6 +175,9 @@ def parse_options(argv: Optional[list[str]] = None) -> JobOptions:
         overwrite=args.overwrite,
         verify=args.verify,
         chunk_rows=args.chunk_rows,
+        long_input=args.long_input,
+        chunk_overlap=args.chunk_overlap,
+        max_chunks=args.max_chunks,
         ray_address=args.ray,
         ray_actors=args.ray_actors,
     )

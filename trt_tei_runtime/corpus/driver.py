@@ -15,7 +15,7 @@ import pyarrow as pa
 from .. import __version__
 from .device_workers import DEVICE_WORKER_MODES
 from .errors import BadRowError, CorpusError
-from .options import BAD_ROW_POLICIES, VERIFY_MODES, JobOptions
+from .options import BAD_ROW_POLICIES, LONG_INPUT_MODES, VERIFY_MODES, JobOptions
 from .progress import Progress, Summary
 from .reader import InputReader, open_input
 from .rows import BadRow, output_schema
@@ -71,6 +71,12 @@ def check_options(options: JobOptions) -> None:
         raise CorpusError(f"--verify must be one of {VERIFY_MODES}")
     if options.device_workers not in DEVICE_WORKER_MODES:
         raise CorpusError(f"--device-workers must be one of {DEVICE_WORKER_MODES}")
+    if options.long_input not in LONG_INPUT_MODES:
+        raise CorpusError(f"--long-input must be one of {LONG_INPUT_MODES}")
+    if options.chunk_overlap < 0:
+        raise CorpusError(f"--chunk-overlap must be at least 0, got {options.chunk_overlap}")
+    if options.max_chunks < 1:
+        raise CorpusError(f"--max-chunks must be at least 1, got {options.max_chunks}")
     if options.ray_actors is not None and options.ray_actors <= 0:
         raise CorpusError(f"--ray-actors must be positive, got {options.ray_actors}")
 

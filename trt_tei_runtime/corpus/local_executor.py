@@ -19,7 +19,7 @@ from ..token_ids import TokenIds
 from .ahead import ahead
 from .device_workers import process_devices
 from .driver import PREFETCH_CHUNKS, JobRun, check_bad_rows, run_job
-from .loading import load_model
+from .loading import check_chunking, load_model
 from .options import JobOptions
 from .plan import InputEnd, Piece, PlanItem, ShardEnd, plan
 from .progress import Progress, Summary
@@ -43,12 +43,14 @@ NO_IDS = TokenIds(np.zeros(0, dtype=np.uint32), np.zeros(1, dtype=np.int64))
 
 
 def tokenized_plan(
-    model: EmbeddingModel, items: Iterator[PlanItem], prompt_name: Optional[str]
+    model: EmbeddingModel, items: Iterator[PlanItem], options: JobOptions
 ) -> Iterator[Union[Chunk, ShardEnd, InputEnd]]:
     """What runs ahead of the model, in the reader thread: read, screen, tokenize."""
     for item in items:
         if isinstance(item, Piece):
-            yield Chunk(item.shard, tokenize(model, screen(item.rows), prompt_name))
+            screened = screen(item.rows)
+            tokenized = tokenize(model, screened, options.prompt_name, options.chunking)
+            yield Chunk(item.shard, tokenized)
         else:
             yield item
 
@@ -72,7 +74,13 @@ def open_model(options: JobOptions, warn: Callable[[str], None]) -> Any:
     from .worker_pool import WorkerPool
     from .worker_process import WorkerSettings
 
-    settings = WorkerSettings(options.model, options.dtype, options.prompt_name, options.dimensions)
+    settings = WorkerSettings(
+        options.model,
+        options.dtype,
+        options.prompt_name,
+        options.stream_dimensions,
+        normalize=options.chunking is None,
+    )
     return WorkerPool(settings, devices, warn)
 
 
@@ -100,6 +108,7 @@ class LocalShardExecutor:
     def open(self, options: JobOptions) -> tuple[int, JobOptions]:
         if self.model is None:
             self.model, self.owned = open_model(options, self.warn), True
+        check_chunking(self.model, options.chunking)  # `close` follows if it raises
         self.options = options
         return int(self.model.info.hidden_size), options
 
@@ -133,7 +142,7 @@ class LocalShardExecutor:
 
         def keyed() -> Iterator[tuple[StreamItem, TokenIds]]:
             """Every plan item in order, with the ids to embed (none for the markers)."""
-            tokenized = tokenized_plan(model, items, options.prompt_name)
+            tokenized = tokenized_plan(model, items, options)
             for item in ahead(tokenized, PREFETCH_CHUNKS):
                 yield item, item.tokenized.token_ids if isinstance(item, Chunk) else NO_IDS
 
@@ -141,7 +150,10 @@ class LocalShardExecutor:
             # One stream for the whole job: the devices do not drain between chunks.
             # The prompt name also picks a task adapter (jina-embeddings-v3).
             stream = model.embed_ids_stream(
-                keyed(), dimensions=options.dimensions, prompt_name=options.prompt_name
+                keyed(),
+                normalize=options.chunking is None,
+                dimensions=options.stream_dimensions,
+                prompt_name=options.prompt_name,
             )
             for item, vectors in stream:
                 if isinstance(item, Chunk):

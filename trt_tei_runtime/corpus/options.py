@@ -6,9 +6,23 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
+from ..long_inputs import DEFAULT_MAX_CHUNKS
+
 BAD_ROW_POLICIES = ("fail", "skip")
 VERIFY_MODES = ("full", "size")
 DTYPES = ("float32", "float16", "bfloat16")
+# What a text over the model's limit gets: cut (as ever) or embedded whole from windows.
+LONG_INPUT_MODES = ("truncate", "chunk")
+
+
+@dataclass(frozen=True)
+class Chunking:
+    """`--long-input chunk`: a text over the model's limit is embedded whole, as the weighted
+    mean of windows overlapping by `overlap` tokens (long_inputs.py, docs/server.md "Long
+    inputs"); a text needing more than `max_chunks` windows is a bad row."""
+
+    overlap: int = 0
+    max_chunks: int = DEFAULT_MAX_CHUNKS
 
 
 @dataclass(frozen=True)
@@ -32,11 +46,14 @@ class JobOptions:
     chunk_rows: int = 4096  # rows per model call: bounds memory, lets the model sort by length
     ray_address: Optional[str] = None
     ray_actors: Optional[int] = None
+    long_input: str = "truncate"  # LONG_INPUT_MODES
+    chunk_overlap: int = 0
+    max_chunks: int = DEFAULT_MAX_CHUNKS
     progress_interval_s: float = 10.0  # JSON progress lines (stderr not a terminal)
 
     def output_identity(self) -> dict[str, Any]:
         """The options that change the shards' contents or layout. A run against an existing
-        output must match them; devices, the bad-row policy, verification and chunking do
+        output must match them; devices, the bad-row policy, verification and --chunk-rows do
         not change a stored vector (beyond float rounding across devices) and may differ (so may
         `device_workers`: where the devices run)."""
         return {
@@ -48,7 +65,29 @@ class JobOptions:
             "dtype": self.dtype,
             "shard_rows": self.shard_rows,
             "normalize": True,
+            # Only when chunking, so that jobs written before the option still resume.
+            **(
+                {
+                    "long_input": "chunk",
+                    "chunk_overlap": self.chunk_overlap,
+                    "max_chunks": self.max_chunks,
+                }
+                if self.chunking
+                else {}
+            ),
         }
+
+    @property
+    def chunking(self) -> Optional[Chunking]:
+        if self.long_input != "chunk":
+            return None
+        return Chunking(self.chunk_overlap, self.max_chunks)
+
+    @property
+    def stream_dimensions(self) -> Optional[int]:
+        """The dimensions the model's stream cuts to: none when chunking, since windows are
+        averaged before the cut (`rows.shard_rows`)."""
+        return None if self.chunking else self.dimensions
 
 
 def model_reference(model: str) -> str:

@@ -25,7 +25,7 @@ from .ahead import ahead
 from .crash_hook import CRASH_ENV, maybe_crash
 from .driver import PREFETCH_CHUNKS, JobRun, bad_row_error, check_bad_rows, run_job
 from .errors import CorpusError
-from .options import JobOptions
+from .options import Chunking, JobOptions
 from .plan import Piece, ShardEnd, plan
 from .progress import Progress, Summary
 from .reader import InputReader
@@ -56,6 +56,7 @@ class ShardEmbedder:
         prompt_name: Optional[str],
         dimensions: Optional[int],
         chunk_rows: int,
+        chunking: Optional[Chunking] = None,
     ) -> None:
         from ..model import Model
         from .ray_data import default_device
@@ -64,17 +65,24 @@ class ShardEmbedder:
         self.prompt_name = prompt_name
         self.dimensions = dimensions
         self.chunk_rows = chunk_rows
+        self.chunking = chunking
         self.worker = f"{socket.gethostname()}/{self.model.device}/pid{os.getpid()}"
 
     def describe(self) -> dict[str, Any]:
         return {"hidden_size": self.model.info.hidden_size, "worker": self.worker}
 
-    def check_prompt(self) -> Optional[str]:
+    def check_options(self) -> Optional[str]:
+        """What is wrong with --prompt-name or --chunk-overlap for this model, if anything."""
         from ..errors import InputError
+        from .loading import check_chunking
 
         try:
             self.model.tokenize_ids(["x"], prompt_name=self.prompt_name)
         except InputError as exc:
+            return f"--prompt-name: {exc}"
+        try:
+            check_chunking(self.model, self.chunking)
+        except CorpusError as exc:
             return str(exc)
         return None
 
@@ -83,12 +91,16 @@ class ShardEmbedder:
         bad: list[BadRow] = list(screened.bad)
         tokens = 0
         pieces = (
-            tokenize(self.model, part, self.prompt_name)
+            tokenize(self.model, part, self.prompt_name, self.chunking)
             for part in screened.chunks(self.chunk_rows)
         )
         keyed = ((tok, tok.token_ids) for tok in ahead(pieces, PREFETCH_CHUNKS, "shard-tokenizer"))
+        chunked = self.chunking is not None
         stream = self.model.embed_ids_stream(
-            keyed, dimensions=self.dimensions, prompt_name=self.prompt_name
+            keyed,
+            normalize=not chunked,  # windows are averaged first (shard_rows)
+            dimensions=None if chunked else self.dimensions,
+            prompt_name=self.prompt_name,
         )
         for tok, vectors in stream:
             batches.append(shard_rows(tok, vectors, schema))
@@ -162,9 +174,9 @@ class RayShardExecutor:
         self.options = options
         self.actors = _start_actors(ray, options)
         first = ray.get(self.actors[0].describe.remote())
-        problem = ray.get(self.actors[0].check_prompt.remote())
+        problem = ray.get(self.actors[0].check_options.remote())
         if problem:
-            raise CorpusError(f"--prompt-name: {problem}")
+            raise CorpusError(problem)
         return int(first["hidden_size"]), options
 
     def close(self) -> None:
@@ -204,6 +216,7 @@ def _start_actors(ray: Any, options: JobOptions) -> list[Any]:
             options.prompt_name,
             options.dimensions,
             options.chunk_rows,
+            options.chunking,
         )
         for _ in range(count)
     ]

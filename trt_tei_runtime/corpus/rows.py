@@ -10,8 +10,12 @@ from typing import Any, Optional, Protocol, TypeVar
 
 import numpy as np
 import pyarrow as pa
+import torch
 
+from ..long_inputs import Windows, mean_of_windows
+from ..pooling import finish_embeddings
 from ..token_ids import TokenIds
+from .options import Chunking
 from .reader import Rows
 
 K = TypeVar("K")
@@ -28,6 +32,15 @@ class EmbeddingModel(Protocol):
     def tokenize_ids(
         self, texts: Sequence[str], *, prompt_name: Optional[str] = None, truncate: bool = True
     ) -> TokenIds: ...
+
+    def tokenize_windows(
+        self,
+        texts: Sequence[str],
+        *,
+        prompt_name: Optional[str] = None,
+        overlap: int = 0,
+        max_chunks: int = ...,
+    ) -> Windows: ...
 
     def embed_ids(
         self,
@@ -96,17 +109,46 @@ class Screened:
         )
 
 
+@dataclass(frozen=True)
+class WindowLayout:
+    """Which of a chunk's sequences are windows of which row (`--long-input chunk`): `counts[i]`
+    windows for row i, in order, each weighted by its own tokens of the text."""
+
+    counts: np.ndarray
+    weights: np.ndarray
+
+    def rows(self, vectors: np.ndarray, dim: int) -> np.ndarray:
+        """Each row's vector from its windows' raw pooled vectors, as the server's `long_input:
+        chunk` makes it: the weighted mean, cut to `dim` (Matryoshka), L2-normalized."""
+        mean = mean_of_windows(torch.from_numpy(vectors), self.counts, self.weights)
+        cut = dim if dim < mean.shape[1] else None
+        return finish_embeddings(mean, normalize=True, dimensions=cut).numpy()
+
+
 @dataclass
 class Tokenized:
     start: int
     stop: int
     ids: pa.Array
-    token_ids: TokenIds
+    token_ids: TokenIds  # one sequence per row, or per window of a row (`windows`)
     bad: list[BadRow] = field(default_factory=list)
+    windows: Optional[WindowLayout] = None
 
     @property
     def num_tokens(self) -> int:
         return self.token_ids.num_tokens
+
+    @property
+    def row_tokens(self) -> np.ndarray:
+        """The tokens the model read for each row (all of its windows')."""
+        if self.windows is None:
+            return self.token_ids.lengths
+        return _per_row(self.token_ids.lengths, self.windows.counts)
+
+
+def _per_row(values: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    rows = np.repeat(np.arange(counts.size), counts.astype(np.int64))
+    return np.bincount(rows, weights=values, minlength=counts.size).astype(np.int64)
 
 
 def output_schema(id_type: pa.DataType, dim: int) -> pa.Schema:
@@ -156,7 +198,14 @@ def screen(rows: Rows) -> Screened:
     return Screened(rows.start, rows.stop, ids, [rows.texts[k] for k in good], ordinals, bad)
 
 
-def tokenize(model: EmbeddingModel, screened: Screened, prompt_name: Optional[str]) -> Tokenized:
+def tokenize(
+    model: EmbeddingModel,
+    screened: Screened,
+    prompt_name: Optional[str],
+    chunking: Optional[Chunking] = None,
+) -> Tokenized:
+    if chunking is not None:
+        return tokenize_windows(model, screened, prompt_name, chunking)
     token_ids = model.tokenize_ids(screened.texts, prompt_name=prompt_name)
     empty = np.flatnonzero(token_ids.lengths == 0)
     if not empty.size:
@@ -178,15 +227,59 @@ def tokenize(model: EmbeddingModel, screened: Screened, prompt_name: Optional[st
     )
 
 
+def tokenize_windows(
+    model: EmbeddingModel, screened: Screened, prompt_name: Optional[str], chunking: Chunking
+) -> Tokenized:
+    """`tokenize` for `--long-input chunk`: every row cut into windows. A row needing more
+    than `max_chunks` windows, or with no token of its own, is a bad row."""
+    # Unbounded here, so that one long row is a bad row rather than the chunk's error.
+    windows = model.tokenize_windows(
+        screened.texts, prompt_name=prompt_name, overlap=chunking.overlap, max_chunks=2**31
+    )
+    counts, weights = windows.counts, windows.weights
+    too_many = counts > chunking.max_chunks
+    empty = _per_row(weights, counts) == 0
+    if not (too_many.any() or empty.any()):
+        layout = WindowLayout(counts, weights)
+        return Tokenized(
+            screened.start, screened.stop, screened.ids, windows.ids, screened.bad, layout
+        )
+    id_values = screened.ids.to_pylist()
+    bad = list(screened.bad)
+    for k in np.flatnonzero(too_many | empty).tolist():
+        reason = (
+            f"needs {counts[k]} windows of the model's input limit, more than --max-chunks "
+            f"({chunking.max_chunks})"
+            if too_many[k]
+            else "no tokens after tokenization"
+        )
+        bad.append(BadRow(screened.rows[k], json_id(id_values[k]), reason))
+    bad.sort(key=lambda b: b.row)
+    keep = ~(too_many | empty)
+    kept_windows = np.flatnonzero(np.repeat(keep, counts.astype(np.int64)))
+    return Tokenized(
+        screened.start,
+        screened.stop,
+        screened.ids.take(pa.array(np.flatnonzero(keep), type=pa.int64())),
+        windows.ids.take(kept_windows),
+        bad,
+        WindowLayout(counts[keep], weights[kept_windows]),
+    )
+
+
 def embed(
     model: EmbeddingModel, tokenized: Tokenized, dimensions: Optional[int], schema: pa.Schema
 ) -> pa.RecordBatch:
     """The shard rows of a tokenized chunk: float32 vectors, L2-normalized."""
     dim = schema.field("embedding").type.list_size
     if len(tokenized.token_ids):
+        chunked = tokenized.windows is not None
         # The job draws its own bar; one per chunk from the model would garble it.
         vectors = model.embed_ids(
-            tokenized.token_ids, dimensions=dimensions, show_progress_bar=False
+            tokenized.token_ids,
+            normalize=not chunked,
+            dimensions=None if chunked else dimensions,
+            show_progress_bar=False,
         )
     else:
         vectors = np.zeros((0, dim), dtype=np.float32)
@@ -194,19 +287,22 @@ def embed(
 
 
 def shard_rows(tokenized: Tokenized, vectors: np.ndarray, schema: pa.Schema) -> pa.RecordBatch:
-    """A tokenized chunk's rows with their vectors, as the shards store them."""
+    """A tokenized chunk's rows with their vectors, as the shards store them. With windows,
+    `vectors` are the windows' raw ones, averaged here into their rows'."""
     dim = schema.field("embedding").type.list_size
     vectors = np.ascontiguousarray(vectors, dtype=np.float32)
-    if vectors.shape != (len(tokenized.token_ids), dim):
+    if tokenized.windows is not None:
+        vectors = tokenized.windows.rows(vectors, dim)
+    if vectors.shape != (len(tokenized.ids), dim):
         raise RuntimeError(
             f"the model returned vectors of shape {vectors.shape}, expected "
-            f"({len(tokenized.token_ids)}, {dim})"
+            f"({len(tokenized.ids)}, {dim})"
         )
     return pa.record_batch(
         [
             tokenized.ids.cast(schema.field("id").type),
             pa.FixedSizeListArray.from_arrays(pa.array(vectors.reshape(-1)), dim),
-            pa.array(tokenized.token_ids.lengths, type=pa.int32()),
+            pa.array(tokenized.row_tokens, type=pa.int32()),
         ],
         schema=schema,
     )

@@ -36,6 +36,7 @@ from typing import Any, Optional, TypeAlias, TypeVar
 import numpy as np
 
 from ..errors import DeviceError
+from ..long_inputs import DEFAULT_MAX_CHUNKS, Windows
 from ..runtime import ModelInfo
 from ..token_ids import TokenIds
 from ..tokenization import TextTokenizer
@@ -183,6 +184,19 @@ class WorkerPool:
         ids, _ = self._tokenizer.encode_ids(list(texts), prompt_name or None, truncate=truncate)
         return ids
 
+    def tokenize_windows(
+        self,
+        texts: Sequence[str],
+        *,
+        prompt_name: Optional[str] = None,
+        overlap: int = 0,
+        max_chunks: int = DEFAULT_MAX_CHUNKS,
+    ) -> Windows:
+        """`Model.tokenize_windows`, in the driver."""
+        return self._tokenizer.encode_windows(
+            list(texts), prompt_name or None, overlap=overlap, max_chunks=max_chunks
+        )
+
     def tokens_per_device(self) -> dict[str, int]:
         return {name: self._tokens[name] for name in self.names}
 
@@ -196,10 +210,11 @@ class WorkerPool:
         """`Model.embed_ids_stream` over the workers: `(key, vectors)` per chunk, in order. A
         key's `shard` attribute, if any, is what the test hook matches. The workers were
         started with the dimensions and prompt: they must be the same here."""
-        wanted = (self.settings.dimensions, self.settings.prompt_name)
-        if not normalize or (dimensions, prompt_name) != wanted:
+        settings = self.settings
+        wanted = (settings.normalize, settings.dimensions, settings.prompt_name)
+        if (normalize, dimensions, prompt_name) != wanted:
             raise ValueError(
-                f"the workers embed with dimensions, prompt_name = {wanted}, normalized"
+                f"the workers embed with normalize, dimensions, prompt_name = {wanted}"
             )
         empty = np.zeros((0, dimensions or self.info.hidden_size), dtype=np.float32)
         source = iter(chunks)

@@ -49,6 +49,8 @@ class WorkerSettings:
     dtype: Optional[str]
     prompt_name: Optional[str]
     dimensions: Optional[int]
+    # False when the driver averages windows (`--long-input chunk`) before normalizing.
+    normalize: bool = True
     # Torch's threads per worker: the host's cores shared out, so that N workers' thread
     # pools (each the size of the host by default) do not fight over the same cores.
     cpu_threads: Optional[int] = None
@@ -75,7 +77,10 @@ def worker_main(
         model = load_model(settings.model, device, settings.dtype, settings.prompt_name)
         sender.send(("ready", {"info": model.info, "device": str(model.device)}))
         stream = model.embed_ids_stream(
-            _chunks(tasks), dimensions=settings.dimensions, prompt_name=settings.prompt_name
+            _chunks(tasks),
+            normalize=settings.normalize,
+            dimensions=settings.dimensions,
+            prompt_name=settings.prompt_name,
         )
         for (seq, shard), vectors in stream:
             maybe_crash(shard)  # test hook: dies with part of a shard embedded

@@ -1,6 +1,7 @@
 //! Wire types of `/info` and `/health`: the model, the router's settings, the devices.
 
 use crate::backend::{DeviceStatus, ImageInput};
+use crate::tokenization::LongInput;
 use serde::Serialize;
 use std::collections::BTreeMap;
 use utoipa::ToSchema;
@@ -39,6 +40,11 @@ pub struct Info {
     pub max_batch_requests: Option<usize>,
     pub max_client_batch_size: usize,
     pub auto_truncate: bool,
+    /// What an over-long input gets when its request says neither `long_input` nor
+    /// `truncate` (`--long-input`).
+    pub long_input: LongInput,
+    /// Most windows one input is cut into under `long_input: chunk` (`--max-chunks`).
+    pub max_chunks: u32,
     pub tokenization_workers: usize,
     pub hidden_size: usize,
     pub prompts: BTreeMap<String, String>,
