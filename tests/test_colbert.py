@@ -153,3 +153,14 @@ def test_maxsim_ignores_padding_and_empty_documents() -> None:
     assert torch.allclose(scores[0], pylate_maxsim(query, [short])[0])
     assert torch.allclose(scores[1], pylate_maxsim(query, [long])[0])
     assert scores[2] == 0
+
+
+@pytest.mark.parametrize("attend", [False, True], ids=["hidden-expansion", "attended-expansion"])
+def test_modernbert_backbone(tmp_path, attend):  # type: ignore[no-untyped-def]
+    folder = make_colbert_checkpoint(
+        tmp_path, architecture="ModernBertModel", attend_to_expansion_tokens=attend
+    )
+    model = Model(folder, device="cpu", dtype="float32")
+    for input_type, texts in [("query", QUERIES), ("document", DOCUMENTS)]:
+        ours = model.embed_multivector(texts, input_type=input_type)
+        assert_same_vectors(ours, pylate_encode(folder, texts, is_query=input_type == "query"))

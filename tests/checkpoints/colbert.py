@@ -39,9 +39,10 @@ def make_colbert_checkpoint(
     query_prefix: str = PREFIXES[0],
     document_prefix: str = PREFIXES[1],
     embedding_size: int = EMBEDDING_SIZE,
+    architecture: str = "BertModel",
     **config_overrides: object,
 ) -> Path:
-    """A random BERT with PyLate's prefix tokens added (its embeddings resized for them),
+    """A random BERT (or `architecture`: ModernBertModel) with PyLate's prefix tokens added (its embeddings resized for them),
     a bias-free Dense projection to `embedding_size` in `1_Dense`, and PyLate's
     config_sentence_transformers.json. `config_overrides`: BertConfig fields (the
     benchmark's larger shapes)."""
@@ -51,11 +52,19 @@ def make_colbert_checkpoint(
     tok, vocab = wordpiece("bert", WORDS)
     # PyLate adds its prefixes as ordinary added tokens (`tokenizer.add_tokens`).
     tok.add_tokens([AddedToken(p, normalized=True) for p in PREFIXES])
-    config = encoder_config(
-        "BertConfig", tok.get_vocab_size(), {"pad_token_id": 0}, config_overrides
-    )
-    model = transformers.BertModel(config).eval()
-    perturb(model)
+    if architecture == "BertModel":
+        config = encoder_config(
+            "BertConfig", tok.get_vocab_size(), {"pad_token_id": 0}, config_overrides
+        )
+        model = transformers.BertModel(config).eval()
+        perturb(model)
+    else:
+        from checkpoints.families import _config
+        from checkpoints.weights import redraw
+
+        config = _config(architecture, tok.get_vocab_size(), **config_overrides)
+        model = getattr(transformers, architecture)(config).eval()
+        redraw(model, norm_center=1.0)
     folder.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(folder, safe_serialization=True)
     tok.save(str(folder / "tokenizer.json"))
@@ -136,7 +145,7 @@ class PyLateRules:
         # ColBERT.__init__: the mask token pads (query expansion).
         self.tokenizer.pad_token_id = self.tokenizer.mask_token_id
         self.device = torch.device(device)
-        self.model = transformers.BertModel.from_pretrained(str(folder), dtype=dtype)
+        self.model = transformers.AutoModel.from_pretrained(str(folder), dtype=dtype)
         self.model = self.model.to(self.device).eval()
         weight = load_file(str(folder / "1_Dense" / "model.safetensors"))["linear.weight"]
         self.weight = weight.to(self.device, dtype)
@@ -180,9 +189,7 @@ class PyLateRules:
             attention = torch.ones_like(attention)
         ids, attention = ids.to(self.device), attention.to(self.device)
         with torch.no_grad():
-            hidden = self.model(
-                input_ids=ids, attention_mask=attention, token_type_ids=torch.zeros_like(ids)
-            ).last_hidden_state
+            hidden = self.model(input_ids=ids, attention_mask=attention).last_hidden_state
             vectors = hidden @ self.weight.T
         # ColBERT.encode: queries keep every token when expanded, documents drop padding
         # and the skiplist; every kept row is normalized.
