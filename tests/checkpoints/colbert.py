@@ -42,10 +42,10 @@ def make_colbert_checkpoint(
     architecture: str = "BertModel",
     **config_overrides: object,
 ) -> Path:
-    """A random BERT (or `architecture`: ModernBertModel) with PyLate's prefix tokens added (its embeddings resized for them),
-    a bias-free Dense projection to `embedding_size` in `1_Dense`, and PyLate's
-    config_sentence_transformers.json. `config_overrides`: BertConfig fields (the
-    benchmark's larger shapes)."""
+    """A random BERT (or `architecture`: ModernBertModel) with PyLate's prefix tokens
+    added (its embeddings sized for them), a bias-free Dense projection to
+    `embedding_size` in `1_Dense`, and PyLate's config_sentence_transformers.json.
+    `config_overrides`: the backbone config's fields (the benchmark's larger shapes)."""
     import transformers
 
     torch.manual_seed(seed)
