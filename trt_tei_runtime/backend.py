@@ -165,6 +165,11 @@ class Backend:
             "image_input": None if info.image_input is None else info.image_input.as_dict(),
             # SigLIP: {length, token_id}, every text padded to `length` with `token_id`.
             "text_padding": None if info.text_padding is None else info.text_padding.as_dict(),
+            # Late-interaction (ColBERT) models: the rules that make an input's tokens
+            # (`late_interaction.LateInteraction`); `embed_all` then gives their vectors.
+            "late_interaction": (
+                None if info.late_interaction is None else info.late_interaction.as_dict()
+            ),
         }
 
     def preprocess_image(

@@ -17,6 +17,7 @@ from tqdm.auto import tqdm
 from .batch import PackedBatch
 from .errors import CheckpointError, InputError
 from .images import DEFAULT_MAX_IMAGE_PIXELS, ImageSource
+from .late_interaction import LateInteraction, check_input_type, maxsim
 from .long_inputs import (
     DEFAULT_MAX_CHUNKS,
     Windows,
@@ -111,6 +112,8 @@ class Model:
                 adapters=self.info.adapters,
                 padding=self.info.text_padding,
             )
+        # ColBERT: a tokenizer per input type, each cut to that type's length.
+        self._late_tokenizers: dict[str, TextTokenizer] = {}
         # A batch must hold at least one sequence of the maximum length.
         self.max_batch_tokens = max(max_batch_tokens, self.info.max_input_length)
         self._tokens: Counter[str] = Counter()
@@ -308,6 +311,72 @@ class Model:
             return rows
         return _sparse_tensor(rows, self.info.hidden_size)
 
+    def embed_multivector(
+        self,
+        texts: str | Sequence[str],
+        input_type: str,
+        show_progress_bar: bool | None = None,
+    ) -> list[np.ndarray]:
+        """A late-interaction (ColBERT) model's token vectors: per text a float32
+        `(tokens, dim)` array of L2-normalized rows, as PyLate's `ColBERT.encode` gives them
+        (`late_interaction.py`): `input_type="query"` with its prefix and mask-token
+        expansion, `"document"` with its prefix and without the skiplist's tokens. Inputs
+        are cut to the model's query or document length."""
+        late = self._late_interaction("embed_multivector")
+        input_type = check_input_type(input_type)
+        texts = [texts] if isinstance(texts, str) else list(texts)
+        self._check_strings(texts)
+        tokenizer = self._late_tokenizer(late, input_type)
+        inputs: dict[int, TokenIds] = {}
+
+        def chunks() -> Iterator[Chunk[int]]:
+            for start in range(0, len(texts), TOKENIZE_CHUNK):
+                # sentence-transformers strips every text before tokenizing it.
+                part = [text.strip() for text in texts[start : start + TOKENIZE_CHUNK]]
+                ids, _ = tokenizer.encode_ids(part, truncate=True)
+                inputs[start] = late.model_inputs(ids, input_type)
+                yield Chunk(start, inputs[start], first=start)
+
+        vectors: list[np.ndarray] = []
+        progress = self._progress(len(texts), show_progress_bar)
+
+        def on_batch(rows: int, device: torch.device, tokens: int) -> None:
+            self._count_tokens(rows, device, tokens)
+            progress.update(rows)
+
+        with progress:
+            for start, rows in run_chunks(
+                self.executors,
+                chunks(),
+                Executor.embed_multivector,
+                self.max_batch_tokens,
+                self.info.position_offset,
+                on_batch,
+            ):
+                ids = inputs.pop(start)
+                assert rows is not None
+                table = rows.numpy()
+                for i in range(len(ids)):
+                    kept = late.kept_tokens(ids[i], input_type)
+                    vectors.append(table[i, : kept.size][kept])
+        return vectors
+
+    def _late_interaction(self, what: str) -> LateInteraction:
+        late = self.info.late_interaction
+        if late is None:
+            raise InputError(
+                f"{what} needs a late-interaction (ColBERT) model; {self.info.architecture} "
+                f"is a {self.info.model_type} model"
+            )
+        return late
+
+    def _late_tokenizer(self, late: LateInteraction, input_type: str) -> TextTokenizer:
+        tokenizer = self._late_tokenizers.get(input_type)
+        if tokenizer is None:
+            tokenizer = TextTokenizer(self.info.model_dir, late.token_limit(input_type))
+            self._late_tokenizers[input_type] = tokenizer
+        return tokenizer
+
     def tokenize(
         self,
         texts: str | Sequence[str],
@@ -499,7 +568,14 @@ class Model:
         top_n: int | None = None,
         adapter: str | None = None,
     ) -> list[tuple[int, float]]:
-        """(index into `texts`, score) pairs, best first; `adapter` as in `predict`."""
+        """(index into `texts`, score) pairs, best first; `adapter` as in `predict`.
+        A late-interaction (ColBERT) model scores by MaxSim between the query's and each
+        text's vectors (`embed_multivector`), on the model's device; `raw_scores`,
+        `truncate` and `adapter` do not apply to it."""
+        if self.info.late_interaction is not None:
+            late_scores = self.maxsim_scores(query, texts)
+            order = sorted(range(len(texts)), key=lambda i: -float(late_scores[i]))
+            return [(i, float(late_scores[i])) for i in order[:top_n]]
         if self.info.model_type != "reranker":
             raise InputError(
                 f"rerank needs a single-label reranker; this model is a {self.info.model_type}"
@@ -508,6 +584,16 @@ class Model:
         scores = self.predict(pairs, raw_scores=raw_scores, truncate=truncate, adapter=adapter)
         order = sorted(range(len(texts)), key=lambda i: -float(scores[i, 0]))
         return [(i, float(scores[i, 0])) for i in order[:top_n]]
+
+    def maxsim_scores(self, query: str, texts: Sequence[str]) -> np.ndarray:
+        """A late-interaction model's MaxSim score of `query` against each text, float32
+        `(n,)` in input order, computed on the model's first device."""
+        query_rows = torch.from_numpy(self.embed_multivector([query], "query")[0])
+        documents = self.embed_multivector(texts, "document")
+        scores = maxsim(
+            query_rows.to(self.device), [torch.from_numpy(d).to(self.device) for d in documents]
+        )
+        return scores.cpu().numpy()
 
     def _pair_chunks(
         self, items: list[TextOrPair], truncate: bool, adapter: int | None = None

@@ -131,6 +131,7 @@ pub fn build_info(args: &Args, info: &ModelInfo, workers: usize) -> Info {
         docker_label: option_env!("DOCKER_LABEL"),
         devices: Vec::new(),
         image_input: info.image_input,
+        multivector: info.late_interaction.clone(),
     }
 }
 

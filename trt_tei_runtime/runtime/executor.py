@@ -17,6 +17,7 @@ import torch
 
 from ..batch import HostArrays, PackedBatch
 from ..errors import InputError
+from ..late_interaction import rows_per_sequence
 from ..layers.attention import packed_attention_available
 from ..models import Task
 from ..models.base import ImageTower
@@ -310,6 +311,11 @@ class Executor:
                 f"{self.info.architecture} is a SPLADE (sparse) model: use embed_sparse "
                 "(/embed_sparse), not embed"
             )
+        if self.info.late_interaction is not None:
+            raise InputError(
+                f"{self.info.architecture} is a late-interaction (ColBERT) model: it gives "
+                "one vector per token (embed_multivector, /embed_multivector), not one per input"
+            )
         if self.info.pooling is None:
             raise InputError(
                 f"{self.info.architecture} is a {self.info.model_type}: use predict, not embed"
@@ -365,6 +371,20 @@ class Executor:
     def embed_tokens(self, batch: PackedBatch, lane: Lane | None = None) -> torch.Tensor:
         """Per-token embeddings `[T, H]` in float32 (TEI's /embed_all)."""
         return self._forward(batch, lane).hidden.float()
+
+    @torch.inference_mode()
+    def embed_multivector(self, batch: PackedBatch, lane: Lane | None = None) -> torch.Tensor:
+        """A late-interaction (ColBERT) model's normalized token vectors as float32
+        `[n, max_input_length, D]`, each sequence's from row 0 and zeros after its end."""
+        if self.info.late_interaction is None:
+            raise InputError(
+                f"{self.info.architecture} is not a late-interaction (ColBERT) model: it has "
+                "no per-token vectors to give"
+            )
+        out = self._forward(batch, lane)
+        return rows_per_sequence(
+            out.hidden.float(), out.batch.cu_seqlens, self.info.max_input_length
+        )
 
     @torch.inference_mode()
     def predict(self, batch: PackedBatch, lane: Lane | None = None) -> torch.Tensor:

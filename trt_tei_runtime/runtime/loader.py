@@ -23,8 +23,10 @@ from ..checkpoint import (
 from ..dense import DenseLayer
 from ..errors import CheckpointError, InputError
 from ..images import ImagePreprocessor
+from ..late_interaction import LateInteraction, is_late_interaction_folder, read_late_interaction
 from ..models import Task, TransformerModel, architecture_class
 from ..models.base import ImageTower
+from ..models.colbert import ColBERTNetwork, ExpansionHiddenColBERTNetwork
 from ..models.lora import attach_adapters
 from ..models.peft import LoraAdapter, read_adapter
 from ..pooling import canonical_pooling, score_activation
@@ -95,6 +97,9 @@ class ModelInfo:
     image_input: ImageInput | None = None
     # Models trained on padded texts (SigLIP): the length and pad token every text takes.
     text_padding: TextPadding | None = None
+    # Late-interaction (ColBERT) models: their query and document rules; the network gives
+    # one normalized vector of `hidden_size` per token.
+    late_interaction: LateInteraction | None = None
 
     @property
     def model_type(self) -> str:
@@ -186,7 +191,23 @@ def load_model(
         bundled = network.checkpoint_adapters()
         attach_adapters(network, bundled + _read_adapters(lora_adapters or {}))
     dense = [DenseLayer(spec).eval() for spec in st.dense]
+    late = None
+    if is_late_interaction_folder(root):
+        if manifest is not None:
+            raise InputError(f"{model_dir}: engine directories of ColBERT models are not supported")
+        network, late = _late_interaction_network(root, model_dir, network, dense, pooling)
+        dense = []
     info = _model_info(arch_name, network, model_dir, st, dense, pooling)
+    if late is not None:
+        # Every input is cut to its type's length, which the model must hold.
+        longest = max(late.query_length, late.document_length)
+        if longest > network.max_positions:
+            raise CheckpointError(
+                f"{root / 'config_sentence_transformers.json'}: query_length/document_length "
+                f"{longest} exceed the model's {network.max_positions} positions"
+            )
+        info.max_input_length = longest
+        info.late_interaction = late
     info.lora_adapters = {name: i for i, name in enumerate(network.adapter_names, 1)}
     info.adapter_type_stride = network.adapter_type_stride
     if max_active_dims is not None and info.splade is None:
@@ -252,6 +273,8 @@ def _model_info(
             f"{model_dir / 'modules.json'}: SpladePooling needs a masked-LM checkpoint "
             f"(BertForMaskedLM); config.json says {arch_name}"
         )
+    elif isinstance(network, ColBERTNetwork):
+        pass  # one vector per token: no pooling
     elif network.task is Task.EMBEDDING:
         if pooling is not None and pooling.lower() == "splade":
             raise InputError(
@@ -271,6 +294,32 @@ def _model_info(
             network.classifier.num_labels, network.classifier.problem_type
         )
     return info
+
+
+def _late_interaction_network(
+    root: Path,
+    model_dir: Path,
+    network: TransformerModel,
+    dense: list[DenseLayer],
+    pooling: str | None,
+) -> tuple[ColBERTNetwork, LateInteraction]:
+    """A PyLate checkpoint's network (the base model, its Dense projections on every
+    token) and its query/document rules."""
+    if network.task is not Task.EMBEDDING or network.image_tower is not None:
+        raise CheckpointError(
+            f"{root}: a ColBERT checkpoint needs a text encoder base model, not "
+            f"{type(network).__name__}"
+        )
+    if not dense:
+        raise CheckpointError(
+            f"{root / 'modules.json'}: a ColBERT checkpoint needs its Dense projection module"
+        )
+    if pooling is not None:
+        raise InputError("a ColBERT model keeps every token's vector: pooling does not apply to it")
+    late = read_late_interaction(root, model_dir, dense[-1].linear.out_features)
+    if late.expand_queries and not late.attend_to_expansion:
+        return ExpansionHiddenColBERTNetwork(network, dense, late.mask_token_id), late
+    return ColBERTNetwork(network, dense), late
 
 
 def _image_model_info(info: ModelInfo, network: TransformerModel, tower: ImageTower) -> None:

@@ -174,6 +174,7 @@ impl FakeBackend {
             devices: None,
             image_input: None,
             text_padding: None,
+            late_interaction: None,
         }
     }
 

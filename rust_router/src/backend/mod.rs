@@ -28,7 +28,7 @@ pub use executor::{
 };
 
 pub use contract::{Backend, BackendError, Batch, BatchKind, Lane, Launched, Matrix};
-pub use model_info::{ImageInput, ModelInfo, ModelType, ScoreActivation};
+pub use model_info::{ImageInput, LateInteraction, ModelInfo, ModelType, ScoreActivation};
 
 #[cfg(test)]
 mod tests;

@@ -97,6 +97,27 @@ pub struct ModelInfo {
     /// to the same length with a pad token.
     #[serde(default)]
     pub text_padding: Option<TextPadding>,
+    /// Set for late-interaction (ColBERT) models: the rules that make an input's tokens
+    /// (`/embed_multivector`); `embed_all` then gives one normalized vector per token.
+    #[serde(default)]
+    pub late_interaction: Option<LateInteraction>,
+}
+
+/// A late-interaction (ColBERT, PyLate) model's rules (`Backend.info()`'s
+/// `late_interaction`; trt_tei_runtime/late_interaction.py): prefix token ids (none for an
+/// empty prefix), each input type's length in tokens, query expansion with the mask token,
+/// the document skiplist, the vectors' width.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct LateInteraction {
+    pub query_prefix_id: Option<u32>,
+    pub document_prefix_id: Option<u32>,
+    pub query_length: usize,
+    pub document_length: usize,
+    pub expand_queries: bool,
+    pub attend_to_expansion: bool,
+    pub mask_token_id: u32,
+    pub skiplist_ids: Vec<u32>,
+    pub embedding_size: usize,
 }
 
 /// What one image becomes before the model sees it (`Backend.info()`'s `image_input`): a
@@ -112,7 +133,7 @@ pub struct ImageInput {
 
 impl ModelInfo {
     /// Every key of the contract, in the struct's order.
-    pub const FIELDS: [&'static str; 22] = [
+    pub const FIELDS: [&'static str; 23] = [
         "model_type",
         "tokenizer_path",
         "max_input_length",
@@ -135,6 +156,7 @@ impl ModelInfo {
         "devices",
         "image_input",
         "text_padding",
+        "late_interaction",
     ];
 
     /// Rejects an info that the router could not serve correctly, before any request arrives.
@@ -146,6 +168,19 @@ impl ModelInfo {
         };
         if self.max_input_length == 0 {
             return fail("max_input_length must be positive".into());
+        }
+        if let Some(late) = &self.late_interaction {
+            let prefixed = |p: Option<u32>| usize::from(p.is_some());
+            if late.query_length < 2 + prefixed(late.query_prefix_id)
+                || late.document_length < 2 + prefixed(late.document_prefix_id)
+                || late.query_length.max(late.document_length) > self.max_input_length
+            {
+                return fail(format!(
+                    "late_interaction lengths ({}, {}) must hold the special and prefix tokens \
+                     and be at most max_input_length {}",
+                    late.query_length, late.document_length, self.max_input_length
+                ));
+            }
         }
         match self.model_type {
             ModelType::Embedding | ModelType::Sparse if self.hidden_size == 0 => {

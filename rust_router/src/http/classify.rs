@@ -3,6 +3,7 @@
 use super::body::TeiJson;
 use super::error::{ApiError, ErrorResponse, InputNames, TRUNCATE_HINT};
 use super::model_routes::Needs;
+use super::multivector;
 use super::openapi::Refusals;
 use super::response_meta::{Answered, ResponseMeta};
 use super::state::AppState;
@@ -134,7 +135,9 @@ pub(crate) async fn rerank_answer(
 ) -> Result<Answered<Vec<Rank>>, ApiError> {
     let state = state.for_model(req.model.as_deref())?;
     let start = Instant::now();
-    state.require(Needs::Reranker, "/rerank")?;
+    if let Some(needs) = multivector::needs_for_rerank(&state) {
+        state.require(needs, "/rerank")?;
+    }
     let top_n = top_n(req.top_n)?;
     let opts = EncodeOptions {
         truncate: req.truncate.unwrap_or(state.config.auto_truncate),
@@ -204,6 +207,16 @@ pub(crate) async fn rank(
     state.check_batch(texts.len(), field)?;
     if let Some(index) = texts.iter().position(String::is_empty) {
         return Err(ApiError::empty_input(InputNames::List(field), index));
+    }
+    if multivector::needs_for_rerank(state).is_none() {
+        let (scores, metas) =
+            multivector::maxsim_rank(state, query, texts, field, opts.truncate, priority).await?;
+        let chars = query.chars().count() + texts.iter().map(|t| t.chars().count()).sum::<usize>();
+        return Ok(Ranked {
+            scores,
+            metas,
+            chars,
+        });
     }
     let pairs = texts
         .iter()

@@ -5,7 +5,9 @@ use super::error::{ErrorResponse, ErrorType, OpenAIErrorResponse};
 use super::openapi::{InputDoc, InputIdsDoc, PredictInputDoc, PriorityDoc, QueueDeadlineHeader};
 use super::state::AppState;
 use super::types::*;
-use super::{classify, cloud, embed, meta, models, openai, quantize, rerank_compat, sparse};
+use super::{
+    classify, cloud, embed, meta, models, multivector, openai, quantize, rerank_compat, sparse,
+};
 use crate::tokenization::TruncationDirection;
 use axum::Json;
 use utoipa::OpenApi;
@@ -14,7 +16,7 @@ use utoipa::OpenApi;
 #[openapi(
     paths(
         meta::info, meta::health, meta::metrics, meta::tokenize, meta::decode,
-        embed::embed, embed::embed_all, sparse::embed_sparse, embed::similarity,
+        embed::embed, embed::embed_all, multivector::embed_multivector, sparse::embed_sparse, embed::similarity,
         classify::predict, classify::rerank, openai::embeddings,
         rerank_compat::rerank_v1, rerank_compat::rerank_v2,
         cloud::root, cloud::invocations, cloud::vertex, meta::root_probe, models::list,
@@ -35,6 +37,9 @@ use utoipa::OpenApi;
         models::ModelCard,
         ErrorResponse, ErrorType, OpenAIErrorResponse,
         sparse::EmbedSparseRequest, sparse::SparseValue, sparse::EmbedSparseResponse,
+        multivector::EmbedMultivectorRequest, multivector::MultivectorInputType,
+        multivector::MultivectorFormat, multivector::TokenVectors,
+        multivector::EmbedMultivectorResponse, crate::backend::LateInteraction,
         cloud::InvocationDoc, cloud::InvocationAnswerDoc, cloud::VertexRequest, cloud::VertexResponse,
     )),
     modifiers(&QueueDeadlineHeader),

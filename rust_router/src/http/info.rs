@@ -1,6 +1,6 @@
 //! Wire types of `/info` and `/health`: the model, the router's settings, the devices.
 
-use crate::backend::{DeviceStatus, ImageInput};
+use crate::backend::{DeviceStatus, ImageInput, LateInteraction};
 use crate::tokenization::LongInput;
 use serde::Serialize;
 use std::collections::BTreeMap;
@@ -57,6 +57,11 @@ pub struct Info {
     /// to and the tokens of a batch it costs. Absent for text-only models.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub image_input: Option<ImageInput>,
+    /// Set for late-interaction (ColBERT) models, which give several vectors per input
+    /// (`/embed_multivector`, and `/rerank` by MaxSim): their query and document rules.
+    /// Absent for single-vector models.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub multivector: Option<LateInteraction>,
 }
 
 /// One device in `/info`.

@@ -13,6 +13,7 @@ mod info;
 pub(crate) mod meta;
 pub mod model_routes;
 pub mod models;
+pub mod multivector;
 mod openai;
 mod openapi;
 pub mod quantize;
@@ -212,6 +213,7 @@ pub fn app(state: AppState) -> Router {
         .route("/vertex", post(cloud::vertex))
         .route("/embed", post(embed::embed))
         .route("/embed_all", post(embed::embed_all))
+        .route("/embed_multivector", post(multivector::embed_multivector))
         .route("/embed_sparse", post(sparse::embed_sparse))
         .route("/similarity", post(embed::similarity))
         .route("/predict", post(classify::predict))

@@ -119,6 +119,7 @@ pub const INFERENCE_ROUTES: &[&str] = &[
     "/vertex",
     "/embed",
     "/embed_all",
+    "/embed_multivector",
     "/embed_sparse",
     "/similarity",
     "/predict",
