@@ -7,7 +7,7 @@
 //! vectors of its skiplist tokens.
 
 use super::body::TeiJson;
-use super::error::{ApiError, ErrorResponse, InputNames};
+use super::error::{ApiError, ErrorResponse, ErrorType, InputNames};
 use super::fields;
 use super::model_routes::{not_served, Needs};
 use super::openapi::{InputDoc, PriorityDoc, Refusals};
@@ -242,34 +242,43 @@ pub(crate) async fn maxsim_rank(
 ) -> Result<(Vec<(usize, f32)>, Vec<InferMetadata>), ApiError> {
     let late = late_interaction(state, "/rerank")?;
     let query_name = InputNames::One("query");
-    let (mut query_rows, mut metas) = token_vectors(
-        state,
-        &late,
-        &[query.to_string()],
-        MultivectorInputType::Query,
-        truncate,
-        query_name,
-        priority,
-    )
-    .await?;
-    let names = InputNames::List(field);
-    let (documents, doc_metas) = token_vectors(
-        state,
-        &late,
-        texts,
-        MultivectorInputType::Document,
-        truncate,
-        names,
-        priority,
-    )
-    .await?;
+    let query_texts = [query.to_string()];
+    // The query and the documents are sequences of one batch if they arrive together.
+    let (query_vectors, document_vectors) = tokio::join!(
+        token_vectors(
+            state,
+            &late,
+            &query_texts,
+            MultivectorInputType::Query,
+            truncate,
+            query_name,
+            priority,
+        ),
+        token_vectors(
+            state,
+            &late,
+            texts,
+            MultivectorInputType::Document,
+            truncate,
+            InputNames::List(field),
+            priority,
+        ),
+    );
+    let (mut query_rows, mut metas) = query_vectors?;
+    let (documents, doc_metas) = document_vectors?;
     metas.extend(doc_metas);
     let query_rows = query_rows.pop().unwrap_or_default();
-    let mut scores: Vec<(usize, f32)> = documents
-        .iter()
-        .enumerate()
-        .map(|(i, doc)| (i, maxsim(&query_rows, doc)))
-        .collect();
+    // Off the async threads: 100 documents of 180 tokens against a 32-token query are ~75 M
+    // multiply-adds.
+    let mut scores = tokio::task::spawn_blocking(move || {
+        documents
+            .iter()
+            .enumerate()
+            .map(|(i, doc)| (i, maxsim(&query_rows, doc)))
+            .collect::<Vec<(usize, f32)>>()
+    })
+    .await
+    .map_err(|e| ApiError::new(ErrorType::Backend, format!("MaxSim failed: {e}")))?;
     scores.sort_by(|a, b| b.1.total_cmp(&a.1));
     Ok((scores, metas))
 }
@@ -285,10 +294,30 @@ pub(crate) fn maxsim(query: &[Vec<f32>], document: &[Vec<f32>]) -> f32 {
         .map(|q| {
             document
                 .iter()
-                .map(|d| q.iter().zip(d).map(|(a, b)| a * b).sum::<f32>())
+                .map(|d| dot(q, d))
                 .fold(f32::NEG_INFINITY, f32::max)
         })
         .sum()
+}
+
+/// `a · b` summed in eight lanes, which the compiler turns into SIMD (a plain ordered sum of
+/// floats it may not reorder).
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    const LANES: usize = 8;
+    let (a8, b8) = (a.chunks_exact(LANES), b.chunks_exact(LANES));
+    let tail: f32 = a8
+        .remainder()
+        .iter()
+        .zip(b8.remainder())
+        .map(|(x, y)| x * y)
+        .sum();
+    let mut lanes = [0.0f32; LANES];
+    for (x, y) in a8.zip(b8) {
+        for ((lane, x), y) in lanes.iter_mut().zip(x).zip(y) {
+            *lane += x * y;
+        }
+    }
+    lanes.iter().sum::<f32>() + tail
 }
 
 impl MultivectorInputType {
@@ -415,5 +444,15 @@ mod tests {
         // A negative best stays negative (no zero padding wins).
         assert!((maxsim(&query[..1], &[vec![-0.5, 0.0]]) + 0.5).abs() < 1e-6);
         assert_eq!(maxsim(&query, &[]), 0.0);
+    }
+
+    #[test]
+    fn dot_in_lanes_equals_the_plain_sum() {
+        for len in [0, 1, 7, 8, 9, 128, 131] {
+            let a: Vec<f32> = (0..len).map(|i| (i as f32 * 0.37).sin()).collect();
+            let b: Vec<f32> = (0..len).map(|i| (i as f32 * 0.11).cos()).collect();
+            let plain: f32 = a.iter().zip(&b).map(|(x, y)| x * y).sum();
+            assert!((dot(&a, &b) - plain).abs() < 1e-4, "length {len}");
+        }
     }
 }
