@@ -57,4 +57,3 @@ def patch_block(pixels: np.ndarray, patch: int, max_num_patches: int) -> np.ndar
     block[0, :count] = patches
     block[0, max_num_patches, :2] = (rows, cols)
     return block
-

@@ -188,7 +188,9 @@ class ImagePreprocessor:
         budget = config.get("max_num_patches", defaults[1])
         for field, value in (("patch_size", patch), ("max_num_patches", budget)):
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise CheckpointError(f"{source}: {field} must be a positive integer, got {value!r}")
+                raise CheckpointError(
+                    f"{source}: {field} must be a positive integer, got {value!r}"
+                )
         return cls(
             resize_to=None,
             shortest_edge=None,

@@ -17,6 +17,7 @@ from torch import nn
 from ..errors import CheckpointError
 from ..layers import Linear, get_activation, linear_activation
 from ..weights import WeightReader
+from .base import ImageTower
 from .bert import take_layer_norm
 from .config import ConfigReader
 from .contrastive import ContrastiveModel, TowerConfig, VisionTower
@@ -111,7 +112,7 @@ class SiglipModel(ContrastiveModel):
 
     def build_image_tower(
         self, config: dict[str, Any], vision: ConfigReader, reader: WeightReader
-    ) -> VisionTower:
+    ) -> ImageTower:
         if not vision.bool("vision_use_head", True):
             raise CheckpointError(
                 "config.json vision_config: vision_use_head is false: without its attention "
