@@ -1,6 +1,6 @@
-"""Text-and-image models (CLIP, SigLIP, SigLIP 2 NaFlex) behind the router: `/info` says the model takes images,
-and `/embed` of texts equals `Model.embed`, SigLIP's texts padded by the router as the runtime
-pads them (tiny random checkpoints, tests/checkpoints/vision.py)."""
+"""Text-and-image models (CLIP, SigLIP, SigLIP 2 NaFlex) behind the router: `/info` says the
+model takes images, and `/embed` of texts equals `Model.embed`, SigLIP's texts padded by the
+router as the runtime pads them (tiny random checkpoints, tests/checkpoints/vision.py)."""
 
 from __future__ import annotations
 
