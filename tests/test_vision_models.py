@@ -284,6 +284,7 @@ def test_siglip2_attends_to_each_image_s_own_patches_only(tmp_path):  # type: ig
     for grid, message in [
         ((0, 4), "must hold its patch grid"),
         ((2.5, 4), "must hold its patch grid"),
+        ((float("nan"), 4), "must hold its patch grid"),
         ((5, 5), "a 5x5 patch grid exceeds the budget of 24 patches"),
     ]:
         bad = torch.from_numpy(blocks.copy())

@@ -106,7 +106,8 @@ class Siglip2VisionTower(ImageTower):
         rows = pixels[:, 0, -1, :2].to("cpu", torch.float64)
         grids = []
         for index, (height, width) in enumerate(rows.tolist()):
-            if height != int(height) or width != int(width) or height < 1 or width < 1:
+            whole = height >= 1 and width >= 1 and height.is_integer() and width.is_integer()
+            if not whole:  # NaN and infinity included
                 raise InputError(
                     f"image {index}: its block's last row must hold its patch grid (two "
                     f"positive integers), got {height} x {width}"
@@ -137,12 +138,12 @@ class Siglip2VisionTower(ImageTower):
         return torch.cat(rows).to(dtype)
 
     def forward(self, pixels: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
-        n, budget = pixels.shape[0], self.tokens_per_image
+        n, rows = pixels.shape[0], self.tokens_per_image + 1
         grids = self.grids(pixels)
         lengths = torch.tensor([h * w for h, w in grids])
         device = pixels.device
-        # Where each real patch lies among the n * budget rows, and the packed sequences.
-        starts = torch.repeat_interleave(torch.arange(n) * budget, lengths)
+        # Where each real patch lies among the blocks' n * rows rows, and the packed sequences.
+        starts = torch.repeat_interleave(torch.arange(n) * rows, lengths)
         offsets = torch.arange(int(lengths.sum())) - torch.repeat_interleave(
             torch.cumsum(lengths, 0) - lengths, lengths
         )
@@ -152,7 +153,7 @@ class Siglip2VisionTower(ImageTower):
             cu_seqlens, int(lengths.max()), packed=meta.pad_index is None
         )
         dtype = self.patch_embedding.weight.dtype
-        patches = pixels[:, 0, :budget].reshape(n * budget, -1).index_select(0, index)
+        patches = pixels.reshape(n * rows, -1).index_select(0, index)
         x = self.patch_embedding(patches.to(dtype)) + self.positions(grids, dtype)
         for layer in self.layers:
             x = layer(x, packed)
