@@ -125,17 +125,18 @@ class Siglip2VisionTower(ImageTower):
         grid resized to each image's grid, as transformers does (in float32, as it does on
         the CPU; on a GPU it resizes in the model dtype, less exactly)."""
         grid = self.position_grid.float()
-        rows = []
+        resized: dict[tuple[int, int], torch.Tensor] = {}  # one resize per distinct grid
         for height, width in grids:
-            resized = F.interpolate(
-                grid,
-                size=(height, width),
-                mode="bilinear",
-                align_corners=False,
-                antialias=True,
-            )
-            rows.append(resized.reshape(self.embedding_size, height * width).t())
-        return torch.cat(rows).to(dtype)
+            if (height, width) not in resized:
+                out = F.interpolate(
+                    grid,
+                    size=(height, width),
+                    mode="bilinear",
+                    align_corners=False,
+                    antialias=True,
+                )
+                resized[height, width] = out.reshape(self.embedding_size, -1).t().to(dtype)
+        return torch.cat([resized[g] for g in grids])
 
     def forward(self, pixels: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         n, rows = pixels.shape[0], self.tokens_per_image + 1
