@@ -196,8 +196,9 @@ class Executor:
 
     def _capture_images(self, max_num_tokens: int, max_batch_size: int) -> ImageGraphRunner | None:
         """The vision tower's graphs for batches of up to `max_num_tokens` tokens, where the
-        model has one whose images are all one length (not SigLIP 2's). As for texts, larger batches run eagerly: their launches cost little
-        next to their work, and an eager bulk pass stops at the gate between layers."""
+        model has one whose images are all one length (not SigLIP 2's). As for texts, larger
+        batches run eagerly: their launches cost little next to their work, and an eager
+        bulk pass stops at the gate between layers."""
         tower = self.model.network.image_tower
         if tower is None or tower.variable_length:
             return None
