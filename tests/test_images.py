@@ -1,6 +1,7 @@
 """Image preprocessing (`trt_tei_runtime.images`) against transformers' reference processors
-(the PIL backends of CLIPImageProcessor and SiglipImageProcessor), for images made here with
-Pillow in every format and mode the issue lists, and its errors for bad images."""
+(the PIL backends of CLIPImageProcessor, SiglipImageProcessor and Siglip2ImageProcessor),
+for images made here with Pillow in every format and mode the issue lists, and its errors
+for bad images."""
 
 from __future__ import annotations
 
@@ -38,6 +39,23 @@ SIGLIP_CONFIG = {
     "do_normalize": True,
     "image_mean": [0.5, 0.5, 0.5],
     "image_std": [0.5, 0.5, 0.5],
+}
+# google/siglip2-base-patch16-naflex's, and a small budget with another filter.
+SIGLIP2_CONFIGS = {
+    "naflex-256": {
+        "image_processor_type": "Siglip2ImageProcessor",
+        "patch_size": 16,
+        "max_num_patches": 256,
+        "resample": 2,
+        "image_mean": [0.5, 0.5, 0.5],
+        "image_std": [0.5, 0.5, 0.5],
+    },
+    "naflex-small-bicubic": {
+        "image_processor_type": "Siglip2ImageProcessor",
+        "patch_size": 8,
+        "max_num_patches": 24,
+        "resample": 3,
+    },
 }
 # openai/clip-vit-base-patch32's form: integer sizes, an old feature extractor name.
 OLD_CLIP_CONFIG = {
@@ -146,6 +164,37 @@ def test_pixels_equal_the_reference_processor(tmp_path, config, name):  # type: 
     np.testing.assert_array_equal(processor.preprocess(Image.open(io.BytesIO(data))), ours)
 
 
+@pytest.mark.parametrize("config", sorted(SIGLIP2_CONFIGS))
+def test_naflex_patches_equal_the_reference_processor(config):  # type: ignore[no-untyped-def]
+    """Each image resized to its own grid (wide, tall, square, tiny, larger than the
+    budget), cut into the reference's patches in its order, with its grid in the last row."""
+    from transformers.models.siglip2.image_processing_pil_siglip2 import Siglip2ImageProcessorPil
+
+    fields = {k: v for k, v in SIGLIP2_CONFIGS[config].items() if not k.endswith("_type")}
+    reference = Siglip2ImageProcessorPil(**fields)
+    processor = ImagePreprocessor.from_config(SIGLIP2_CONFIGS[config])
+    budget, patch = fields["max_num_patches"], fields["patch_size"]
+    assert processor.output_channels == 1
+    assert processor.output_size == (budget + 1, 3 * patch * patch)
+    sizes = [(640, 480), (480, 640), (300, 17), (5, 90), (33, 33), (1, 1), (1200, 700)]
+    images = [picture(w, h, i) for i, (w, h) in enumerate(sizes)]
+    images += [load_image(IMAGES[name]()) for name in sorted(IMAGES)]
+    # transformers' `load_image` converts to RGB before its processor; ours converts itself.
+    expected = reference(images=[image.convert("RGB") for image in images], return_tensors="np")
+    grids = set()
+    for index, image in enumerate(images):
+        ours = processor.pixels(image)
+        assert ours.dtype == np.float32 and ours.flags["C_CONTIGUOUS"]
+        assert ours.shape == (1, *processor.output_size)
+        height, width = expected["spatial_shapes"][index]
+        count = int(expected["pixel_attention_mask"][index].sum())
+        assert count == height * width <= budget
+        np.testing.assert_array_equal(ours[0, :budget], expected["pixel_values"][index])
+        np.testing.assert_array_equal(ours[0, budget], [height, width] + [0] * (3 * patch**2 - 2))
+        grids.add((int(height), int(width)))
+    assert len(grids) >= 6
+
+
 def test_exif_orientation_turns_the_image_upright():  # type: ignore[no-untyped-def]
     image = load_image(rotated_jpeg())
     assert image.size == (40, 80)  # stored 80x40, shown rotated
@@ -175,8 +224,15 @@ def test_bad_images_are_input_errors(tmp_path):  # type: ignore[no-untyped-def]
 
 
 def test_unsupported_processor_configs_fail_clearly():  # type: ignore[no-untyped-def]
-    with pytest.raises(CheckpointError, match="'Siglip2ImageProcessor' is not supported"):
-        ImagePreprocessor.from_config({"image_processor_type": "Siglip2ImageProcessor"})
+    with pytest.raises(CheckpointError, match="'ViTImageProcessor' is not supported"):
+        ImagePreprocessor.from_config({"image_processor_type": "ViTImageProcessor"})
+    naflex = SIGLIP2_CONFIGS["naflex-256"]
+    with pytest.raises(CheckpointError, match="must resize images to its patch budget"):
+        ImagePreprocessor.from_config({**naflex, "do_resize": False})
+    with pytest.raises(CheckpointError, match="max_num_patches must be a positive integer"):
+        ImagePreprocessor.from_config({**naflex, "max_num_patches": 0})
+    with pytest.raises(CheckpointError, match="patch_size must be a positive integer"):
+        ImagePreprocessor.from_config({**naflex, "patch_size": "16"})
     with pytest.raises(CheckpointError, match="unknown resample filter 9"):
         ImagePreprocessor.from_config({**CLIP_CONFIG, "resample": 9})
     with pytest.raises(CheckpointError, match="malformed size"):

@@ -1,6 +1,6 @@
-"""Text-and-image models (CLIP, SigLIP) through `Model` against transformers in fp32: texts by
-`get_text_features`, images by `get_image_features` on the reference processor's pixels,
-for tiny random checkpoints made here (tests/checkpoints/vision.py)."""
+"""Text-and-image models (CLIP, SigLIP, SigLIP 2 NaFlex) through `Model` against transformers
+in fp32: texts by `get_text_features`, images by `get_image_features` on the reference
+processor's outputs, for tiny random checkpoints made here (tests/checkpoints/vision.py)."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ from PIL import Image
 
 from trt_tei_runtime import InputError, Model
 from trt_tei_runtime.backend import Backend
-from trt_tei_runtime.errors import CheckpointError, UnsupportedArchitectureError
+from trt_tei_runtime.errors import CheckpointError
 
 TEXTS = ["the cat", "a dog in paris reads a book by the river", "blue", "what is it"]
 
@@ -34,18 +34,26 @@ def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return (a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)
 
 
-def reference_pixels(folder: Path, images: list[bytes]) -> np.ndarray:
-    """The pixels transformers' PIL processor of the checkpoint's config makes."""
+def reference_pixels(folder: Path, images: list[bytes]) -> np.ndarray | dict[str, np.ndarray]:
+    """What transformers' PIL processor of the checkpoint's config makes: the pixels, or
+    a NaFlex processor's patches with their mask and grids."""
     from transformers.image_utils import load_image
     from transformers.models.clip.image_processing_pil_clip import CLIPImageProcessorPil
     from transformers.models.siglip.image_processing_pil_siglip import SiglipImageProcessorPil
+    from transformers.models.siglip2.image_processing_pil_siglip2 import Siglip2ImageProcessorPil
 
     config = json.loads((folder / "preprocessor_config.json").read_text())
-    kind = config["image_processor_type"]
-    cls = CLIPImageProcessorPil if kind.startswith("CLIP") else SiglipImageProcessorPil
+    cls = {
+        "CLIPImageProcessor": CLIPImageProcessorPil,
+        "SiglipImageProcessor": SiglipImageProcessorPil,
+        "Siglip2ImageProcessor": Siglip2ImageProcessorPil,
+    }[config["image_processor_type"]]
     fields = {k: v for k, v in config.items() if not k.endswith("_type")}
     decoded = [load_image(Image.open(io.BytesIO(data))) for data in images]
-    return np.asarray(cls(**fields)(images=decoded, return_tensors="np")["pixel_values"])
+    out = cls(**fields)(images=decoded, return_tensors="np")
+    if cls is Siglip2ImageProcessorPil:
+        return {k: np.asarray(v) for k, v in out.items()}
+    return np.asarray(out["pixel_values"])
 
 
 def assert_same_vectors(ours: np.ndarray, expected: np.ndarray) -> None:
@@ -61,7 +69,12 @@ CASES = {
     "clip": dict(architecture="CLIPModel"),
     "clip-legacy-eos-gelu": dict(architecture="CLIPModel", legacy_eos=True, hidden_act="gelu"),
     "siglip": dict(architecture="SiglipModel"),
+    "siglip2": dict(architecture="Siglip2Model"),
 }
+# Each architecture's pixels per image (SigLIP 2: a block of 24 patches of 8x8x3 and its
+# grid, `images.py`) and the tokens an image counts for.
+PIXELS = {"CLIPModel": (3, 32, 32), "SiglipModel": (3, 32, 32), "Siglip2Model": (1, 25, 192)}
+TOKENS = {"CLIPModel": 17, "SiglipModel": 16, "Siglip2Model": 24}
 
 
 @pytest.fixture(scope="module", params=sorted(CASES))
@@ -94,7 +107,7 @@ def test_images_equal_get_image_features(checkpoint):  # type: ignore[no-untyped
 
 
 def test_batches_split_by_the_token_budget(checkpoint):  # type: ignore[no-untyped-def]
-    """Three images per batch (each is 16 or 17 tokens): results keep the input order."""
+    """Three images per batch (each is 16, 17 or 24 tokens): results keep the input order."""
     _, folder, model, _ = checkpoint
     images = sample_images() * 2
     small = Model(
@@ -110,15 +123,17 @@ def test_info_says_the_model_takes_images(checkpoint):  # type: ignore[no-untype
     architecture, folder, model, _ = checkpoint
     image_input = model.info.image_input
     assert image_input is not None
-    tokens = (32 // 8) ** 2 + (architecture == "CLIPModel")  # SigLIP has no class token
-    assert (image_input.height, image_input.width, image_input.channels) == (32, 32, 3)
+    tokens = TOKENS[architecture]
+    channels, height, width = PIXELS[architecture]
+    assert (image_input.channels, image_input.height, image_input.width) == PIXELS[architecture]
     assert image_input.tokens_per_image == tokens
     info = Backend(str(folder)).info()
     assert info["image_input"] == {
-        "height": 32, "width": 32, "channels": 3, "patch_size": 8, "tokens_per_image": tokens
+        "height": height, "width": width, "channels": channels, "patch_size": 8,
+        "tokens_per_image": tokens,
     }  # fmt: skip
     assert info["model_type"] == "embedding" and info["pooling"] == "last-token"
-    if architecture == "SiglipModel":
+    if architecture != "CLIPModel":
         pad = model.tokenizer._flat.token_to_id(PAD)
         assert info["text_padding"] == {"length": 16, "token_id": pad}
     else:
@@ -179,9 +194,10 @@ def test_text_models_take_no_images(tmp_path):  # type: ignore[no-untyped-def]
 
 
 def test_pixels_of_the_wrong_shape_are_refused(checkpoint):  # type: ignore[no-untyped-def]
-    _, _, model, _ = checkpoint
-    with pytest.raises(InputError, match=r"pixels must be \[n, 3, 32, 32\]"):
-        model.executors[0].embed_images(torch.zeros(2, 3, 32, 31))
+    architecture, _, model, _ = checkpoint
+    shape = PIXELS[architecture]
+    with pytest.raises(InputError, match=rf"pixels must be \[n, {', '.join(map(str, shape))}\]"):
+        model.executors[0].embed_images(torch.zeros(2, *shape[:2], shape[2] - 1))
 
 
 def test_checkpoint_problems_fail_clearly(tmp_path):  # type: ignore[no-untyped-def]
@@ -195,10 +211,14 @@ def test_checkpoint_problems_fail_clearly(tmp_path):  # type: ignore[no-untyped-
     (folder / "preprocessor_config.json").unlink()
     with pytest.raises(CheckpointError, match="missing file preprocessor_config.json"):
         Model(folder, device="cpu")
-    siglip2 = tmp_path / "siglip2"
-    siglip2.mkdir()
-    (siglip2 / "config.json").write_text(json.dumps({"architectures": ["Siglip2Model"]}))
-    with pytest.raises(UnsupportedArchitectureError, match="NaFlex"):
+    siglip2 = make_vision_checkpoint(tmp_path / "siglip2", "Siglip2Model")
+    fixed = dict(PROCESSORS["SiglipModel"])
+    (siglip2 / "preprocessor_config.json").write_text(json.dumps(fixed))
+    with pytest.raises(CheckpointError, match="must be a Siglip2ImageProcessor"):
+        Model(siglip2, device="cpu")
+    other_patches = dict(PROCESSORS["Siglip2Model"], patch_size=16)
+    (siglip2 / "preprocessor_config.json").write_text(json.dumps(other_patches))
+    with pytest.raises(CheckpointError, match="patch_size 16; the vision tower's patches are 8"):
         Model(siglip2, device="cpu")
 
 
@@ -223,7 +243,8 @@ def test_backend_preprocesses_and_embeds_images_as_the_router_calls_it(checkpoin
     np.testing.assert_allclose(rows, model.embed_images(images, normalize=False), atol=1e-5)
     np.testing.assert_array_equal(backend.embed_images(pixels, interactive=True), rows)
     np.testing.assert_array_equal(backend.launch("embed_images", pixels).result(), rows)
-    with pytest.raises(InputError, match="not a whole number of 3x32x32 images"):
+    shape = "x".join(map(str, PIXELS[backend.info()["architecture"]]))
+    with pytest.raises(InputError, match=f"not a whole number of {shape} images"):
         backend.embed_images(pixels[:-4])
     with pytest.raises(InputError, match="not an image"):
         backend.preprocess_image(b"GIF89a but no more")
@@ -240,3 +261,33 @@ def test_backend_refuses_images_for_text_models(tmp_path):  # type: ignore[no-un
         backend.preprocess_image(sample_images()[0])
     with pytest.raises(InputError, match="takes no images"):
         backend.embed_images(np.zeros((1, 3, 32, 32), np.float32).tobytes())
+
+
+def test_siglip2_attends_to_each_image_s_own_patches_only(tmp_path):  # type: ignore[no-untyped-def]
+    """Images of different grids in one batch: each one's vector is its own alone, and what
+    lies in the padding rows of its block changes nothing; a block whose grid is not two
+    positive integers within the budget is refused."""
+    folder = make_vision_checkpoint(tmp_path, "Siglip2Model")
+    backend = Backend(str(folder))
+    blocks = np.stack([backend.preprocess_image(data) for data in sample_images()])
+    grids = blocks[:, 0, -1, :2]
+    assert len({tuple(g) for g in grids}) >= 4  # several aspect ratios
+    rows = backend.embed_images(blocks.tobytes())
+    for index in range(len(blocks)):
+        alone = backend.embed_images(blocks[index].tobytes())
+        np.testing.assert_allclose(alone[0], rows[index], rtol=1e-5, atol=1e-6)
+    noisy = blocks.copy()
+    for block, (height, width) in zip(noisy, grids.astype(int)):
+        block[0, height * width : -1] = 7.0
+    np.testing.assert_array_equal(backend.embed_images(noisy.tobytes()), rows)
+    executor = backend.executors[0]
+    for grid, message in [
+        ((0, 4), "must hold its patch grid"),
+        ((2.5, 4), "must hold its patch grid"),
+        ((float("nan"), 4), "must hold its patch grid"),
+        ((5, 5), "a 5x5 patch grid exceeds the budget of 24 patches"),
+    ]:
+        bad = torch.from_numpy(blocks.copy())
+        bad[1, 0, -1, :2] = torch.tensor(grid)
+        with pytest.raises(InputError, match=f"image 1: .*{message}"):
+            executor.embed_images(bad)

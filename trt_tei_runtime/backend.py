@@ -177,10 +177,11 @@ class Backend:
     ) -> np.ndarray:
         """An encoded image (PNG, JPEG, WebP, GIF, ...) as the float32 pixels `[C, H, W]`
         (C-contiguous; `.tobytes()` is what `embed_images` takes) the checkpoint's
-        preprocessor makes. `InputError` for bytes that are no readable image, a truncated
-        one, one above `max_pixels` pixels (None: no limit), or a model without images.
-        Safe to call from many threads at once; it holds the interpreter lock only
-        between Pillow's and numpy's steps."""
+        preprocessor makes (SigLIP 2 NaFlex: its block of patches and grid, the same size
+        for every image, `image_patches.py`). `InputError` for bytes that are no readable
+        image, a truncated one, one above `max_pixels` pixels (None: no limit), or a model
+        without images. Safe to call from many threads at once; it holds the interpreter
+        lock only between Pillow's and numpy's steps."""
         image_input = self.model.info.image_input
         if image_input is None:
             raise InputError(

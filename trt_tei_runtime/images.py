@@ -3,14 +3,17 @@
 `preprocessor_config.json` says.
 
 The steps and their rounding are those of transformers' PIL image processors
-(`CLIPImageProcessorPil`, `SiglipImageProcessorPil`, which the `CLIPImageProcessor` /
-`SiglipImageProcessor` names of a checkpoint's config mean): the image is decoded (the first
+(`CLIPImageProcessorPil`, `SiglipImageProcessorPil`, `Siglip2ImageProcessorPil`, which the
+`CLIPImageProcessor` / `SiglipImageProcessor` / `Siglip2ImageProcessor` names of a
+checkpoint's config mean): the image is decoded (the first
 frame of an animation), turned upright by its EXIF orientation and converted to RGB as
 `transformers.image_utils.load_image` does (`Image.convert("RGB")`: alpha dropped, not
 composited; greyscale and palettes expanded); then resized with Pillow and the config's
 filter (CLIP: the shortest edge to `size.shortest_edge`, the other by `int(size * long /
-short)`; SigLIP: to `size.height x size.width`), centre-cropped (CLIP), rescaled in float64
-and cast to float32, and normalized in float32. tests/test_images.py checks the pixels equal
+short)`; SigLIP: to `size.height x size.width`; SigLIP 2 NaFlex: to the largest patch grid of its
+aspect ratio within `max_num_patches`), centre-cropped (CLIP), rescaled in float64
+and cast to float32, and normalized in float32. SigLIP 2's pixels are then cut into patches,
+in the fixed-size block `image_patches.py` describes. tests/test_images.py checks the pixels equal
 the reference processor's for PNG, JPEG, WebP and GIF in RGB, RGBA, greyscale and palette
 modes.
 
@@ -38,6 +41,7 @@ from PIL import Image, ImageOps, UnidentifiedImageError
 
 from .checkpoint import read_json
 from .errors import CheckpointError, InputError
+from .image_patches import patch_block, size_for_patch_budget
 
 # An image may be given as encoded bytes, a path, or a decoded PIL image.
 ImageSource = Union[bytes, bytearray, memoryview, str, "os.PathLike[str]", Image.Image]
@@ -73,12 +77,15 @@ class _Defaults:
     crop_size: dict[str, int] | None
     mean: tuple[float, ...]
     std: tuple[float, ...]
+    # NaFlex processors: (patch_size, max_num_patches) rather than a size.
+    patches: tuple[int, int] | None = None
 
 
 _CLIP = _Defaults(
     3, {"shortest_edge": 224}, {"height": 224, "width": 224}, _OPENAI_CLIP_MEAN, _OPENAI_CLIP_STD
 )
 _SIGLIP = _Defaults(3, {"height": 224, "width": 224}, None, _STANDARD_MEAN, _STANDARD_STD)
+_SIGLIP2 = _Defaults(2, {}, None, _STANDARD_MEAN, _STANDARD_STD, patches=(16, 256))
 
 # Processor class names (config `image_processor_type`, or an old `feature_extractor_type`)
 # -> their defaults. Fast (torchvision) and PIL variants share the PIL one's semantics.
@@ -86,6 +93,7 @@ _PROCESSORS = {
     "CLIPImageProcessor": _CLIP,
     "CLIPFeatureExtractor": _CLIP,
     "SiglipImageProcessor": _SIGLIP,
+    "Siglip2ImageProcessor": _SIGLIP2,
 }
 
 
@@ -102,14 +110,25 @@ class ImagePreprocessor:
     mean: tuple[float, ...] | None
     std: tuple[float, ...] | None
     convert_rgb: bool = True
+    # NaFlex (SigLIP 2): the patch size and the most patches an image is resized to; its
+    # output is then a block of patches (`image_patches.py`), not `[3, H, W]`.
+    patch_size: int | None = None
+    max_num_patches: int | None = None
 
     @property
     def output_size(self) -> tuple[int, int] | None:
-        """(height, width) of every output, where the steps fix it (a crop or a fixed-size
-        resize); None where it follows the image's aspect ratio."""
+        """(height, width) of every output, where the steps fix it (a crop, a fixed-size
+        resize, or a block of patches); None where it follows the image's aspect ratio."""
+        if self.patch_size is not None and self.max_num_patches is not None:
+            return (self.max_num_patches + 1, 3 * self.patch_size**2)
         if self.crop is not None:
             return self.crop
         return self.resize_to
+
+    @property
+    def output_channels(self) -> int:
+        """The first dimension of every output: 3 colour planes, or 1 block of patches."""
+        return 3 if self.patch_size is None else 1
 
     @classmethod
     def from_config(
@@ -127,6 +146,8 @@ class ImagePreprocessor:
         resample_id = config.get("resample", defaults.resample)
         if resample_id not in _RESAMPLE:
             raise CheckpointError(f"{source}: unknown resample filter {resample_id!r}")
+        if defaults.patches is not None:
+            return cls._patches_from_config(config, source, defaults.patches, resample_id)
         resize_to, shortest = None, None
         if config.get("do_resize", True):
             size = _size(config.get("size", defaults.size), source, "size")
@@ -146,22 +167,38 @@ class ImagePreprocessor:
             if "height" not in crop_size or "width" not in crop_size:
                 raise CheckpointError(f"{source}: crop_size must hold 'height' and 'width'")
             crop = (crop_size["height"], crop_size["width"])
-        rescale = None
-        if config.get("do_rescale", True):
-            rescale = float(config.get("rescale_factor", 1 / 255))
-        mean = std = None
-        if config.get("do_normalize", True):
-            mean = _channels(config.get("image_mean", defaults.mean), source, "image_mean")
-            std = _channels(config.get("image_std", defaults.std), source, "image_std")
         return cls(
             resize_to=resize_to,
             shortest_edge=shortest,
             resample=_RESAMPLE[resample_id],
             crop=crop,
-            rescale_factor=rescale,
-            mean=mean,
-            std=std,
-            convert_rgb=bool(config.get("do_convert_rgb", True)),
+            **_value_steps(config, source, defaults),
+        )
+
+    @classmethod
+    def _patches_from_config(
+        cls, config: Mapping[str, Any], source: str, defaults: tuple[int, int], resample_id: int
+    ) -> ImagePreprocessor:
+        if not config.get("do_resize", True):
+            raise CheckpointError(
+                f"{source}: do_resize is false: a NaFlex processor must resize images to its "
+                "patch budget (max_num_patches)"
+            )
+        patch = config.get("patch_size", defaults[0])
+        budget = config.get("max_num_patches", defaults[1])
+        for field, value in (("patch_size", patch), ("max_num_patches", budget)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise CheckpointError(
+                    f"{source}: {field} must be a positive integer, got {value!r}"
+                )
+        return cls(
+            resize_to=None,
+            shortest_edge=None,
+            resample=_RESAMPLE[resample_id],
+            crop=None,
+            patch_size=patch,
+            max_num_patches=budget,
+            **_value_steps(config, source, _SIGLIP2),
         )
 
     @classmethod
@@ -174,7 +211,8 @@ class ImagePreprocessor:
     def preprocess(
         self, source: ImageSource, max_pixels: int | None = DEFAULT_MAX_IMAGE_PIXELS
     ) -> np.ndarray:
-        """The image's float32 pixels `[3, H, W]`, C-contiguous. `InputError` for what is
+        """The image's float32 pixels `[3, H, W]` (NaFlex: its block of patches,
+        `[1, max_num_patches + 1, 3 * patch * patch]`), C-contiguous. `InputError` for what is
         not a readable image, a truncated one, or one above `max_pixels` (None: no limit)."""
         image = load_image(source, max_pixels)
         return self.pixels(image)
@@ -183,6 +221,12 @@ class ImagePreprocessor:
         """The steps after decoding, on an upright image (`load_image`'s)."""
         if self.convert_rgb and image.mode != "RGB":
             image = image.convert("RGB")
+        if self.patch_size is not None and self.max_num_patches is not None:
+            width, height = image.size
+            height, width = size_for_patch_budget(
+                height, width, self.patch_size, self.max_num_patches
+            )
+            image = image.resize((width, height), resample=self.resample)
         if self.resize_to is not None:
             height, width = self.resize_to
             image = image.resize((width, height), resample=self.resample)
@@ -203,6 +247,8 @@ class ImagePreprocessor:
         if self.mean is not None and self.std is not None:
             mean, std = np.asarray(self.mean, np.float32), np.asarray(self.std, np.float32)
             out = np.divide(np.subtract(out, mean), std, dtype=np.float32)
+        if self.patch_size is not None and self.max_num_patches is not None:
+            return patch_block(out, self.patch_size, self.max_num_patches)
         return np.ascontiguousarray(out.transpose(2, 0, 1))
 
 
@@ -296,6 +342,24 @@ def _size(value: Any, source: str, field: str, square: bool = False) -> dict[str
     if isinstance(value, Mapping) and all(isinstance(v, int) and v > 0 for v in value.values()):
         return {str(k): int(v) for k, v in value.items()}
     raise CheckpointError(f"{source}: malformed {field} {value!r}")
+
+
+def _value_steps(config: Mapping[str, Any], source: str, defaults: _Defaults) -> dict[str, Any]:
+    """The steps on pixel values every processor shares: RGB conversion, rescale,
+    normalization, as `ImagePreprocessor` fields."""
+    rescale = None
+    if config.get("do_rescale", True):
+        rescale = float(config.get("rescale_factor", 1 / 255))
+    mean = std = None
+    if config.get("do_normalize", True):
+        mean = _channels(config.get("image_mean", defaults.mean), source, "image_mean")
+        std = _channels(config.get("image_std", defaults.std), source, "image_std")
+    return {
+        "rescale_factor": rescale,
+        "mean": mean,
+        "std": std,
+        "convert_rgb": bool(config.get("do_convert_rgb", True)),
+    }
 
 
 def _channels(value: Any, source: str, field: str) -> tuple[float, ...]:

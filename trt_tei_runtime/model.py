@@ -235,7 +235,7 @@ class Model:
         if image_input is None:
             raise InputError(
                 f"{self.info.architecture} embeds texts only: it takes no images "
-                "(image models: CLIPModel, SiglipModel)"
+                "(image models: CLIPModel, SiglipModel, Siglip2Model)"
             )
         items = _as_images(images)
         self._check_dimensions(dimensions)

@@ -1,4 +1,5 @@
-"""Tiny random text-and-image checkpoints (CLIPModel, SiglipModel) made with `transformers`:
+"""Tiny random text-and-image checkpoints (CLIPModel, SiglipModel, Siglip2Model) made with
+`transformers`:
 a WordPiece tokenizer whose end-of-text token is the vocabulary's last id (as CLIP's is), a
 `preprocessor_config.json` of the family's processor, and the images the tests embed, made
 with Pillow. `hf_text_features` / `hf_image_features` are transformers' own outputs.
@@ -31,6 +32,9 @@ VISION = dict(
 )  # fmt: skip
 # CLIP: vision 40 wide, projected with the text's 32 into 24; SigLIP: both towers 32 wide.
 CLIP_PROJECTION = 24
+# SigLIP 2 NaFlex: a 4x4 grid of learned positions, images of up to 24 patches (a budget
+# other than the grid's, as a checkpoint may be run with).
+SIGLIP2_POSITIONS, SIGLIP2_BUDGET = 16, 24
 PAD, START, END, UNK = "<pad>", "<start>", "<end>", "<unk>"
 PROCESSORS = {
     "CLIPModel": {
@@ -49,11 +53,21 @@ PROCESSORS = {
         "image_mean": [0.5, 0.5, 0.5],
         "image_std": [0.5, 0.5, 0.5],
     },
+    "Siglip2Model": {
+        "image_processor_type": "Siglip2ImageProcessor",
+        "patch_size": PATCH,
+        "max_num_patches": SIGLIP2_BUDGET,
+        "resample": 2,
+        "image_mean": [0.5, 0.5, 0.5],
+        "image_std": [0.5, 0.5, 0.5],
+    },
 }
 
 
 def preprocessor_config(architecture: str, size: int = IMAGE_SIZE) -> dict[str, Any]:
     config = json.loads(json.dumps(PROCESSORS[architecture]))
+    if architecture == "Siglip2Model" and size != IMAGE_SIZE:
+        config.update(patch_size=16, max_num_patches=256)
     for key in ("size", "crop_size"):
         if key in config:
             config[key] = {k: size for k in config[key]}
@@ -114,6 +128,12 @@ def tiny_config(
     if not full_size:
         text.update(projection_size=TEXT["hidden_size"])
         vision.update(hidden_size=TEXT["hidden_size"])
+    if architecture == "Siglip2Model":
+        text.update(bos_token_id=2)  # its default, Gemma's, lies outside a tiny vocabulary
+        vision.pop("image_size", None)
+        if not full_size:
+            vision.update(num_patches=SIGLIP2_POSITIONS)
+        return transformers.Siglip2Config(text_config=text, vision_config=vision)
     return transformers.SiglipConfig(text_config=text, vision_config=vision)
 
 
@@ -127,12 +147,13 @@ def make_vision_checkpoint(
     sentence_transformers: bool = False,
     full_size: bool = False,
 ) -> Path:
-    """A random `architecture` ("CLIPModel" or "SiglipModel") checkpoint with its
+    """A random `architecture` ("CLIPModel", "SiglipModel", "Siglip2Model") checkpoint with its
     tokenizer and preprocessor config. `legacy_eos`: CLIP's old `eos_token_id` 2, for which
     transformers pools at the largest token id. `sentence_transformers`: saved as
     sentence-transformers' CLIP folders are, the model in `0_CLIPModel/`. `full_size`: the
     towers of transformers' default configs (CLIP ViT-B at patch 16, SigLIP base, 224
-    pixels) with transformers' own initialization, for the device tests."""
+    pixels; SigLIP 2 NaFlex base, 256 patches) with transformers' own initialization, for
+    the device tests."""
     import transformers
 
     tok = text_tokenizer(architecture)
@@ -178,12 +199,16 @@ def hf_text_features(model: Any, ids: Sequence[Sequence[int]]) -> torch.Tensor:
     return torch.cat(rows).float().cpu()
 
 
-def hf_image_features(model: Any, pixels: np.ndarray) -> torch.Tensor:
+def hf_image_features(model: Any, pixels: np.ndarray | dict[str, np.ndarray]) -> torch.Tensor:
+    """`get_image_features` of the processor's outputs: `pixel_values`, or all of a NaFlex
+    processor's (`pixel_values`, `pixel_attention_mask`, `spatial_shapes`)."""
     device = next(model.parameters()).device
     dtype = next(model.parameters()).dtype
+    inputs = pixels if isinstance(pixels, dict) else {"pixel_values": pixels}
+    tensors = {k: torch.from_numpy(np.asarray(v)).to(device) for k, v in inputs.items()}
+    tensors["pixel_values"] = tensors["pixel_values"].to(dtype)
     with torch.inference_mode():
-        tensor = torch.from_numpy(pixels).to(device, dtype)
-        return model.get_image_features(pixel_values=tensor).pooler_output.float().cpu()
+        return model.get_image_features(**tensors).pooler_output.float().cpu()
 
 
 def png_image(width: int, height: int, mode: str, seed: int) -> bytes:

@@ -61,7 +61,7 @@ def embed_reference(folder: Path) -> torch.Tensor:
 
 def contrastive_text_reference(folder: Path) -> torch.Tensor:
     """`get_text_features` of each of TEXTS alone, tokenized by transformers with
-    truncation and, for SigLIP, `padding="max_length"` (as its model card says)."""
+    truncation and, for SigLIP and SigLIP 2, `padding="max_length"` (as their model cards say)."""
     import transformers
 
     model = transformers.AutoModel.from_pretrained(
@@ -71,7 +71,7 @@ def contrastive_text_reference(folder: Path) -> torch.Tensor:
         tokenizer_file=str(folder / "tokenizer.json"), pad_token="<pad>"
     )
     length = model.config.text_config.max_position_embeddings
-    padding = "max_length" if model.config.model_type == "siglip" else False
+    padding = "max_length" if model.config.model_type in ("siglip", "siglip2") else False
     rows = []
     with torch.no_grad():
         for text in TEXTS:
@@ -94,19 +94,23 @@ def image_reference(folder: Path) -> torch.Tensor:
     from transformers.image_utils import load_image
     from transformers.models.clip.image_processing_pil_clip import CLIPImageProcessorPil
     from transformers.models.siglip.image_processing_pil_siglip import SiglipImageProcessorPil
+    from transformers.models.siglip2.image_processing_pil_siglip2 import Siglip2ImageProcessorPil
 
     config = json.loads((folder / "preprocessor_config.json").read_text())
     kind = config.pop("image_processor_type")
-    processor = (CLIPImageProcessorPil if kind.startswith("CLIP") else SiglipImageProcessorPil)(
-        **config
-    )
+    processor = {
+        "CLIPImageProcessor": CLIPImageProcessorPil,
+        "SiglipImageProcessor": SiglipImageProcessorPil,
+        # NaFlex: patches, their mask and each image's grid.
+        "Siglip2ImageProcessor": Siglip2ImageProcessorPil,
+    }[kind](**config)
     images = [load_image(Image.open(io.BytesIO(png_image(*spec)))) for spec in IMAGES]
-    pixels = processor(images=images, return_tensors="pt")["pixel_values"]
+    inputs = dict(processor(images=images, return_tensors="pt"))
     model = transformers.AutoModel.from_pretrained(
         folder, dtype=torch.float32, attn_implementation="eager"
     ).eval()
     with torch.no_grad():
-        return model.get_image_features(pixel_values=pixels).pooler_output
+        return model.get_image_features(**inputs).pooler_output
 
 
 def classifier_reference(folder: Path) -> torch.Tensor:

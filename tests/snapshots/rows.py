@@ -273,6 +273,7 @@ ROWS: dict[str, Row] = {
     },
     "CLIPModel": contrastive("CLIPModel", "clip"),
     "SiglipModel": contrastive("SiglipModel", "siglip"),
+    "Siglip2Model": contrastive("Siglip2Model", "siglip"),
 }
 
 # --- building ---------------------------------------------------------------------------------

@@ -36,6 +36,7 @@ from .qwen2 import Qwen2Model
 from .qwen3 import Qwen3Model
 from .roberta import RobertaModel
 from .siglip import SiglipModel
+from .siglip2 import Siglip2Model
 
 # Families whose checkpoints only embed.
 EMBEDDER: tuple[Variant, ...] = (Variant("Model", as_embedder),)
@@ -64,17 +65,9 @@ FAMILIES: tuple[Family, ...] = (
     # `image_tower` (models/contrastive.py).
     Family("CLIP", ClipModel, EMBEDDER),
     Family("Siglip", SiglipModel, EMBEDDER),
+    # SigLIP 2 NaFlex: images at their own aspect ratio, as variable-length patch sequences.
+    Family("Siglip2", Siglip2Model, EMBEDDER),
 )
-
-# Architectures refused with a reason rather than the list of supported ones.
-REFUSED: dict[str, str] = {
-    "Siglip2Model": (
-        "SigLIP 2's NaFlex checkpoints (Siglip2Model: each image resized to its own patch "
-        "grid, position embeddings resampled per image) are not supported; the "
-        "fixed-resolution SigLIP 2 checkpoints (e.g. google/siglip2-base-patch16-224, "
-        "architecture SiglipModel) are"
-    ),
-}
 
 # ARCHITECTURES: name -> class. TASKS: tasks a checkpoint can be loaded for other than the
 # one its architecture implies, selected with `task=` at load: task -> name -> class
@@ -94,8 +87,6 @@ def architecture_class(name: str, task: str | None = None) -> type[TransformerMo
                 f"task {task!r} does not apply to architecture {name!r}; it applies to: "
                 + ", ".join(sorted(TASKS[task]))
             ) from None
-    if name in REFUSED:
-        raise UnsupportedArchitectureError(f"config.json: architecture {name!r}: {REFUSED[name]}")
     try:
         return ARCHITECTURES[name]
     except KeyError:

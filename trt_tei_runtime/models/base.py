@@ -16,6 +16,7 @@ from ..weights import WeightReader
 from .config import ClassifierInfo
 
 if TYPE_CHECKING:
+    from ..images import ImagePreprocessor
     from ..layers.lora import AdapterSelection
     from .peft import LoraAdapter, Pair
 
@@ -53,18 +54,40 @@ class ImageTower(nn.Module):
     Every image is `tokens_per_image` tokens, so a batch of n images packs as n sequences
     of that length (`cu_seqlens` = 0, t, 2t, ...); `forward` takes the pixels `[n, C, H, W]`
     (any float dtype: the tower casts) and that batch's attention metadata, and gives
-    `[n, embedding_size]` in the model dtype."""
+    `[n, embedding_size]` in the model dtype.
+
+    A tower whose images vary in length (SigLIP 2 NaFlex: `variable_length`) takes each
+    image as a fixed-size block that says its own length, packs the images by their real
+    lengths itself and ignores `meta`; it runs eagerly (no CUDA graphs: its shapes follow
+    the images)."""
 
     image_size: tuple[int, int]  # (height, width) the pixels must have
     channels: int
     patch_size: int
-    tokens_per_image: int
+    tokens_per_image: int  # the most an image runs as, what it costs in a batch's budget
     embedding_size: int
+    variable_length: ClassVar[bool] = False
     # The transformer blocks, as a model's `layers`.
     layers: nn.ModuleList
 
     def forward(self, pixels: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         raise NotImplementedError
+
+    def fit_preprocessor(self, preprocessor: ImagePreprocessor, source: str) -> None:
+        """Checks that the checkpoint's preprocessing (`source`: its config file) makes
+        the pixels this tower takes; a tower whose input follows the preprocessing
+        (NaFlex's patch budget) takes its sizes from it."""
+        size = preprocessor.output_size
+        if preprocessor.output_channels != self.channels or size != self.image_size:
+            shown = "of the image's own aspect ratio" if size is None else "x".join(map(str, size))
+            raise CheckpointError(
+                f"{source} makes images {shown}; the vision tower takes "
+                f"{self.image_size[0]}x{self.image_size[1]}"
+            )
+
+    def blank_pixels(self, images: int) -> torch.Tensor:
+        """Pixels of `images` images of the largest size the tower takes (warm-up)."""
+        return torch.zeros((images, self.channels, *self.image_size))
 
 
 class TransformerModel(nn.Module):

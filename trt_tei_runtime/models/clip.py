@@ -11,6 +11,7 @@ import torch
 
 from ..layers import Linear
 from ..weights import WeightReader
+from .base import ImageTower
 from .config import ConfigReader
 from .contrastive import ContrastiveModel, VisionTower
 from .linears import take_linear
@@ -71,5 +72,5 @@ class ClipModel(ContrastiveModel):
 
     def build_image_tower(
         self, config: dict[str, Any], vision: ConfigReader, reader: WeightReader
-    ) -> VisionTower:
+    ) -> ImageTower:
         return ClipVisionTower(vision, reader, self._projection_dim(config))

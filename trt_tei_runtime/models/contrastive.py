@@ -221,7 +221,7 @@ class ContrastiveModel(TransformerModel):
 
     def build_image_tower(
         self, config: dict[str, Any], vision: ConfigReader, reader: WeightReader
-    ) -> VisionTower:
+    ) -> ImageTower:
         raise NotImplementedError
 
     @property

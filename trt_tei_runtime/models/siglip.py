@@ -4,8 +4,7 @@ pooled at the last one, then a linear head with bias; a vision tower without a c
 whose last hidden states (layer-normed) are pooled by a multi-head attention head with one
 learned query (the MAP head), whose output is the image embedding.
 
-`Siglip2Model` (NaFlex: each image resized to its own patch grid, position embeddings
-resampled per image) is refused by name in `models/__init__.py`."""
+`Siglip2Model` (NaFlex: each image resized to its own patch grid) is `siglip2.py`."""
 
 from __future__ import annotations
 
@@ -18,6 +17,7 @@ from torch import nn
 from ..errors import CheckpointError
 from ..layers import Linear, get_activation, linear_activation
 from ..weights import WeightReader
+from .base import ImageTower
 from .bert import take_layer_norm
 from .config import ConfigReader
 from .contrastive import ContrastiveModel, TowerConfig, VisionTower
@@ -72,14 +72,17 @@ class AttentionPoolingHead(nn.Module):
         self.act_name = tower.hidden_act
         self.act = get_activation(tower.hidden_act)
 
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        """`[n, t, H]` → `[n, H]`."""
+    def forward(self, hidden: torch.Tensor, key_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """`[n, t, H]` → `[n, H]`; `key_mask` `[n, 1, 1, t]` (True: a real token) where
+        images have fewer tokens than `t` (SigLIP 2 NaFlex)."""
         n, t, h = hidden.shape
         q = self.query(self.probe).view(1, self.num_heads, 1, self.head_dim)
         kv = self.key_value(hidden).view(n, t, 2, self.num_heads, self.head_dim)
         k, v = kv[:, :, 0].transpose(1, 2), kv[:, :, 1].transpose(1, 2)
         # One query per image; contiguous, as some attention kernels want a batch stride.
-        pooled = F.scaled_dot_product_attention(q.expand(n, -1, -1, -1).contiguous(), k, v)
+        pooled = F.scaled_dot_product_attention(
+            q.expand(n, -1, -1, -1).contiguous(), k, v, attn_mask=key_mask
+        )
         pooled = self.attn_out(pooled.reshape(n, h))
         return pooled + self.down(
             linear_activation(self.up, self.norm(pooled), self.act_name, self.act)
@@ -109,7 +112,7 @@ class SiglipModel(ContrastiveModel):
 
     def build_image_tower(
         self, config: dict[str, Any], vision: ConfigReader, reader: WeightReader
-    ) -> VisionTower:
+    ) -> ImageTower:
         if not vision.bool("vision_use_head", True):
             raise CheckpointError(
                 "config.json vision_config: vision_use_head is false: without its attention "

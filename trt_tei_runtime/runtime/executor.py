@@ -197,10 +197,11 @@ class Executor:
 
     def _capture_images(self, max_num_tokens: int, max_batch_size: int) -> ImageGraphRunner | None:
         """The vision tower's graphs for batches of up to `max_num_tokens` tokens, where the
-        model has one. As for texts, larger batches run eagerly: their launches cost little
-        next to their work, and an eager bulk pass stops at the gate between layers."""
+        model has one whose images are all one length (not SigLIP 2's). As for texts, larger
+        batches run eagerly: their launches cost little next to their work, and an eager
+        bulk pass stops at the gate between layers."""
         tower = self.model.network.image_tower
-        if tower is None:
+        if tower is None or tower.variable_length:
             return None
         runner = ImageGraphRunner(
             tower, self.device, self.max_images(max_num_tokens, max_batch_size)
@@ -295,7 +296,7 @@ class Executor:
         tower = self.model.network.image_tower
         if tower is not None:
             images = max(1, max_num_tokens // tower.tokens_per_image)
-            self.embed_images(torch.zeros((images, tower.channels, *tower.image_size)))
+            self.embed_images(tower.blank_pixels(images))
         torch.cuda.synchronize(self.device)
 
     @torch.inference_mode()
@@ -345,7 +346,7 @@ class Executor:
         if tower is None:
             raise InputError(
                 f"{self.info.architecture} embeds texts only: it takes no images "
-                "(image models: CLIPModel, SiglipModel)"
+                "(image models: CLIPModel, SiglipModel, Siglip2Model)"
             )
         return tower
 

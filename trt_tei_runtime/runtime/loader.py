@@ -330,13 +330,7 @@ def _image_model_info(info: ModelInfo, network: TransformerModel, tower: ImageTo
             f"pooling {info.pooling!r} does not apply to it"
         )
     preprocessor = ImagePreprocessor.from_folder(info.model_dir)
-    size = preprocessor.output_size
-    if size != tower.image_size:
-        shown = "of the image's own aspect ratio" if size is None else "x".join(map(str, size))
-        raise CheckpointError(
-            f"{info.model_dir / 'preprocessor_config.json'} makes images {shown}; the vision "
-            f"tower takes {tower.image_size[0]}x{tower.image_size[1]}"
-        )
+    tower.fit_preprocessor(preprocessor, str(info.model_dir / "preprocessor_config.json"))
     info.image_input = ImageInput(
         height=tower.image_size[0],
         width=tower.image_size[1],
