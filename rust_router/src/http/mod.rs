@@ -20,6 +20,7 @@ pub mod rerank_compat;
 pub(crate) mod response_meta;
 pub(crate) mod sparse;
 pub mod state;
+mod traced;
 pub mod types;
 
 pub use state::{AppContext, AppState, ModelDirectory, ModelEntry, ServeConfig};
@@ -220,7 +221,11 @@ pub fn app(state: AppState) -> Router {
         .route("/v2/rerank", post(rerank_compat::rerank_v2))
         .route("/v1/embeddings", post(openai::embeddings))
         .route("/embeddings", post(openai::embeddings))
-        .route_layer(middleware::from_fn(queue_deadline));
+        .route_layer(middleware::from_fn(queue_deadline))
+        .route_layer(middleware::from_fn_with_state(
+            state.clone(),
+            traced::traced,
+        ));
     let protected = inference
         .route("/info", get(meta::info))
         .route("/v1/models", get(models::list))
