@@ -526,6 +526,9 @@ impl Args {
             .chain(file_adapters)
             .collect();
         crate::models::check_unique(&self.served_models(), &adapters)?;
+        if let Some(endpoint) = &self.otlp_endpoint {
+            crate::telemetry::collector_uri(endpoint).map_err(|e| e.to_string())?;
+        }
         let positive = [
             ("--max-concurrent-requests", self.max_concurrent_requests),
             ("--max-batch-tokens", self.max_batch_tokens),

@@ -67,19 +67,11 @@ impl RequestTracing {
     /// later) never keeps the server from starting. Must run inside a tokio runtime (the gRPC
     /// channel's worker runs there).
     pub fn start(settings: &OtlpSettings, metrics: Arc<Metrics>) -> Result<Self, TelemetryError> {
+        let uri = collector_uri(&settings.endpoint)?;
         let invalid = |why: String| TelemetryError::Endpoint {
             endpoint: settings.endpoint.clone(),
             why,
         };
-        let uri: axum::http::Uri = settings
-            .endpoint
-            .parse()
-            .map_err(|e| invalid(format!("not a URL: {e}")))?;
-        if !matches!(uri.scheme_str(), Some("http" | "https")) || uri.host().is_none() {
-            return Err(invalid(
-                "must be an http:// or https:// URL with a host".into(),
-            ));
-        }
         let exporter = match settings.protocol {
             OtlpProtocol::Grpc => opentelemetry_otlp::SpanExporter::builder()
                 .with_tonic()
@@ -132,6 +124,22 @@ impl RequestTracing {
     pub fn shutdown(&self) {
         let _ = self.provider.shutdown_with_timeout(EXPORT_TIMEOUT);
     }
+}
+
+/// `--otlp-endpoint` as a URL: `http://` or `https://` with a host (checked at start, before
+/// the model loads).
+pub fn collector_uri(endpoint: &str) -> Result<axum::http::Uri, TelemetryError> {
+    let invalid = |why: &str| TelemetryError::Endpoint {
+        endpoint: endpoint.to_string(),
+        why: why.to_string(),
+    };
+    let uri: axum::http::Uri = endpoint.parse().map_err(|_| invalid("not a URL"))?;
+    if !matches!(uri.scheme_str(), Some("http" | "https")) || uri.host().is_none() {
+        return Err(invalid(
+            "must be an http:// or https:// URL with a host, e.g. http://localhost:4317",
+        ));
+    }
+    Ok(uri)
 }
 
 /// OTLP/HTTP's traces URL: an endpoint given without a path (`http://collector:4318`) gets
