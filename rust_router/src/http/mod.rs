@@ -221,11 +221,16 @@ pub fn app(state: AppState) -> Router {
         .route("/v2/rerank", post(rerank_compat::rerank_v2))
         .route("/v1/embeddings", post(openai::embeddings))
         .route("/embeddings", post(openai::embeddings))
-        .route_layer(middleware::from_fn(queue_deadline))
-        .route_layer(middleware::from_fn_with_state(
+        .route_layer(middleware::from_fn(queue_deadline));
+    // Only a server that exports spans has the layer: without `--otlp-endpoint`, requests
+    // pass through nothing more.
+    let inference = match &state.config.tracing {
+        Some(_) => inference.route_layer(middleware::from_fn_with_state(
             state.clone(),
             traced::traced,
-        ));
+        )),
+        None => inference,
+    };
     let protected = inference
         .route("/info", get(meta::info))
         .route("/v1/models", get(models::list))

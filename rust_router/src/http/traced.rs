@@ -12,7 +12,7 @@ use axum::response::Response;
 use opentelemetry::KeyValue;
 use std::time::Instant;
 
-/// Traces the request where the server exports spans; otherwise only runs it.
+/// Traces the request (the layer of a server that exports spans).
 pub(super) async fn traced(State(state): State<AppState>, req: Request, next: Next) -> Response {
     let Some(tracing) = state.config.tracing.clone() else {
         return next.run(req).await;
