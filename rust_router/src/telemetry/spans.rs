@@ -71,7 +71,7 @@ impl Clock {
     }
 }
 
-/// The request attributes every span of it shares.
+/// The root's request-wide attributes: its tokens, and its lane where it ran.
 fn lane_and_tokens(record: &RequestRecord) -> Vec<KeyValue> {
     let mut attributes = vec![KeyValue::new("tokens", record.tokens() as i64)];
     if let Some(lane) = record.lane() {
