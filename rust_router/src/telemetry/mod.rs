@@ -126,17 +126,19 @@ impl RequestTracing {
     }
 }
 
-/// `--otlp-endpoint` as a URL: `http://` or `https://` with a host (checked at start, before
-/// the model loads).
+/// `--otlp-endpoint` as a URL: `http://` with a host (checked at start, before the model
+/// loads). No TLS client is built in: a collector is reached in plain text, as a local agent
+/// or sidecar is.
 pub fn collector_uri(endpoint: &str) -> Result<axum::http::Uri, TelemetryError> {
     let invalid = |why: &str| TelemetryError::Endpoint {
         endpoint: endpoint.to_string(),
         why: why.to_string(),
     };
     let uri: axum::http::Uri = endpoint.parse().map_err(|_| invalid("not a URL"))?;
-    if !matches!(uri.scheme_str(), Some("http" | "https")) || uri.host().is_none() {
+    if uri.scheme_str() != Some("http") || uri.host().is_none() {
         return Err(invalid(
-            "must be an http:// or https:// URL with a host, e.g. http://localhost:4317",
+            "must be an http:// URL with a host, e.g. http://localhost:4317 (TLS is not built \
+             in: use a local collector or agent)",
         ));
     }
     Ok(uri)

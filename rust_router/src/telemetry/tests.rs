@@ -177,7 +177,12 @@ async fn silent_endpoint() -> String {
 #[test]
 fn bad_endpoints_are_refused_clearly() {
     let metrics = Arc::new(Metrics::new(16));
-    for endpoint in ["localhost:4317", "not a url", "ftp://collector:4317"] {
+    for endpoint in [
+        "localhost:4317",
+        "not a url",
+        "ftp://collector:4317",
+        "https://c:4317",
+    ] {
         let settings = OtlpSettings {
             endpoint: endpoint.into(),
             protocol: OtlpProtocol::Grpc,
