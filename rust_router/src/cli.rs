@@ -5,6 +5,7 @@ use crate::infer::parse_max_queue_ms;
 use crate::models::{LoraSpec, ModelSpec};
 use crate::models_file::{FileModel, ModelOptions, ModelsFile};
 use crate::schedule::{PolicyFlags, DEFAULT_WARM_EVERY_US};
+use crate::telemetry::{OtlpProtocol, OtlpSettings, DEFAULT_SERVICE_NAME};
 use crate::tokenization::{LongInput, PoolPriority};
 use clap::{Parser, ValueEnum};
 use std::time::Duration;
@@ -314,6 +315,20 @@ pub struct Args {
     #[arg(long, env = "DISABLE_SPANS")]
     pub disable_spans: bool,
 
+    /// OpenTelemetry collector to send request spans to (docs/tracing.md), e.g.
+    /// `http://localhost:4317`. Unset: no tracing at all.
+    #[arg(long, env = "OTLP_ENDPOINT")]
+    pub otlp_endpoint: Option<String>,
+
+    /// How spans reach `--otlp-endpoint`: OTLP over gRPC, or over HTTP (`http/protobuf`; an
+    /// endpoint without a path gets `/v1/traces`).
+    #[arg(long, env = "OTLP_PROTOCOL", value_enum, default_value_t = OtlpProtocol::Grpc)]
+    pub otlp_protocol: OtlpProtocol,
+
+    /// The `service.name` of the exported spans.
+    #[arg(long, env = "OTLP_SERVICE_NAME", default_value = DEFAULT_SERVICE_NAME)]
+    pub otlp_service_name: String,
+
     /// Origins allowed by CORS, comma separated [default: any].
     #[arg(long, env = "CORS_ALLOW_ORIGIN", value_delimiter = ',')]
     pub cors_allow_origin: Option<Vec<String>>,
@@ -488,6 +503,15 @@ impl Args {
         }
     }
 
+    /// Where request spans go (`--otlp-*`), if anywhere.
+    pub fn otlp(&self) -> Option<OtlpSettings> {
+        Some(OtlpSettings {
+            endpoint: self.otlp_endpoint.clone()?,
+            protocol: self.otlp_protocol,
+            service_name: self.otlp_service_name.clone(),
+        })
+    }
+
     pub fn connection_limits(&self) -> crate::connections::ConnectionLimits {
         crate::connections::ConnectionLimits {
             header_read_timeout: self.header_read_timeout,
@@ -508,6 +532,9 @@ impl Args {
             .chain(file_adapters)
             .collect();
         crate::models::check_unique(&self.served_models(), &adapters)?;
+        if let Some(endpoint) = &self.otlp_endpoint {
+            crate::telemetry::collector_uri(endpoint).map_err(|e| e.to_string())?;
+        }
         let positive = [
             ("--max-concurrent-requests", self.max_concurrent_requests),
             ("--max-batch-tokens", self.max_batch_tokens),

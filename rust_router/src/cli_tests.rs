@@ -273,3 +273,23 @@ fn max_queue_ms_is_unset_by_default_and_bounded() {
         "{help}"
     );
 }
+
+#[test]
+fn a_malformed_otlp_endpoint_fails_at_start_and_a_url_passes() {
+    let with = |endpoint: &str| {
+        Args::try_parse_from(["x", "--model-id", "m", "--otlp-endpoint", endpoint])
+            .unwrap()
+            .validate()
+    };
+    assert!(with("http://collector:4317").is_ok());
+    let err = with("collector:4317").unwrap_err();
+    assert!(err.contains("--otlp-endpoint `collector:4317`"), "{err}");
+    assert!(err.contains("http://"), "{err}");
+    let bad_protocol = Args::try_parse_from(["x", "--model-id", "m", "--otlp-protocol", "http"]);
+    assert!(bad_protocol.is_err());
+    let http = Args::try_parse_from(["x", "--model-id", "m", "--otlp-protocol", "http/protobuf"]);
+    assert_eq!(
+        http.unwrap().otlp_protocol,
+        crate::telemetry::OtlpProtocol::HttpProtobuf
+    );
+}

@@ -27,4 +27,5 @@ pub mod queue;
 pub mod schedule;
 pub mod server;
 pub mod shutdown;
+pub mod telemetry;
 pub mod tokenization;

@@ -103,6 +103,10 @@ pub fn help(name: &str) -> Option<&'static str> {
             "Requests answered 503 queue_timeout: none of them had started when their queue \
              deadline (X-Max-Queue-Ms, --max-queue-ms) passed, and they never ran"
         }
+        "te_otlp_spans_dropped_total" => {
+            "Request spans not delivered to the OTLP collector (--otlp-endpoint): dropped \
+             because the export queue was full, or in an export that failed or timed out"
+        }
         "te_batch_next_size" => "Sequences in each batch packed for the backend, by lane",
         "te_batch_next_tokens" => "Tokens in each batch packed for the backend, by lane",
         "te_batch_inference_success" => "Forward passes that returned a result",

@@ -14,6 +14,7 @@ use crate::infer::Infer;
 use crate::metrics::{Metrics, ModelMetrics};
 use crate::schedule::{BackendFacts, ServingProfile};
 use crate::shutdown::{Phase, Shutdown};
+use crate::telemetry::RequestTracing;
 use crate::tokenization::{
     load_tokenizer, PoolLoad, PoolPriority, Tokenization, TokenizerConfig, TokenizerPool,
 };
@@ -479,6 +480,19 @@ impl Serving {
         let hot = hot_poll(default.profile.http_spin, self.pool.load());
         let several = self.models.len() > 1;
         let shutdown = Shutdown::default();
+        let tracing = match self.args.otlp() {
+            Some(otlp) => {
+                let tracing =
+                    RequestTracing::start(&otlp, metrics.clone()).map_err(|e| e.to_string())?;
+                tracing::info!(
+                    endpoint = otlp.endpoint,
+                    protocol = ?otlp.protocol,
+                    "exporting request spans over OTLP"
+                );
+                Some(tracing)
+            }
+            None => None,
+        };
         let mut entries = Vec::with_capacity(self.models.len());
         let mut batching_tasks = Vec::with_capacity(self.models.len());
         for model in self.models {
@@ -514,6 +528,7 @@ impl Serving {
                     cors_allow_origin: self.args.cors_allow_origin.clone(),
                     compute_type,
                     body_read_timeout: self.args.body_read_timeout,
+                    tracing: tracing.clone(),
                 }),
             });
         }
@@ -569,6 +584,10 @@ impl Serving {
         drop(directory);
         for task in batching_tasks {
             let _ = task.await;
+        }
+        if let Some(tracing) = tracing {
+            // Sends the last spans; bounded by the export timeout, collector down or not.
+            let _ = tokio::task::spawn_blocking(move || tracing.shutdown()).await;
         }
         Ok(())
     }

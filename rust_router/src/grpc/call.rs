@@ -12,12 +12,17 @@ use crate::http::error::{ApiError, ErrorType, DRAINING};
 use crate::http::AppState;
 use crate::infer::{waiting_for_admission, with_max_queue};
 use crate::shutdown::Phase;
+use crate::telemetry::record::recording;
+use crate::telemetry::spans::{caller_context, Outcome, RootSpan};
+use crate::telemetry::RequestTracing;
 use axum::http::HeaderMap;
+use futures_util::future::{BoxFuture, Either};
+use opentelemetry::{Context, KeyValue};
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Instant;
 use tonic::metadata::MetadataMap;
-use tonic::{Request, Response, Status, Streaming};
+use tonic::{Code, Request, Response, Status, Streaming};
 
 /// The `tei.v1` services, over every served model (the default one, or the one a message's
 /// `model` names).
@@ -108,18 +113,22 @@ impl TeiApi {
 
     /// A unary call: `handle`'s answer to its message, with `handle`'s headers (the HTTP
     /// routes' `x-*` timings) as the response's metadata.
+    /// `method` (`tei.v1.Embed/Embed`) names its span.
     pub async fn unary<Req, Res, F, Fut>(
         &self,
+        method: &'static str,
         request: Request<Req>,
         handle: F,
     ) -> Result<Response<Res>, Status>
     where
+        Res: Send,
         F: FnOnce(AppState, Req) -> Fut,
-        Fut: Future<Output = Result<(Res, HeaderMap), ApiError>>,
+        Fut: Future<Output = Result<(Res, HeaderMap), ApiError>> + Send,
     {
         let call = self.open(request.metadata())?;
+        let caller = self.caller(request.metadata());
         let work = handle(self.state.clone(), request.into_inner());
-        let (body, headers) = self.answer(call, work).await?;
+        let (body, headers) = self.traced(method, caller, self.answer(call, work)).await?;
         let mut response = Response::new(body);
         *response.metadata_mut() = MetadataMap::from_headers(headers);
         Ok(response)
@@ -130,6 +139,7 @@ impl TeiApi {
     /// `--max-concurrent-requests` waits for a turn instead of ending the stream.
     pub fn stream<Req, Res, F, Fut>(
         &self,
+        method: &'static str,
         request: Request<Streaming<Req>>,
         handle: F,
     ) -> Result<Response<Answers<Res>>, Status>
@@ -140,14 +150,80 @@ impl TeiApi {
         Fut: Future<Output = Result<(Res, HeaderMap), ApiError>> + Send + 'static,
     {
         let call = self.open(request.metadata())?;
+        let caller = self.caller(request.metadata());
         let api = self.clone();
         let handle = Arc::new(handle);
         let answers = ordered(request.into_inner(), move |message| {
             let api = api.clone();
+            let caller = caller.clone();
             let work = waiting_for_admission(handle(api.state.clone(), message));
-            async move { api.answer(call, work).await.map(|(body, _)| body) }
+            async move {
+                let answer = api.answer(call, work);
+                api.traced(method, caller, answer)
+                    .await
+                    .map(|(body, _)| body)
+            }
         });
         Ok(Response::new(answers))
+    }
+}
+
+impl TeiApi {
+    /// The caller's span from the call's `traceparent` metadata, where the server traces;
+    /// `None` where it does not.
+    fn caller(&self, metadata: &MetadataMap) -> Option<Context> {
+        self.state.config.tracing.as_ref()?;
+        Some(caller_context(&metadata.clone().into_headers()))
+    }
+
+    /// `answer`, a call's (or a stream message's), as the span `method`, child of `caller`,
+    /// where the server traces. Not an `async fn`: the untraced answer stays the future it
+    /// was, not one held inside another (stream futures are deep enough already).
+    fn traced<'a, T, F>(
+        &'a self,
+        method: &'static str,
+        caller: Option<Context>,
+        answer: F,
+    ) -> Either<F, BoxFuture<'a, Result<T, Status>>>
+    where
+        T: Send + 'a,
+        F: Future<Output = Result<T, Status>> + Send + 'a,
+    {
+        match (caller, self.state.config.tracing.clone()) {
+            (Some(parent), Some(tracing)) => {
+                Either::Right(Box::pin(self.exporting(method, parent, tracing, answer)))
+            }
+            _ => Either::Left(answer),
+        }
+    }
+
+    async fn exporting<T>(
+        &self,
+        method: &'static str,
+        parent: Context,
+        tracing: RequestTracing,
+        answer: impl Future<Output = Result<T, Status>>,
+    ) -> Result<T, Status> {
+        let start = Instant::now();
+        let ((result, routed), record) = recording(self.state.noting_model(answer)).await;
+        let (code, outcome) = match &result {
+            Ok(_) => (Code::Ok, Outcome::Ok),
+            Err(status) => (status.code(), Outcome::Error(status.message().to_string())),
+        };
+        let (service, rpc) = method.split_once('/').unwrap_or((method, ""));
+        let root = RootSpan {
+            name: method.to_string(),
+            parent,
+            start,
+            attributes: vec![
+                KeyValue::new("rpc.system", "grpc"),
+                KeyValue::new("rpc.service", service),
+                KeyValue::new("rpc.method", rpc),
+                KeyValue::new("rpc.grpc.status_code", code as i64),
+            ],
+        };
+        tracing.export(root, self.state.model_name(routed), &record, &outcome);
+        result
     }
 }
 

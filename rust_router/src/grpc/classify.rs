@@ -21,14 +21,15 @@ impl pb::predict_server::Predict for TeiApi {
         &self,
         request: Request<pb::PredictRequest>,
     ) -> Result<Response<pb::PredictResponse>, Status> {
-        self.unary(request, predict).await
+        self.unary("tei.v1.Predict/Predict", request, predict).await
     }
 
     async fn predict_pair(
         &self,
         request: Request<pb::PredictPairRequest>,
     ) -> Result<Response<pb::PredictResponse>, Status> {
-        self.unary(request, predict_pair).await
+        self.unary("tei.v1.Predict/PredictPair", request, predict_pair)
+            .await
     }
 
     type PredictStreamStream = Answers<pb::PredictResponse>;
@@ -37,7 +38,7 @@ impl pb::predict_server::Predict for TeiApi {
         &self,
         request: Request<Streaming<pb::PredictRequest>>,
     ) -> Result<Response<Self::PredictStreamStream>, Status> {
-        self.stream(request, predict)
+        self.stream("tei.v1.Predict/PredictStream", request, predict)
     }
 
     type PredictPairStreamStream = Answers<pb::PredictResponse>;
@@ -46,7 +47,7 @@ impl pb::predict_server::Predict for TeiApi {
         &self,
         request: Request<Streaming<pb::PredictPairRequest>>,
     ) -> Result<Response<Self::PredictPairStreamStream>, Status> {
-        self.stream(request, predict_pair)
+        self.stream("tei.v1.Predict/PredictPairStream", request, predict_pair)
     }
 }
 
@@ -56,14 +57,15 @@ impl pb::rerank_server::Rerank for TeiApi {
         &self,
         request: Request<pb::RerankRequest>,
     ) -> Result<Response<pb::RerankResponse>, Status> {
-        self.unary(request, rerank).await
+        self.unary("tei.v1.Rerank/Rerank", request, rerank).await
     }
 
     async fn rerank_stream(
         &self,
         request: Request<Streaming<pb::RerankStreamRequest>>,
     ) -> Result<Response<pb::RerankResponse>, Status> {
-        self.unary(request, rerank_pairs).await
+        self.unary("tei.v1.Rerank/RerankStream", request, rerank_pairs)
+            .await
     }
 }
 

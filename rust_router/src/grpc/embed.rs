@@ -21,7 +21,7 @@ impl pb::embed_server::Embed for TeiApi {
         &self,
         request: Request<pb::EmbedRequest>,
     ) -> Result<Response<pb::EmbedResponse>, Status> {
-        self.unary(request, embed).await
+        self.unary("tei.v1.Embed/Embed", request, embed).await
     }
 
     type EmbedStreamStream = Answers<pb::EmbedResponse>;
@@ -30,14 +30,15 @@ impl pb::embed_server::Embed for TeiApi {
         &self,
         request: Request<Streaming<pb::EmbedRequest>>,
     ) -> Result<Response<Self::EmbedStreamStream>, Status> {
-        self.stream(request, embed)
+        self.stream("tei.v1.Embed/EmbedStream", request, embed)
     }
 
     async fn embed_sparse(
         &self,
         request: Request<pb::EmbedSparseRequest>,
     ) -> Result<Response<pb::EmbedSparseResponse>, Status> {
-        self.unary(request, embed_sparse).await
+        self.unary("tei.v1.Embed/EmbedSparse", request, embed_sparse)
+            .await
     }
 
     type EmbedSparseStreamStream = Answers<pb::EmbedSparseResponse>;
@@ -46,14 +47,15 @@ impl pb::embed_server::Embed for TeiApi {
         &self,
         request: Request<Streaming<pb::EmbedSparseRequest>>,
     ) -> Result<Response<Self::EmbedSparseStreamStream>, Status> {
-        self.stream(request, embed_sparse)
+        self.stream("tei.v1.Embed/EmbedSparseStream", request, embed_sparse)
     }
 
     async fn embed_all(
         &self,
         request: Request<pb::EmbedAllRequest>,
     ) -> Result<Response<pb::EmbedAllResponse>, Status> {
-        self.unary(request, embed_all).await
+        self.unary("tei.v1.Embed/EmbedAll", request, embed_all)
+            .await
     }
 
     type EmbedAllStreamStream = Answers<pb::EmbedAllResponse>;
@@ -62,7 +64,7 @@ impl pb::embed_server::Embed for TeiApi {
         &self,
         request: Request<Streaming<pb::EmbedAllRequest>>,
     ) -> Result<Response<Self::EmbedAllStreamStream>, Status> {
-        self.stream(request, embed_all)
+        self.stream("tei.v1.Embed/EmbedAllStream", request, embed_all)
     }
 }
 

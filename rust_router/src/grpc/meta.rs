@@ -18,7 +18,7 @@ impl pb::info_server::Info for TeiApi {
         &self,
         request: Request<pb::InfoRequest>,
     ) -> Result<Response<pb::InfoResponse>, Status> {
-        self.unary(request, info).await
+        self.unary("tei.v1.Info/Info", request, info).await
     }
 }
 
@@ -28,7 +28,8 @@ impl pb::tokenize_server::Tokenize for TeiApi {
         &self,
         request: Request<pb::EncodeRequest>,
     ) -> Result<Response<pb::EncodeResponse>, Status> {
-        self.unary(request, tokenize).await
+        self.unary("tei.v1.Tokenize/Tokenize", request, tokenize)
+            .await
     }
 
     type TokenizeStreamStream = Answers<pb::EncodeResponse>;
@@ -37,14 +38,14 @@ impl pb::tokenize_server::Tokenize for TeiApi {
         &self,
         request: Request<Streaming<pb::EncodeRequest>>,
     ) -> Result<Response<Self::TokenizeStreamStream>, Status> {
-        self.stream(request, tokenize)
+        self.stream("tei.v1.Tokenize/TokenizeStream", request, tokenize)
     }
 
     async fn decode(
         &self,
         request: Request<pb::DecodeRequest>,
     ) -> Result<Response<pb::DecodeResponse>, Status> {
-        self.unary(request, decode).await
+        self.unary("tei.v1.Tokenize/Decode", request, decode).await
     }
 
     type DecodeStreamStream = Answers<pb::DecodeResponse>;
@@ -53,7 +54,7 @@ impl pb::tokenize_server::Tokenize for TeiApi {
         &self,
         request: Request<Streaming<pb::DecodeRequest>>,
     ) -> Result<Response<Self::DecodeStreamStream>, Status> {
-        self.stream(request, decode)
+        self.stream("tei.v1.Tokenize/DecodeStream", request, decode)
     }
 }
 

@@ -22,4 +22,6 @@ pub use routes::http2_service;
 #[cfg(test)]
 mod tests;
 #[cfg(test)]
+mod tests_tracing;
+#[cfg(test)]
 mod tests_wire;

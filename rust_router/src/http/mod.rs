@@ -21,6 +21,7 @@ pub mod rerank_compat;
 pub(crate) mod response_meta;
 pub(crate) mod sparse;
 pub mod state;
+mod traced;
 pub mod types;
 
 pub use state::{AppContext, AppState, ModelDirectory, ModelEntry, ServeConfig};
@@ -223,6 +224,15 @@ pub fn app(state: AppState) -> Router {
         .route("/v1/embeddings", post(openai::embeddings))
         .route("/embeddings", post(openai::embeddings))
         .route_layer(middleware::from_fn(queue_deadline));
+    // Only a server that exports spans has the layer: without `--otlp-endpoint`, requests
+    // pass through nothing more.
+    let inference = match &state.config.tracing {
+        Some(_) => inference.route_layer(middleware::from_fn_with_state(
+            state.clone(),
+            traced::traced,
+        )),
+        None => inference,
+    };
     let protected = inference
         .route("/info", get(meta::info))
         .route("/v1/models", get(models::list))

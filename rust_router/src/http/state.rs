@@ -9,6 +9,7 @@ use crate::infer::Infer;
 use crate::metrics::Metrics;
 use crate::models::{LoraSpec, ModelSpec};
 use crate::shutdown::Shutdown;
+use crate::telemetry::RequestTracing;
 use axum::response::{IntoResponse, Response};
 use std::cell::Cell;
 use std::future::Future;
@@ -39,6 +40,8 @@ pub struct ServeConfig {
     pub compute_type: String,
     /// How long a request's body may take to arrive (`--body-read-timeout`).
     pub body_read_timeout: Duration,
+    /// Where request spans go (`--otlp-endpoint`); `None`: requests are not traced.
+    pub tracing: Option<RequestTracing>,
 }
 
 /// What the handlers share. axum clones the state for every handler and middleware call, so
@@ -223,6 +226,13 @@ impl AppState {
     /// [`AppState::noting_model`]), for a request dropped before its answer.
     pub(crate) fn routed_so_far() -> Option<usize> {
         ROUTED.try_with(Cell::get).ok().flatten()
+    }
+
+    /// The served name of the model a request was `routed` to (the default one if none).
+    pub(crate) fn model_name(&self, routed: Option<usize>) -> &str {
+        let entries = self.models.entries();
+        let entry = routed.and_then(|i| entries.get(i)).unwrap_or(&entries[0]);
+        &entry.config.served_model_name
     }
 
     /// Counts a request's failure in `te_request_failure{err=...}`: in the series of the model

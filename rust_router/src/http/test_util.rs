@@ -47,6 +47,8 @@ pub struct Options {
     pub adapters: Vec<(crate::models::LoraSpec, u32)>,
     /// `--max-queue-ms`.
     pub max_queue: Option<Duration>,
+    /// `--otlp-endpoint` and its settings.
+    pub otlp: Option<crate::telemetry::OtlpSettings>,
 }
 
 impl Default for Options {
@@ -72,6 +74,7 @@ impl Default for Options {
             more_models: Vec::new(),
             adapters: Vec::new(),
             max_queue: None,
+            otlp: None,
         }
     }
 }
@@ -146,6 +149,10 @@ pub fn test_app(opts: Options) -> TestApp {
             cors_allow_origin: None,
             compute_type: "cpu".into(),
             body_read_timeout: opts.body_read_timeout,
+            tracing: opts.otlp.map(|otlp| {
+                crate::telemetry::RequestTracing::start(&otlp, metrics.clone())
+                    .expect("a valid OTLP endpoint")
+            }),
         }),
     };
     let mut entries = vec![entry];

@@ -331,6 +331,7 @@ impl Job {
             );
         });
         let cols = out.matrix.cols;
+        let batch_size = self.metadata.len();
         for (i, meta) in self.metadata.into_iter().enumerate() {
             let (a, b) = match self.kind {
                 BatchKind::AllTokens => (
@@ -347,6 +348,10 @@ impl Job {
                     queue: out.started.saturating_duration_since(meta.queued_at),
                     handover: self.sent_at.saturating_duration_since(meta.queued_at),
                     inference: out.duration,
+                    started: out.started,
+                    device,
+                    batch_size,
+                    batch_tokens: batch.num_tokens(),
                 })
             } else {
                 m.inc("te_inference_non_finite", &[]);

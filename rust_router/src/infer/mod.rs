@@ -19,6 +19,7 @@ use crate::backend::{
 use crate::metrics::ModelMetrics;
 use crate::queue::{Entry, InferResult, Metadata, Queue, QueueError, RequestId};
 use crate::schedule::ServingProfile;
+use crate::telemetry::record::{self, BatchRun, SequenceRun, Tokenized};
 use crate::tokenization::{
     weighted_mean, EncodeOptions, EncodingInput, Tokenization, TokenizationError, ValidEncoding,
     INLINE_MAX_BYTES,
@@ -337,6 +338,15 @@ impl Infer {
             self.interactive_max_tokens,
         );
         let tokenization = start.elapsed();
+        record::note(|r| {
+            r.tokenized.push(Tokenized {
+                start,
+                end: start + tokenization,
+                inputs: weights.len(),
+                tokens: total_tokens,
+                lane: lane.as_str(),
+            })
+        });
         let request_id = self.next_request_id.fetch_add(1, Ordering::Relaxed);
         let limit = policy::max_queue(self.default_max_queue);
         let (waiting, deadline) = self.enqueue(encodings, kind, lane, request_id, limit);
@@ -359,6 +369,7 @@ impl Infer {
                     QueueError::Backend(e) => InferError::Backend(e),
                     QueueError::Expired => InferError::QueueTimeout(limit.unwrap_or_default()),
                 })?;
+            self.note_run(prompt_tokens, lane, &result);
             let meta = InferMetadata {
                 prompt_tokens,
                 tokenization,
@@ -382,6 +393,34 @@ impl Infer {
         // Timed out, none of it is queued any more.
         abandoned.finished = results.is_ok() || timed_out;
         Ok(by_input(results?, &weights))
+    }
+
+    /// Notes the batch that ran one of a recorded request's sequences.
+    fn note_run(&self, tokens: usize, lane: Lane, result: &InferResult) {
+        if !record::is_recording() {
+            return;
+        }
+        let device = self
+            .info
+            .device_names()
+            .get(result.device)
+            .cloned()
+            .unwrap_or_else(|| result.device.to_string());
+        let batch = BatchRun {
+            started: result.started,
+            duration: result.inference,
+            device,
+            size: result.batch_size,
+            tokens: result.batch_tokens,
+        };
+        record::note(|r| {
+            r.sequences.push(SequenceRun {
+                tokens,
+                queued_at: result.started - result.queue,
+                lane: lane.as_str(),
+                batch,
+            })
+        });
     }
 
     /// Awaits `results`, a request's, whose sequences may not start after `deadline`: at the

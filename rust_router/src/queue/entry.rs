@@ -18,6 +18,13 @@ pub struct InferResult {
     /// thread's wait for its previous batch, or its wake-up.
     pub handover: Duration,
     pub inference: Duration,
+    /// When the forward pass began (`queue` after queueing).
+    pub started: Instant,
+    /// The device that ran it, by index.
+    pub device: usize,
+    /// Sequences and tokens of the whole batch, every request's.
+    pub batch_size: usize,
+    pub batch_tokens: usize,
 }
 
 /// Why a sequence got no result: its batch failed, or it waited past its request's deadline
