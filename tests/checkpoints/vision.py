@@ -214,3 +214,17 @@ def sample_images() -> list[bytes]:
         Image.fromarray(array, "RGB").convert(mode).save(buffer, format=fmt)
         images.append(buffer.getvalue())
     return images
+
+
+def reference_pixels(folder: Path, images: list[bytes]) -> np.ndarray:
+    """The pixels transformers' PIL processor of the checkpoint's config makes."""
+    from transformers.image_utils import load_image
+    from transformers.models.clip.image_processing_pil_clip import CLIPImageProcessorPil
+    from transformers.models.siglip.image_processing_pil_siglip import SiglipImageProcessorPil
+
+    config = json.loads((folder / "preprocessor_config.json").read_text())
+    kind = config["image_processor_type"]
+    cls = CLIPImageProcessorPil if kind.startswith("CLIP") else SiglipImageProcessorPil
+    fields = {k: v for k, v in config.items() if not k.endswith("_type")}
+    decoded = [load_image(Image.open(io.BytesIO(data))) for data in images]
+    return np.asarray(cls(**fields)(images=decoded, return_tensors="np")["pixel_values"])
