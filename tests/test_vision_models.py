@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import io
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -19,6 +18,7 @@ from checkpoints.vision import (
     hf_model,
     hf_text_features,
     make_vision_checkpoint,
+    reference_pixels,
     sample_images,
 )
 from PIL import Image
@@ -32,28 +32,6 @@ TEXTS = ["the cat", "a dog in paris reads a book by the river", "blue", "what is
 
 def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return (a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)
-
-
-def reference_pixels(folder: Path, images: list[bytes]) -> np.ndarray | dict[str, np.ndarray]:
-    """What transformers' PIL processor of the checkpoint's config makes: the pixels, or
-    a NaFlex processor's patches with their mask and grids."""
-    from transformers.image_utils import load_image
-    from transformers.models.clip.image_processing_pil_clip import CLIPImageProcessorPil
-    from transformers.models.siglip.image_processing_pil_siglip import SiglipImageProcessorPil
-    from transformers.models.siglip2.image_processing_pil_siglip2 import Siglip2ImageProcessorPil
-
-    config = json.loads((folder / "preprocessor_config.json").read_text())
-    cls = {
-        "CLIPImageProcessor": CLIPImageProcessorPil,
-        "SiglipImageProcessor": SiglipImageProcessorPil,
-        "Siglip2ImageProcessor": Siglip2ImageProcessorPil,
-    }[config["image_processor_type"]]
-    fields = {k: v for k, v in config.items() if not k.endswith("_type")}
-    decoded = [load_image(Image.open(io.BytesIO(data))) for data in images]
-    out = cls(**fields)(images=decoded, return_tensors="np")
-    if cls is Siglip2ImageProcessorPil:
-        return {k: np.asarray(v) for k, v in out.items()}
-    return np.asarray(out["pixel_values"])
 
 
 def assert_same_vectors(ours: np.ndarray, expected: np.ndarray) -> None:

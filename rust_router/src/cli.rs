@@ -230,6 +230,16 @@ pub struct Args {
     #[arg(long, env = "MAX_CHUNKS", default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..))]
     pub max_chunks: u32,
 
+    /// Most bytes of one image input (`{"image": ...}`, after base64 decoding); a larger one
+    /// is refused with 422 naming the input.
+    #[arg(long, env = "MAX_IMAGE_BYTES", default_value_t = crate::images::DEFAULT_MAX_IMAGE_BYTES, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    pub max_image_bytes: usize,
+
+    /// Most pixels (width × height) of one decoded image input; a larger one is refused with
+    /// 422 naming the input, before it is resized.
+    #[arg(long, env = "MAX_IMAGE_PIXELS", default_value_t = crate::images::DEFAULT_MAX_IMAGE_PIXELS, value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_image_pixels: u64,
+
     /// Name of a prompt from config_sentence_transformers.json to prepend to every embedding
     /// input that names none.
     #[arg(long, env = "DEFAULT_PROMPT_NAME", conflicts_with = "default_prompt")]

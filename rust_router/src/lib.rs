@@ -13,6 +13,7 @@ pub mod connections;
 pub mod grpc;
 pub mod http;
 pub mod http_thread;
+pub mod images;
 pub mod infer;
 pub mod logging;
 pub mod metrics;

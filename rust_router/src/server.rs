@@ -10,6 +10,7 @@ use crate::grpc;
 use crate::http::types::{ClassifierModel, EmbeddingModel, Info, ModelTypeInfo};
 use crate::http::{app, AppState, ModelDirectory, ModelEntry, ServeConfig};
 use crate::http_thread::{self, Handlers, HotPoll};
+use crate::images::ImageLimits;
 use crate::infer::Infer;
 use crate::metrics::{Metrics, ModelMetrics};
 use crate::schedule::{BackendFacts, ServingProfile};
@@ -511,6 +512,10 @@ impl Serving {
                 self.args.max_concurrent_requests,
                 model_metrics,
             );
+            let infer = infer.with_image_limits(ImageLimits {
+                max_bytes: model.args.max_image_bytes,
+                max_pixels: model.args.max_image_pixels,
+            });
             batching_tasks.push(batching_task);
             entries.push(ModelEntry {
                 spec: model.args.model().clone(),

@@ -83,7 +83,7 @@ def test_bad_dimensions_are_422(server, dims):
     "body",
     [
         {"inputs": 3},
-        {"inputs": {"text": "a"}},
+        {"inputs": {"audio": "a"}},
         {"inputs": "a", "normalize": "yes"},
         {"inputs": "a", "truncation_direction": "middle"},
         {"text": "a"},

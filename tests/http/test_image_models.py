@@ -4,9 +4,23 @@ router as the runtime pads them (tiny random checkpoints, tests/checkpoints/visi
 
 from __future__ import annotations
 
+import base64
+import io
+
+import httpx
 import numpy as np
 import pytest
-from checkpoints.vision import IMAGE_SIZE, PATCH, SIGLIP2_BUDGET, make_vision_checkpoint
+from checkpoints.vision import (
+    IMAGE_SIZE,
+    PATCH,
+    SIGLIP2_BUDGET,
+    hf_image_features,
+    hf_model,
+    make_vision_checkpoint,
+    reference_pixels,
+    sample_images,
+)
+from PIL import Image
 
 from trt_tei_runtime import Model
 
@@ -60,3 +74,129 @@ def test_text_embeddings_equal_the_models(served):  # type: ignore[no-untyped-de
     assert cosines(got, expected).min() >= 0.99999
     openai = server.post("/v1/embeddings", {"input": TEXTS[1], "model": "m"}).json()
     assert cosines(np.asarray([openai["data"][0]["embedding"]]), expected[1:2])[0] >= 0.99999
+
+
+# Image inputs. The servers above keep the default limits; these ones refuse what is large.
+MAX_BYTES = 60_000
+MAX_PIXELS = 100_000
+
+
+def data_url(data: bytes, kind: str = "png") -> str:
+    return f"data:image/{kind};base64,{base64.b64encode(data).decode()}"
+
+
+def rows(response: httpx.Response) -> np.ndarray:
+    assert response.status_code == 200, response.text
+    return np.asarray(response.json(), dtype=np.float32)
+
+
+@pytest.fixture(scope="module", params=ARCHITECTURES)
+def limited(request, start_server, tmp_path_factory):  # type: ignore[no-untyped-def]
+    """(server with small image limits, Model, transformers model, folder)."""
+    folder = make_vision_checkpoint(
+        tmp_path_factory.mktemp(request.param) / "model", request.param, seed=5
+    )
+    server = start_server(
+        folder, "--max-image-bytes", str(MAX_BYTES), "--max-image-pixels", str(MAX_PIXELS)
+    )
+    return server, Model(str(folder), device="cpu"), hf_model(folder), folder
+
+
+def test_image_vectors_equal_get_image_features(limited):  # type: ignore[no-untyped-def]
+    server, model, reference, folder = limited
+    images = sample_images()
+    # Data URLs and plain base64 alike.
+    inputs = [
+        {"image": data_url(data) if i % 2 else base64.b64encode(data).decode()}
+        for i, data in enumerate(images)
+    ]
+    got = rows(server.post("/embed", {"inputs": inputs, "normalize": False}))
+    expected = hf_image_features(reference, reference_pixels(folder, images)).numpy()
+    assert got.shape == expected.shape
+    assert cosines(got, expected).min() >= 0.99999
+    np.testing.assert_allclose(
+        np.linalg.norm(got, axis=1), np.linalg.norm(expected, axis=1), rtol=1e-4
+    )
+    normalized = rows(server.post("/embed", {"inputs": inputs}))
+    assert cosines(normalized, model.embed_images(images)).min() >= 0.99999
+    np.testing.assert_allclose(np.linalg.norm(normalized, axis=1), 1.0, rtol=1e-5)
+    single = rows(server.post("/embed", {"inputs": {"image": data_url(images[2])}}))
+    assert cosines(single, expected[2:3])[0] >= 0.99999
+    openai = server.post("/v1/embeddings", {"input": inputs, "model": "m"})
+    assert openai.status_code == 200, openai.text
+    vectors = np.asarray([d["embedding"] for d in openai.json()["data"]])
+    assert [d["index"] for d in openai.json()["data"]] == list(range(len(images)))
+    assert cosines(vectors, expected).min() >= 0.99999
+
+
+def test_texts_and_images_mix_in_one_request_in_order(limited):  # type: ignore[no-untyped-def]
+    server, model, _, _ = limited
+    images = sample_images()[:3]
+    inputs: list[object] = [
+        TEXTS[0],
+        {"image": data_url(images[0])},
+        {"text": TEXTS[1]},
+        {"image": data_url(images[1])},
+        {"image": data_url(images[2])},
+        TEXTS[2],
+    ]
+    got = rows(server.post("/embed", {"inputs": inputs}))
+    texts = model.embed([TEXTS[0], TEXTS[1], TEXTS[2]])
+    pictures = model.embed_images(images)
+    expected = np.stack([texts[0], pictures[0], texts[1], pictures[1], pictures[2], texts[2]])
+    assert cosines(got, expected).min() >= 0.99999
+    # Through the bulk lane, in batches the queue packs by kind, the order holds too.
+    bulk = rows(server.post("/embed", {"inputs": inputs * 5, "priority": "low"}))
+    assert cosines(bulk, np.concatenate([expected] * 5)).min() >= 0.99999
+
+
+def big_png(side: int) -> bytes:
+    buffer = io.BytesIO()
+    Image.new("RGB", (side, side), (10, 200, 30)).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def test_bad_images_are_refused_naming_the_input(limited):  # type: ignore[no-untyped-def]
+    server, _, _, _ = limited
+    good = {"image": data_url(sample_images()[0])}
+    truncated = sample_images()[0][:200]
+    noise = np.random.default_rng(1).integers(0, 256, MAX_BYTES + 10, dtype=np.uint8).tobytes()
+    assert len(big_png(400)) < MAX_BYTES  # refused for its pixels, not its bytes
+    cases = [
+        ({"image": data_url(b"this is not an image")}, "inputs[1]", "not an image"),
+        ({"image": data_url(truncated)}, "inputs[1]", "cannot decode"),
+        ({"image": data_url(big_png(400))}, "inputs[1]", str(MAX_PIXELS)),
+        ({"image": data_url(noise)}, "inputs[1]", "--max-image-bytes"),
+        ({"image": "https://example.com/cat.png"}, "inputs[1]", "not fetched"),
+        ({"image": "data:image/png,raw"}, "inputs[1]", "base64"),
+        ({"image": "%%%not-base64"}, "inputs[1]", "base64"),
+    ]
+    for bad, name, says in cases:
+        response = server.post("/embed", {"inputs": [good, bad, "a text"]})
+        assert response.status_code == 422, (says, response.text)
+        error = response.json()["error"]
+        assert name in error and says.lower() in error.lower(), error
+        openai = server.post("/v1/embeddings", {"input": ["a text", "b", bad], "model": "m"})
+        assert openai.status_code == 422 and "input[2]" in openai.json()["error"]["message"]
+    for body in ({"audio": "x"}, {"text": "a", "image": "b"}):
+        response = server.post("/embed", {"inputs": ["a", body]})
+        assert response.status_code == 422, response.text
+    # Nothing else failed: the server answers the good image as before.
+    assert rows(server.post("/embed", {"inputs": [good]})).shape[0] == 1
+
+
+def test_routes_of_texts_refuse_images(limited):  # type: ignore[no-untyped-def]
+    server, _, _, _ = limited
+    image = {"image": data_url(sample_images()[0])}
+    response = server.post("/embed_all", {"inputs": ["a", image]})
+    assert response.status_code == 422
+    assert "inputs[1]" in response.json()["error"], response.text
+
+
+def test_a_text_only_model_refuses_images(start_server, minilm_dir):  # type: ignore[no-untyped-def]
+    server = start_server(minilm_dir)
+    image = {"image": data_url(sample_images()[0])}
+    response = server.post("/embed", {"inputs": ["a text", image]})
+    assert response.status_code == 422
+    error = response.json()["error"]
+    assert "inputs[1]" in error and "texts only" in error, error

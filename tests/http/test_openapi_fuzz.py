@@ -74,6 +74,9 @@ RUNTIME_LIMITS = re.compile(
             r"`quantization_ranges` minimum .* is over its maximum",
             r"`quantization_ranges` is empty in every dimension",
             r"`quantization_ranges` must be .* of finite numbers",
+            # An image input: whether the model takes images, and whether the string is an
+            # image file's base64 within --max-image-bytes/--max-image-pixels.
+            r"`inputs?(\[\d+\])?` is refused: ",
         ]
     ),
     re.DOTALL,

@@ -9,6 +9,10 @@ pub struct Batch {
     pub position_ids: Vec<u32>,
     /// `n_seqs + 1` offsets into the flat arrays, starting at 0.
     pub cu_seqlens: Vec<u32>,
+    /// [`BatchKind::Images`]: every image's float32 `[C, H, W]` pixels, end to end; its
+    /// sequence in the arrays above is `tokens_per_image` placeholder tokens, which is what
+    /// the image costs of the batch's token budget. Empty for texts.
+    pub pixels: Vec<f32>,
 }
 
 impl Batch {
@@ -41,10 +45,17 @@ impl Batch {
         self.input_ids.len()
     }
 
+    /// Appends one image's pixels (after its placeholder sequence).
+    pub fn push_pixels(&mut self, pixels: &[f32]) {
+        self.pixels.extend_from_slice(pixels);
+    }
+
     /// A batch of only the sequences at `seqs` (ascending indices), packed again.
     pub fn select(&self, seqs: &[usize]) -> Batch {
         let mut out = Batch::empty();
+        let per_image = self.pixels.len() / self.num_seqs().max(1);
         for &i in seqs {
+            out.push_pixels(&self.pixels[i * per_image..(i + 1) * per_image]);
             let (a, b) = (self.cu_seqlens[i] as usize, self.cu_seqlens[i + 1] as usize);
             out.push_sequence(
                 &self.input_ids[a..b],
@@ -70,6 +81,8 @@ pub enum BatchKind {
     /// index an integral float, in index order; a pair of value 0 is padding. k varies from
     /// batch to batch.
     Sparse,
+    /// Image embeddings (text-and-image models), `[n_images, dim]`, of [`Batch::pixels`].
+    Images,
 }
 
 /// A dense row-major float matrix returned by the runtime.
@@ -100,6 +113,15 @@ pub enum BackendError {
     /// Checked per sequence: the other sequences of the batch are still served.
     #[error("inference failed: the model returned NaN or infinite values for this input (e.g. a float16 overflow)")]
     NonFinite,
+}
+
+/// Turns an encoded image (PNG, JPEG, WebP, GIF, ...) into the float32 `[C, H, W]` pixels
+/// the model takes, exactly as the checkpoint's own processor does. Called from many worker
+/// threads at once, never from a backend thread.
+pub trait ImagePreprocessor: Send + Sync {
+    /// The pixels, or why the bytes are refused (no readable image, a truncated one, more
+    /// than `max_pixels` pixels): a message about the input, not the server.
+    fn preprocess(&self, data: &[u8], max_pixels: u64) -> Result<Vec<f32>, String>;
 }
 
 /// Which queue and backend thread a request's sequences go through.

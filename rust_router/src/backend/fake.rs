@@ -248,7 +248,11 @@ impl FakeBackend {
                     bulk: Box::new(fake),
                 })
                 .collect();
-            Ok(LoadedBackend { info, devices })
+            Ok(LoadedBackend {
+                info,
+                devices,
+                images: None,
+            })
         })
     }
 
@@ -372,6 +376,16 @@ impl Backend for FakeBackend {
                     data.resize(data.len() + 2 * (k - row.len()), 0.0);
                 }
                 (2 * k, data)
+            }
+            // A row per image: its first pixels, so tests can tell images apart.
+            BatchKind::Images => {
+                let per_image = batch.pixels.len() / batch.num_seqs().max(1);
+                let data = batch
+                    .pixels
+                    .chunks(per_image.max(1))
+                    .flat_map(|image| (0..HIDDEN).map(|c| image.get(c).copied().unwrap_or(0.0)))
+                    .collect();
+                (HIDDEN, data)
             }
             BatchKind::Predict => {
                 let n = self.info.num_labels;

@@ -27,7 +27,9 @@ pub use executor::{
     Output, Ran, Slot,
 };
 
-pub use contract::{Backend, BackendError, Batch, BatchKind, Lane, Launched, Matrix};
+pub use contract::{
+    Backend, BackendError, Batch, BatchKind, ImagePreprocessor, Lane, Launched, Matrix,
+};
 pub use model_info::{ImageInput, LateInteraction, ModelInfo, ModelType, ScoreActivation};
 
 #[cfg(test)]

@@ -227,7 +227,7 @@ impl ModelInfo {
     /// Width of one output row for a batch kind; `None` when it varies by batch (sparse).
     pub fn output_cols(&self, kind: BatchKind) -> Option<usize> {
         match kind {
-            BatchKind::Pooled | BatchKind::AllTokens => Some(self.hidden_size),
+            BatchKind::Pooled | BatchKind::AllTokens | BatchKind::Images => Some(self.hidden_size),
             BatchKind::Predict => Some(self.num_labels),
             BatchKind::Sparse => None,
         }

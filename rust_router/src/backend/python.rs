@@ -8,11 +8,12 @@
 
 use super::process::DeviceWorkers;
 use super::{
-    Backend, BackendError, Batch, BatchKind, DeviceBackends, Launched, LoadedBackend, Matrix,
-    ModelInfo,
+    Backend, BackendError, Batch, BatchKind, DeviceBackends, ImagePreprocessor, Launched,
+    LoadedBackend, Matrix, ModelInfo,
 };
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
+use std::sync::Arc;
 
 /// What the backend constructor needs, copied out of the flags so it can cross threads (and,
 /// as JSON, to a device worker process).
@@ -60,6 +61,11 @@ pub struct PythonBackendOptions {
 /// `DeviceError` (`trt_tei_runtime.errors.DeviceError`, or a subclass, or a third-party class
 /// of that name). Looked up only on the error path.
 fn is_device_error(py: Python<'_>, err: &PyErr) -> bool {
+    is_of_class(py, err, "DeviceError")
+}
+
+/// Whether `err`'s class, or one of its bases, is named `name`.
+fn is_of_class(py: Python<'_>, err: &PyErr, name: &str) -> bool {
     let Ok(mro) = err.get_type(py).getattr("__mro__") else {
         return false;
     };
@@ -70,7 +76,7 @@ fn is_device_error(py: Python<'_>, err: &PyErr) -> bool {
         class
             .getattr("__name__")
             .and_then(|name| name.extract::<String>())
-            .is_ok_and(|name| name == "DeviceError")
+            .is_ok_and(|class_name| class_name == name)
     })
 }
 
@@ -274,7 +280,65 @@ pub(in crate::backend) fn load(opts: &PythonBackendOptions) -> Result<LoadedBack
             }
             devices.push(lanes);
         }
-        Ok(LoadedBackend { info, devices })
+        let images = info.image_input.is_some().then(|| {
+            Arc::new(PyImages {
+                obj: obj.clone_ref(py),
+                as_f32: as_f32.clone_ref(py),
+            }) as Arc<dyn ImagePreprocessor>
+        });
+        Ok(LoadedBackend {
+            info,
+            devices,
+            images,
+        })
+    })
+}
+
+/// `Backend.preprocess_image` of the runtime, called from the router's worker threads
+/// (Pillow and numpy release the interpreter while they decode and resize).
+struct PyImages {
+    obj: Py<PyAny>,
+    as_f32: Py<PyAny>,
+}
+
+impl ImagePreprocessor for PyImages {
+    fn preprocess(&self, data: &[u8], max_pixels: u64) -> Result<Vec<f32>, String> {
+        Python::attach(|py| {
+            let pixels = self
+                .obj
+                .bind(py)
+                .call_method1("preprocess_image", (PyBytes::new(py, data), max_pixels))
+                .and_then(|out| self.as_f32.bind(py).call1((out, "float32")))
+                .and_then(|array| array.call_method0("tobytes"))
+                .and_then(|bytes| Ok(f32s(bytes.cast::<PyBytes>()?.as_bytes())));
+            pixels.map_err(|e| {
+                // The runtime's `InputError` is about the image; anything else is a fault,
+                // logged with its traceback.
+                if is_of_class(py, &e, "InputError") {
+                    e.value(py).to_string()
+                } else {
+                    describe(py, &e, "Backend.preprocess_image")
+                }
+            })
+        })
+    }
+}
+
+/// Little-endian float32 bytes as values.
+fn f32s(bytes: &[u8]) -> Vec<f32> {
+    bytes
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect()
+}
+
+/// Little-endian float32 bytes of `values`, written straight into the Python object.
+fn f32_bytes<'py>(py: Python<'py>, values: &[f32]) -> PyResult<Bound<'py, PyBytes>> {
+    PyBytes::new_with(py, values.len() * 4, |buf| {
+        for (chunk, v) in buf.chunks_exact_mut(4).zip(values) {
+            chunk.copy_from_slice(&v.to_le_bytes());
+        }
+        Ok(())
     })
 }
 
@@ -379,22 +443,30 @@ fn u32_bytes<'py>(py: Python<'py>, values: &[u32]) -> PyResult<Bound<'py, PyByte
 impl PyBackend {
     fn call(&self, py: Python<'_>, kind: BatchKind, batch: &Batch) -> PyResult<Matrix> {
         let method = method_name(kind);
-        let args = batch_arrays(py, batch)?;
         let kwargs = self.kwargs.as_ref().map(|k| k.bind(py));
-        let out = self.obj.bind(py).call_method(method, args, kwargs)?;
+        let out = if kind == BatchKind::Images {
+            let pixels = f32_bytes(py, &batch.pixels)?;
+            self.obj.bind(py).call_method(method, (pixels,), kwargs)?
+        } else {
+            let args = batch_arrays(py, batch)?;
+            self.obj.bind(py).call_method(method, args, kwargs)?
+        };
         to_matrix(&out, self.as_f32.bind(py), method)
     }
 
     /// `Backend.launch(method, *arrays, **kwargs)`: the Python `Launched` object.
     fn call_launch(&self, py: Python<'_>, kind: BatchKind, batch: &Batch) -> PyResult<Py<PyAny>> {
-        let (ids, types, positions, cu_seqlens) = batch_arrays(py, batch)?;
-        let args = (method_name(kind), ids, types, positions, cu_seqlens);
         let kwargs = self.kwargs.as_ref().map(|k| k.bind(py));
-        Ok(self
-            .obj
-            .bind(py)
-            .call_method("launch", args, kwargs)?
-            .unbind())
+        let obj = self.obj.bind(py);
+        let launched = if kind == BatchKind::Images {
+            let args = (method_name(kind), f32_bytes(py, &batch.pixels)?);
+            obj.call_method("launch", args, kwargs)?
+        } else {
+            let (ids, types, positions, cu_seqlens) = batch_arrays(py, batch)?;
+            let args = (method_name(kind), ids, types, positions, cu_seqlens);
+            obj.call_method("launch", args, kwargs)?
+        };
+        Ok(launched.unbind())
     }
 }
 
@@ -404,6 +476,7 @@ fn method_name(kind: BatchKind) -> &'static str {
         BatchKind::AllTokens => "embed_all",
         BatchKind::Predict => "predict",
         BatchKind::Sparse => "embed_sparse",
+        BatchKind::Images => "embed_images",
     }
 }
 
@@ -433,11 +506,7 @@ fn to_matrix(out: &Bound<'_, PyAny>, as_f32: &Bound<'_, PyAny>, method: &str) ->
         )));
     };
     let bytes = array.call_method0("tobytes")?;
-    let bytes = bytes.cast::<PyBytes>()?.as_bytes();
-    let data = bytes
-        .chunks_exact(4)
-        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-        .collect();
+    let data = f32s(bytes.cast::<PyBytes>()?.as_bytes());
     Ok(Matrix { rows, cols, data })
 }
 

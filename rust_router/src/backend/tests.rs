@@ -233,6 +233,29 @@ fn select_repacks_the_chosen_sequences() {
 }
 
 #[test]
+fn select_keeps_each_image_with_its_pixels() {
+    let mut b = Batch::empty();
+    for image in 0..3u32 {
+        let encoding = crate::tokenization::ValidEncoding::image(2, vec![image as f32; 4]);
+        b.push_sequence(
+            &encoding.input_ids,
+            &encoding.token_type_ids,
+            &encoding.position_ids,
+        );
+        b.push_pixels(&encoding.pixels);
+    }
+    assert_eq!((b.num_seqs(), b.num_tokens(), b.pixels.len()), (3, 6, 12));
+    let s = b.select(&[0, 2]);
+    assert_eq!(s.pixels, [0.0, 0.0, 0.0, 0.0, 2.0, 2.0, 2.0, 2.0]);
+    assert_eq!(s.cu_seqlens, [0, 2, 4]);
+    // The fake runs an image batch to a row per image.
+    let mut fake = FakeBackend::new(FakeBackend::info());
+    let m = fake.forward(BatchKind::Images, &s).unwrap();
+    assert_eq!(m.rows, 2);
+    assert_eq!((m.data[0], m.data[m.cols]), (0.0, 2.0));
+}
+
+#[test]
 fn the_contract_lists_every_field_and_only_three_are_required() {
     let json = serde_json::to_value(FakeBackend::info()).unwrap();
     let keys: Vec<&str> = json

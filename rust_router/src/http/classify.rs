@@ -72,7 +72,7 @@ pub(crate) async fn predict_answer(
         ..Default::default()
     };
     let request = InferRequest {
-        inputs,
+        inputs: inputs.into_iter().map(Into::into).collect(),
         opts,
         batched,
         priority: req.priority,
@@ -241,7 +241,7 @@ pub(crate) async fn score_pairs(
         .sum();
     let pairs = pairs
         .into_iter()
-        .map(|(query, text)| EncodingInput::Pair(query, text))
+        .map(|(query, text)| EncodingInput::Pair(query, text).into())
         .collect();
     let request = InferRequest {
         inputs: pairs,

@@ -115,7 +115,7 @@ pub(crate) fn with_long_input(
         (status = 200, description = "Embeddings", body = EmbedResponse),
         (status = 400, description = "Empty input", body = ErrorResponse),
         (status = 413, description = "An input needing more windows than `--max-chunks` under `long_input: chunk` (the body over `--payload-limit` too)", body = ErrorResponse),
-        (status = 422, description = "Invalid input: malformed body, more inputs than `--max-client-batch-size`, an input longer than the model's `max_input_length` tokens with `long_input: error`, token ids outside the vocabulary, an unknown `prompt_name` or one with token ids, an unknown `long_input`, a negative `chunk_overlap` or one not below the window, `dimensions` over `hidden_size`, an unknown `encoding_format`, `quantization_ranges` that do not fit (or `int8`/`uint8` of unnormalized embeddings without them)", body = ErrorResponse),
+        (status = 422, description = "Invalid input: malformed body, more inputs than `--max-client-batch-size`, an input longer than the model's `max_input_length` tokens with `long_input: error`, token ids outside the vocabulary, an unknown `prompt_name` or one with token ids, an unknown `long_input`, a negative `chunk_overlap` or one not below the window, `dimensions` over `hidden_size`, an unknown `encoding_format`, `quantization_ranges` that do not fit (or `int8`/`uint8` of unnormalized embeddings without them), an image input that is refused (not an image, truncated, over `--max-image-bytes` or `--max-image-pixels`, a URL, bad base64, a text-only model), named by its index", body = ErrorResponse),
         (status = 424, description = "Inference failed or wrong model type", body = ErrorResponse),
         Refusals,
     )

@@ -239,6 +239,10 @@ impl ApiError {
                     names.of(index)
                 ),
             ),
+            InferError::Image { index, error } => Self::validation(format!(
+                "Input validation error: {} is refused: {error}",
+                names.of(index)
+            )),
             other => other.into(),
         }
     }
@@ -264,6 +268,7 @@ impl From<InferError> for ApiError {
                 }
                 _ => ErrorType::Validation,
             },
+            InferError::Image { .. } => ErrorType::Validation,
             InferError::Overloaded(_) => ErrorType::Overloaded,
             InferError::QueueTimeout(_) => ErrorType::QueueTimeout,
             // A device failure is no fault of the request: 503 tells the client to retry,

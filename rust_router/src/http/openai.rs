@@ -28,7 +28,7 @@ const AUTO_TRUNCATE_HINT: &str = "Shorten the input, send `long_input: \"chunk\"
         (status = 200, description = "Embeddings", body = OpenAICompatResponse),
         (status = 400, description = "Empty input or wrong model type", body = OpenAIErrorResponse),
         (status = 413, description = "An input needing more windows than `--max-chunks` under `long_input: chunk` (the body over `--payload-limit` too)", body = OpenAIErrorResponse),
-        (status = 422, description = "Invalid input: malformed body, more inputs than `--max-client-batch-size`, an input longer than the model's `max_input_length` tokens with `long_input: error`, token ids outside the vocabulary, an unknown `long_input`, a negative `chunk_overlap` or one not below the window, `dimensions` over `hidden_size`, an unknown `encoding_format`, `quantization_ranges` that do not fit", body = OpenAIErrorResponse),
+        (status = 422, description = "Invalid input: malformed body, more inputs than `--max-client-batch-size`, an input longer than the model's `max_input_length` tokens with `long_input: error`, token ids outside the vocabulary, an unknown `long_input`, a negative `chunk_overlap` or one not below the window, `dimensions` over `hidden_size`, an unknown `encoding_format`, `quantization_ranges` that do not fit, an image input that is refused (not an image, truncated, over `--max-image-bytes` or `--max-image-pixels`, a URL, bad base64, a text-only model), named by its index", body = OpenAIErrorResponse),
         (status = 500, description = "Inference failed", body = OpenAIErrorResponse),
         OpenAIRefusals,
     )

@@ -22,13 +22,37 @@ pub struct TextDoc(String);
 #[schema(min_items = 1)]
 pub struct TokenIdsDoc(Vec<u32>);
 
-/// One input of a batch: a text or a list of token ids.
+/// A text as an object, `{"text": "..."}`: the same as the string.
+#[allow(dead_code)]
+#[derive(ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct TextInputDoc {
+    #[schema(inline)]
+    text: TextDoc,
+}
+
+/// An image, `{"image": "..."}` (`/embed` and `/v1/embeddings` of a text-and-image model
+/// only; 422 elsewhere): a data URL (`data:image/png;base64,...`) or plain base64 of a PNG,
+/// JPEG, WebP or GIF file, at most `--max-image-bytes` bytes and `--max-image-pixels` pixels.
+/// URLs are not fetched (422).
+#[allow(dead_code)]
+#[derive(ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ImageInputDoc {
+    #[schema(min_length = 1, example = "data:image/png;base64,iVBORw0KGgo...")]
+    image: String,
+}
+
+/// One input of a batch: a text (a string or `{"text": ...}`), a list of token ids, or an
+/// image (`{"image": ...}`).
 #[allow(dead_code)]
 #[derive(ToSchema)]
 #[serde(untagged)]
 pub enum InputItemDoc {
     String(#[schema(inline)] TextDoc),
     Ids(#[schema(inline)] TokenIdsDoc),
+    Text(#[schema(inline)] TextInputDoc),
+    Image(#[schema(inline)] ImageInputDoc),
 }
 
 /// A batch of at least one input (an empty one is refused with 400) and at most
@@ -39,15 +63,19 @@ pub enum InputItemDoc {
 pub struct InputBatchDoc(#[schema(inline)] Vec<InputItemDoc>);
 
 // Mirrors `types::Input`.
-/// A text, a list of token ids, or a batch whose items are texts or lists of token ids. Each
-/// input has at most the model's `max_input_length` tokens (`/info`) unless it is truncated;
-/// a longer one is refused with 422.
+/// A text, a list of token ids, an image, or a batch whose items are texts (strings or
+/// `{"text": ...}`), lists of token ids or images (`{"image": ...}`), mixed; the answer has
+/// one row per input in input order. Each text input has at most the model's
+/// `max_input_length` tokens (`/info`) unless it is truncated; a longer one is refused with
+/// 422.
 #[allow(dead_code)]
 #[derive(ToSchema)]
 #[serde(untagged)]
 pub enum InputDoc {
     String(#[schema(inline)] TextDoc),
     Ids(#[schema(inline)] TokenIdsDoc),
+    Text(#[schema(inline)] TextInputDoc),
+    Image(#[schema(inline)] ImageInputDoc),
     Batch(#[schema(inline)] InputBatchDoc),
 }
 

@@ -282,3 +282,32 @@ async fn openapi_documents_the_routes_and_fields() {
         assert!(result.get(field).is_some(), "{field}");
     }
 }
+
+#[tokio::test]
+async fn openapi_documents_text_and_image_input_objects() {
+    let app = test_app(Options::default());
+    let spec = app.get("/api-doc/openapi.json").await.json;
+    let input = &spec["components"]["schemas"]["InputDoc"];
+    let branches = |schema: &Value| -> Vec<Value> {
+        let list = schema.get("oneOf").or_else(|| schema.get("anyOf"));
+        list.and_then(Value::as_array).cloned().unwrap_or_default()
+    };
+    let keys = |branches: &[Value]| -> Vec<String> {
+        branches
+            .iter()
+            .filter_map(|b| b["properties"].as_object())
+            .flat_map(|p| p.keys().cloned())
+            .collect()
+    };
+    let top = branches(input);
+    assert_eq!(keys(&top), ["text", "image"], "{input}");
+    let batch = top
+        .iter()
+        .find(|b| b["type"] == "array" && !branches(&b["items"]).is_empty())
+        .expect("a batch branch");
+    assert_eq!(
+        keys(&branches(&batch["items"])),
+        ["text", "image"],
+        "{batch}"
+    );
+}

@@ -1,6 +1,7 @@
 //! Parsing of the wire types: input shapes and their errors.
 
 use super::types::*;
+use crate::infer::InferInput;
 use crate::tokenization::TruncationDirection;
 use serde_json::{json, Value};
 
@@ -23,7 +24,7 @@ fn input_shapes() {
     assert!(input(json!(7)).is_err());
     assert!(input(json!([-1])).is_err());
     assert!(input(json!([["a"]])).is_err());
-    assert!(input(json!({"text": "a"}))
+    assert!(input(json!({"text": 1}))
         .unwrap_err()
         .contains("list of strings"));
 }
@@ -74,14 +75,57 @@ fn truncation_direction_accepts_both_cases() {
 
 #[test]
 fn inputs_count_characters_as_their_encodings_do() {
-    use crate::tokenization::EncodingInput;
     for input in [
         InputType::String("héllo wörld 日本".into()),
         InputType::String(String::new()),
         InputType::Ids(vec![5, 6, 7]),
     ] {
-        let expected = EncodingInput::from(input.clone()).count_chars();
+        let InferInput::Text(text) = InferInput::from(input.clone()) else {
+            panic!("{input:?} is a text");
+        };
+        let expected = text.count_chars();
         assert_eq!(input.count_chars(), expected, "{input:?}");
     }
     assert_eq!(InputType::String("héllo".into()).count_chars(), 5);
+}
+
+#[test]
+fn inputs_may_be_text_and_image_objects_mixed_with_strings() {
+    assert_eq!(
+        input(json!({"image": "aGk="})).unwrap(),
+        Input::Single(InputType::Image("aGk=".into()))
+    );
+    assert_eq!(
+        input(json!({"text": "hi"})).unwrap(),
+        Input::Single(InputType::String("hi".into()))
+    );
+    assert_eq!(
+        input(json!(["a", {"image": "data:image/png;base64,aGk="}, {"text": "b"}])).unwrap(),
+        Input::Batch(vec![
+            InputType::String("a".into()),
+            InputType::Image("data:image/png;base64,aGk=".into()),
+            InputType::String("b".into()),
+        ])
+    );
+    assert_eq!(InputType::Image("aGk=".into()).count_chars(), 0);
+    assert!(InputType::Image(String::new()).is_empty());
+    assert_eq!(
+        InferInput::from(InputType::Image("aGk=".into())),
+        InferInput::Image("aGk=".into())
+    );
+}
+
+#[test]
+fn input_objects_need_exactly_one_known_string_key() {
+    for (body, says) in [
+        (json!({"audio": "x"}), "unknown input key `audio`"),
+        (json!([{"url": "x"}]), "unknown input key `url`"),
+        (json!({}), "exactly one key"),
+        (json!({"text": "a", "image": "b"}), "exactly one key"),
+        (json!([{"image": 7}]), "`image` must be a string"),
+        (json!({"text": ["a"]}), "`text` must be a string"),
+    ] {
+        let err = input(body.clone()).unwrap_err();
+        assert!(err.contains(says), "{body}: {err}");
+    }
 }

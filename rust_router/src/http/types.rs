@@ -10,24 +10,27 @@ pub use super::info::{
     ClassifierModel, DeviceInfo, DeviceRef, EmbeddingModel, HealthDegraded, Info, ModelTypeInfo,
 };
 pub use super::quantize::{Embedding, EncodingFormat};
-use crate::infer::Priority;
+use crate::infer::{InferInput, Priority};
 use crate::tokenization::{EncodingInput, LongInput, TruncationDirection};
 use serde::{de, Deserialize, Deserializer, Serialize};
 use serde_json::Value;
 use utoipa::ToSchema;
 
-/// One input: text, or token ids the client already produced.
+/// One input: text (a string, or `{"text": ...}`), token ids the client already produced, or
+/// an image (`{"image": ...}`: a data URL or base64).
 #[derive(Debug, Clone, PartialEq)]
 pub enum InputType {
     String(String),
     Ids(Vec<u32>),
+    Image(String),
 }
 
-impl From<InputType> for EncodingInput {
+impl From<InputType> for InferInput {
     fn from(value: InputType) -> Self {
         match value {
-            InputType::String(s) => Self::Single(s),
-            InputType::Ids(ids) => Self::Ids(ids),
+            InputType::String(s) => Self::Text(EncodingInput::Single(s)),
+            InputType::Ids(ids) => Self::Text(EncodingInput::Ids(ids)),
+            InputType::Image(source) => Self::Image(source),
         }
     }
 }
@@ -35,17 +38,19 @@ impl From<InputType> for EncodingInput {
 impl InputType {
     pub fn is_empty(&self) -> bool {
         match self {
-            Self::String(s) => s.is_empty(),
+            Self::String(s) | Self::Image(s) => s.is_empty(),
             Self::Ids(ids) => ids.is_empty(),
         }
     }
 
     /// Characters of a text, ids of a list of token ids (as [`EncodingInput::count_chars`]),
-    /// without a copy of the input: a backfill request's texts are megabytes.
+    /// without a copy of the input: a backfill request's texts are megabytes. An image has
+    /// none.
     pub fn count_chars(&self) -> usize {
         match self {
             Self::String(s) => s.chars().count(),
             Self::Ids(ids) => ids.len(),
+            Self::Image(_) => 0,
         }
     }
 }
@@ -66,8 +71,28 @@ impl Input {
     }
 }
 
-const INPUT_SHAPES: &str =
-    "a string, a list of strings, a list of token ids or a list of lists of token ids";
+const INPUT_SHAPES: &str = "a string, a list of strings, a list of token ids, a list of lists \
+     of token ids, or inputs as objects ({\"text\": ...} or {\"image\": ...}) alone or mixed in a list";
+
+/// `{"text": "..."}` or `{"image": "<data URL or base64>"}`: exactly one key.
+fn object_input(object: serde_json::Map<String, Value>) -> Result<InputType, String> {
+    let mut entries = object.into_iter();
+    let (Some((key, value)), None) = (entries.next(), entries.next()) else {
+        return Err(format!(
+            "expected {INPUT_SHAPES}: an input object has exactly one key, `text` or `image`"
+        ));
+    };
+    let Value::String(value) = value else {
+        return Err(format!("expected {INPUT_SHAPES}: `{key}` must be a string"));
+    };
+    match key.as_str() {
+        "text" => Ok(InputType::String(value)),
+        "image" => Ok(InputType::Image(value)),
+        other => Err(format!(
+            "expected {INPUT_SHAPES}: unknown input key `{other}` (expected `text` or `image`)"
+        )),
+    }
+}
 
 /// A token id: an integer from 0 to `u32::MAX`, written as `7` or `7.0` (JSON Schema calls
 /// both integers, and some clients serialize whole numbers as floats).
@@ -89,6 +114,7 @@ impl TryFrom<Value> for Input {
     fn try_from(value: Value) -> Result<Self, String> {
         let item = |v: Value| match v {
             Value::String(s) => Ok(InputType::String(s)),
+            Value::Object(o) => object_input(o),
             Value::Array(a) => ids_from(&a)
                 .map(InputType::Ids)
                 .ok_or_else(|| format!("expected {INPUT_SHAPES}")),
@@ -96,6 +122,7 @@ impl TryFrom<Value> for Input {
         };
         match value {
             Value::String(s) => Ok(Self::Single(InputType::String(s))),
+            Value::Object(o) => object_input(o).map(Self::Single),
             // `[]` is an empty batch; `[1, 2]` is one tokenized input.
             Value::Array(a) if a.is_empty() => Ok(Self::Batch(vec![])),
             Value::Array(a) if a[0].is_number() => ids_from(&a)

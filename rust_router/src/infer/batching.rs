@@ -176,7 +176,10 @@ impl Direct {
     /// freed permit before any new taker), so it waits for one query batch at most.
     fn send_unqueued(&self, entries: Vec<Entry>) -> Result<(), Vec<Entry>> {
         let tokens = entries.iter().map(|e| e.encoding.input_ids.len()).sum();
+        // A batch is of one kind: a request of texts and images is packed by the queue.
+        let one_kind = entries.windows(2).all(|w| w[0].kind == w[1].kind);
         if self.take != Take::Lane(Lane::Interactive)
+            || !one_kind
             || !self.queue.fits_one_query_batch(entries.len(), tokens)
         {
             return Err(entries);

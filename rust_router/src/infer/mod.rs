@@ -16,13 +16,14 @@ pub use policy::{
 use crate::backend::{
     BackendError, BackendHandle, BatchKind, DeviceStatus, Health, Lane, ModelInfo, ScoreActivation,
 };
+use crate::images::{decode_source, ImageError, ImageLimits};
 use crate::metrics::ModelMetrics;
 use crate::queue::{Entry, InferResult, Metadata, Queue, QueueError, RequestId};
 use crate::schedule::ServingProfile;
 use crate::telemetry::record::{self, BatchRun, SequenceRun, Tokenized};
 use crate::tokenization::{
     weighted_mean, EncodeOptions, EncodingInput, Tokenization, TokenizationError, ValidEncoding,
-    INLINE_MAX_BYTES,
+    Window, INLINE_MAX_BYTES,
 };
 use futures_util::future::try_join_all;
 use std::future::Future;
@@ -47,6 +48,9 @@ pub enum InferError {
         index: usize,
         error: TokenizationError,
     },
+    /// The request's `index`-th input is an image that was refused.
+    #[error("{error}")]
+    Image { index: usize, error: ImageError },
     #[error(transparent)]
     Backend(#[from] BackendError),
     #[error("Model is overloaded: more than {0} requests are in flight, retry later")]
@@ -72,10 +76,35 @@ pub struct InferMetadata {
     pub inference: Duration,
 }
 
+/// One input of a request: something to tokenize, or an image.
+#[derive(Debug, Clone, PartialEq)]
+pub enum InferInput {
+    Text(EncodingInput),
+    /// An `{"image": ...}` value (a data URL or base64), decoded and preprocessed on a
+    /// worker thread. Only pooled embeddings take images.
+    Image(String),
+}
+
+impl From<EncodingInput> for InferInput {
+    fn from(input: EncodingInput) -> Self {
+        Self::Text(input)
+    }
+}
+
+impl InferInput {
+    /// Bytes to tokenize (an image has none).
+    fn text_bytes(&self) -> usize {
+        match self {
+            Self::Text(input) => input.byte_len(),
+            Self::Image(_) => 0,
+        }
+    }
+}
+
 /// One client request's inputs and how to encode them. `batched` says whether the client sent
 /// a list (the `method` label of `te_request_count`).
 pub struct InferRequest {
-    pub inputs: Vec<EncodingInput>,
+    pub inputs: Vec<InferInput>,
     pub opts: EncodeOptions,
     pub batched: bool,
     /// The body's `priority`: overrides the lane the request's size gives it.
@@ -99,6 +128,10 @@ pub struct Infer {
     next_request_id: Arc<AtomicU64>,
     info: Arc<ModelInfo>,
     metrics: ModelMetrics,
+    image_limits: ImageLimits,
+    /// Bounds the images decoded at once to the cores: a backfill of images would otherwise
+    /// fill tokio's blocking pool with threads that wait on each other.
+    image_workers: Arc<Semaphore>,
 }
 
 pub fn l2_normalize(v: &mut [f32]) {
@@ -210,8 +243,18 @@ impl Infer {
             next_request_id: Arc::default(),
             info,
             metrics,
+            image_limits: ImageLimits::default(),
+            image_workers: Arc::new(Semaphore::new(
+                std::thread::available_parallelism().map_or(1, |n| n.get()),
+            )),
         };
         (infer, tasks)
+    }
+
+    /// `--max-image-bytes` and `--max-image-pixels` (the defaults otherwise).
+    pub fn with_image_limits(mut self, limits: ImageLimits) -> Self {
+        self.image_limits = limits;
+        self
     }
 
     pub fn info(&self) -> &ModelInfo {
@@ -307,14 +350,24 @@ impl Infer {
         let _permit = self.admit(request.batched).await?;
         let start = Instant::now();
         let mut opts = request.opts;
-        opts.inline = self.inline_ok(request.inputs.iter().map(EncodingInput::byte_len).sum());
+        opts.inline = self.inline_ok(request.inputs.iter().map(InferInput::text_bytes).sum());
         let per_input = try_join_all(request.inputs.into_iter().enumerate().map(
             |(index, input)| {
-                let encoded = self.tokenization.encode_windows(input, opts.clone());
+                let opts = opts.clone();
                 async move {
-                    encoded
-                        .await
-                        .map_err(|error| InferError::Input { index, error })
+                    match input {
+                        InferInput::Text(text) => self
+                            .tokenization
+                            .encode_windows(text, opts)
+                            .await
+                            .map(|windows| (kind, windows))
+                            .map_err(|error| InferError::Input { index, error }),
+                        InferInput::Image(source) => self
+                            .image_window(source, kind)
+                            .await
+                            .map(|window| (BatchKind::Images, vec![window]))
+                            .map_err(|error| InferError::Image { index, error }),
+                    }
                 }
             },
         ))
@@ -323,11 +376,11 @@ impl Infer {
         // queue packs like any others; they are put back together by input below.
         let mut weights = Vec::with_capacity(per_input.len());
         let mut encodings = Vec::with_capacity(per_input.len());
-        for windows in per_input {
+        for (kind, windows) in per_input {
             weights.push(windows.iter().map(|w| w.weight).collect::<Vec<_>>());
-            encodings.extend(windows.into_iter().map(|w| w.encoding));
+            encodings.extend(windows.into_iter().map(|w| (kind, w.encoding)));
         }
-        let total_tokens = encodings.iter().map(|e| e.input_ids.len()).sum();
+        let total_tokens = encodings.iter().map(|(_, e)| e.input_ids.len()).sum();
         let fits_one_batch = self
             .queue
             .fits_one_query_batch(encodings.len(), total_tokens);
@@ -349,7 +402,7 @@ impl Infer {
         });
         let request_id = self.next_request_id.fetch_add(1, Ordering::Relaxed);
         let limit = policy::max_queue(self.default_max_queue);
-        let (waiting, deadline) = self.enqueue(encodings, kind, lane, request_id, limit);
+        let (waiting, deadline) = self.enqueue(encodings, lane, request_id, limit);
         let sequences = waiting.len();
         let mut abandoned = Abandoned {
             queue: &self.queue,
@@ -423,6 +476,44 @@ impl Infer {
         });
     }
 
+    /// An image input's one sequence: its pixels, which the runtime makes from the bytes
+    /// `source` carries on a worker thread, and `tokens_per_image` placeholder tokens.
+    async fn image_window(&self, source: String, kind: BatchKind) -> Result<Window, ImageError> {
+        if kind != BatchKind::Pooled {
+            return Err(ImageError::NotAccepted(
+                "an image is embedded only as a pooled vector (`/embed`, `/v1/embeddings`)".into(),
+            ));
+        }
+        let Some(image_input) = self.info.image_input.as_ref() else {
+            return Err(ImageError::NotAccepted(format!(
+                "the model ({}) embeds texts only: it takes no images",
+                self.info.architecture
+            )));
+        };
+        let Some(images) = self.backend.images().cloned() else {
+            return Err(ImageError::NotAccepted(
+                "images are not served while the model runs in device worker processes \
+                 (`--device-workers`)"
+                    .into(),
+            ));
+        };
+        let tokens = image_input.tokens_per_image;
+        let limits = self.image_limits;
+        let _worker = self.image_workers.acquire().await;
+        let decoded = tokio::task::spawn_blocking(move || {
+            let bytes = decode_source(&source, &limits)?;
+            images
+                .preprocess(&bytes, limits.max_pixels)
+                .map_err(ImageError::Unreadable)
+        })
+        .await
+        .map_err(|_| ImageError::Unreadable("the image's preprocessing panicked".into()))?;
+        Ok(Window {
+            encoding: ValidEncoding::image(tokens, decoded?),
+            weight: tokens,
+        })
+    }
+
     /// Awaits `results`, a request's, whose sequences may not start after `deadline`: at the
     /// deadline, the request is taken out of the queue and answered
     /// [`InferError::QueueTimeout`] if none of it has started (packing answers sequences
@@ -448,12 +539,11 @@ impl Infer {
         results.await
     }
 
-    /// Queues one request's sequences in `lane`, to start within `limit` if given; returns
+    /// Queues one request's sequences (each of its kind) in `lane`, to start within `limit` if given; returns
     /// each one's token count and receiver, and the deadline.
     fn enqueue(
         &self,
-        encodings: Vec<ValidEncoding>,
-        kind: BatchKind,
+        encodings: Vec<(BatchKind, ValidEncoding)>,
         lane: Lane,
         request_id: RequestId,
         limit: Option<Duration>,
@@ -464,7 +554,7 @@ impl Infer {
         let mut waiting = Vec::with_capacity(encodings.len());
         let entries: Vec<Entry> = encodings
             .into_iter()
-            .map(|encoding| {
+            .map(|(kind, encoding)| {
                 let (response_tx, rx) = oneshot::channel();
                 waiting.push((encoding.input_ids.len(), rx));
                 Entry {

@@ -102,7 +102,7 @@ impl Harness {
         let infer = self.infer.clone();
         let inputs = texts
             .iter()
-            .map(|t| EncodingInput::Single(t.to_string()))
+            .map(|t| EncodingInput::Single(t.to_string()).into())
             .collect();
         tokio::spawn(async move {
             let request = InferRequest {
@@ -403,7 +403,7 @@ async fn a_query_is_tokenized_while_a_backfill_is_being_tokenized() {
     let infer = h.infer.clone();
     let backfill = tokio::spawn(async move {
         let request = InferRequest {
-            inputs: vec![EncodingInput::Single(document); 16],
+            inputs: vec![EncodingInput::Single(document).into(); 16],
             opts: EncodeOptions {
                 truncate: true,
                 ..Default::default()
@@ -487,8 +487,7 @@ async fn a_query_is_sent_by_its_caller_when_its_thread_is_free() {
             .await
             .unwrap();
         let (waiting, _) = h.infer.enqueue(
-            vec![encoding],
-            BatchKind::Pooled,
+            vec![(BatchKind::Pooled, encoding)],
             Lane::Interactive,
             7,
             None,
@@ -576,7 +575,7 @@ async fn queue_time_splits_at_the_hand_over_to_the_backend_thread() {
         let infer = h.infer.clone();
         tokio::spawn(async move {
             let request = InferRequest {
-                inputs: vec![EncodingInput::Single(text.into())],
+                inputs: vec![EncodingInput::Single(text.into()).into()],
                 opts: EncodeOptions::default(),
                 batched: false,
                 priority: None,

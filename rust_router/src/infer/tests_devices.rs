@@ -54,7 +54,7 @@ impl Devices {
         let infer = self.infer.clone();
         let inputs = texts
             .iter()
-            .map(|t| EncodingInput::Single(t.to_string()))
+            .map(|t| EncodingInput::Single(t.to_string()).into())
             .collect();
         tokio::spawn(async move {
             let request = InferRequest {

@@ -54,7 +54,7 @@ impl Harness {
         let infer = self.infer.clone();
         let inputs = texts
             .iter()
-            .map(|t| EncodingInput::Single(t.to_string()))
+            .map(|t| EncodingInput::Single(t.to_string()).into())
             .collect();
         let run = async move {
             let request = InferRequest {

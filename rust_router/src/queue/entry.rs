@@ -126,6 +126,7 @@ impl NextBatch {
 pub(super) fn push_entry(entry: Entry, batch: &mut Batch, metadata: &mut Vec<Metadata>) {
     let e = &entry.encoding;
     batch.push_sequence(&e.input_ids, &e.token_type_ids, &e.position_ids);
+    batch.push_pixels(&e.pixels);
     metadata.push(entry.metadata);
 }
 

@@ -20,6 +20,7 @@ pub(super) fn lane_entry(len: usize, kind: BatchKind, lane: Lane) -> (Entry, Rx)
             input_ids: (1..=len as u32).collect(),
             token_type_ids: vec![0; len],
             position_ids: (0..len as u32).collect(),
+            pixels: Vec::new(),
         },
         kind,
         lane,

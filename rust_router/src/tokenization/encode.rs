@@ -63,11 +63,27 @@ impl From<TruncationDirection> for tokenizers::TruncationDirection {
 }
 
 /// A sequence ready for the queue.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct ValidEncoding {
     pub input_ids: Vec<u32>,
     pub token_type_ids: Vec<u32>,
     pub position_ids: Vec<u32>,
+    /// An image's pixels ([`crate::backend::Batch::pixels`]), its ids placeholders that
+    /// count its tokens; empty for a text.
+    pub pixels: Vec<f32>,
+}
+
+impl ValidEncoding {
+    /// An image's sequence: `tokens` placeholder tokens (its cost in a batch's budget) and
+    /// its pixels.
+    pub fn image(tokens: usize, pixels: Vec<f32>) -> Self {
+        Self {
+            input_ids: vec![0; tokens],
+            token_type_ids: vec![0; tokens],
+            position_ids: (0..tokens as u32).collect(),
+            pixels,
+        }
+    }
 }
 
 /// One sequence of an input: the whole input, or one window of it (`long_input: chunk`).
@@ -459,6 +475,7 @@ impl Encoder {
             input_ids,
             token_type_ids,
             position_ids,
+            pixels: Vec::new(),
         })
     }
 

@@ -3,7 +3,7 @@
 
 use super::lane::{Command, ForwardReply};
 use crate::backend::device::{DeviceFailure, DeviceState, DeviceStatus, Health};
-use crate::backend::{BackendError, Batch, BatchKind, Lane};
+use crate::backend::{BackendError, Batch, BatchKind, ImagePreprocessor, Lane};
 use futures_util::future::{join_all, select_all};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -153,9 +153,16 @@ impl Executor {
 pub struct BackendHandle {
     /// One per device, by index.
     pub(super) executors: Arc<[Executor]>,
+    pub(super) images: Option<Arc<dyn ImagePreprocessor>>,
 }
 
 impl BackendHandle {
+    /// How images become pixels; `None` for a text model, or one whose runtime runs in
+    /// worker processes.
+    pub fn images(&self) -> Option<&Arc<dyn ImagePreprocessor>> {
+        self.images.as_ref()
+    }
+
     /// Whether interactive batches have their own threads (else they share the bulk ones).
     pub fn has_interactive_lane(&self) -> bool {
         self.executors[0].interactive.is_some()

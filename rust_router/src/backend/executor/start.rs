@@ -7,7 +7,7 @@ use super::lane::{serve_lane, spawn_named, thread_name, Command, Worker};
 use crate::backend::device::DeviceState;
 use crate::backend::share::{Seat, Sharing};
 use crate::backend::wait::{IdleSince, LaneWaits, WaitPolicy, WarmHook, Warming};
-use crate::backend::{Backend, BackendError, ModelInfo};
+use crate::backend::{Backend, BackendError, ImagePreprocessor, ModelInfo};
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -27,6 +27,9 @@ pub struct LoadedBackend {
     pub info: ModelInfo,
     /// One per device, in the order of [`ModelInfo::device_names`].
     pub devices: Vec<DeviceBackends>,
+    /// How images become pixels, for a model that takes images and a runtime in this
+    /// process (worker processes' runtimes are out of the router's reach).
+    pub images: Option<Arc<dyn ImagePreprocessor>>,
 }
 
 impl LoadedBackend {
@@ -77,6 +80,7 @@ impl BackendThreads {
 /// What the loading thread hands back once the model is loaded.
 struct Ready {
     info: ModelInfo,
+    images: Option<Arc<dyn ImagePreprocessor>>,
     states: Vec<Arc<DeviceState>>,
     /// Device 0's bulk thread is the loading thread itself.
     first_busy: Arc<AtomicBool>,
@@ -139,7 +143,11 @@ impl BackendHandle {
         let (ready_tx, ready_rx) = std::sync::mpsc::channel::<Result<Ready, BackendError>>();
         let loader = spawn_named(&thread_name("backend", 0), move || {
             match factory().and_then(LoadedBackend::check) {
-                Ok(LoadedBackend { info, devices }) => {
+                Ok(LoadedBackend {
+                    info,
+                    devices,
+                    images,
+                }) => {
                     let names = info.device_names();
                     let mut seats: Vec<Option<Seat>> = match &sharing {
                         Some(sharing) => sharing.seats(&names).into_iter().map(Some).collect(),
@@ -156,6 +164,7 @@ impl BackendHandle {
                     let worker = Worker::new(&states[0]).sharing(seats.pop().flatten());
                     let _ = ready_tx.send(Ok(Ready {
                         info,
+                        images,
                         states,
                         first_busy: worker.busy.clone(),
                         first_idle: worker.idle.clone(),
@@ -186,6 +195,7 @@ impl BackendHandle {
         ready.info.validate()?;
         let Ready {
             info,
+            images,
             states,
             first_busy,
             first_idle,
@@ -232,6 +242,7 @@ impl BackendHandle {
         }
         let handle = BackendHandle {
             executors: executors.into(),
+            images,
         };
         Ok((handle, info, BackendThreads(threads)))
     }

@@ -221,7 +221,12 @@ fn start_workers(opts: &PythonBackendOptions, plan: Plan) -> Result<LoadedBacken
     let mut info = infos.swap_remove(0);
     info.devices = Some(plan.devices.clone());
     info.device = plan.devices.first().cloned();
-    Ok(LoadedBackend { info, devices })
+    // Worker processes hold the runtime: this process cannot preprocess images.
+    Ok(LoadedBackend {
+        info,
+        devices,
+        images: None,
+    })
 }
 
 /// Waits for a worker's ready message and builds its lanes.

@@ -121,6 +121,9 @@ pub fn decode_batch(request: &Request, payload: &[u8]) -> Batch {
         token_type_ids: take(n, n),
         position_ids: take(2 * n, n),
         cu_seqlens: take(3 * n, request.num_offsets as usize),
+        // Image batches never reach a worker: a router with worker processes decodes no
+        // images (it has no runtime of its own to run the model's preprocessing).
+        pixels: Vec::new(),
     }
 }
 
@@ -263,6 +266,7 @@ fn kind_code(kind: BatchKind) -> u32 {
         BatchKind::AllTokens => 1,
         BatchKind::Predict => 2,
         BatchKind::Sparse => 3,
+        BatchKind::Images => 4,
     }
 }
 
@@ -272,6 +276,7 @@ fn kind_from_code(code: u32) -> io::Result<BatchKind> {
         1 => BatchKind::AllTokens,
         2 => BatchKind::Predict,
         3 => BatchKind::Sparse,
+        4 => BatchKind::Images,
         other => return Err(invalid(format!("unknown batch kind {other}"))),
     })
 }
