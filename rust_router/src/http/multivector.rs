@@ -16,7 +16,7 @@ use super::response_meta::{Answered, ResponseMeta};
 use super::state::AppState;
 use super::types::{Input, InputType};
 use crate::backend::LateInteraction;
-use crate::infer::{InferMetadata, InferRequest, Priority};
+use crate::infer::{InferInput, InferMetadata, InferRequest, Priority};
 use crate::tokenization::{EncodeOptions, EncodingInput};
 use axum::extract::State;
 use axum::response::Response;
@@ -171,6 +171,10 @@ fn texts_of(
                 "{}: token ids are not accepted by a late-interaction model; send the text",
                 names.of(i)
             ))),
+            InputType::Image(_) => Err(ApiError::validation(format!(
+                "{}: a late-interaction model embeds texts only: it takes no images",
+                names.of(i)
+            ))),
         })
         .collect()
 }
@@ -208,7 +212,10 @@ async fn token_vectors(
         ids.push(late.model_inputs(seq, input_type));
     }
     let request = InferRequest {
-        inputs: ids.iter().cloned().map(EncodingInput::Ids).collect(),
+        inputs: ids
+            .iter()
+            .map(|seq| InferInput::from(EncodingInput::Ids(seq.clone())))
+            .collect(),
         opts: EncodeOptions {
             truncate: false,
             ..Default::default()
