@@ -178,6 +178,20 @@ def test_pixels_of_the_wrong_shape_are_refused(checkpoint):  # type: ignore[no-u
         model.executors[0].embed_images(torch.zeros(2, *shape[:2], shape[2] - 1))
 
 
+@pytest.mark.parametrize("architecture", ["CLIPModel", "SiglipModel"])
+def test_patches_that_do_not_divide_the_image(tmp_path, architecture):  # type: ignore[no-untyped-def]
+    """Patches of 6 over 32 pixels (as SigLIP so400m's 14 over 384): 5 a side, the last 2
+    rows and columns unread, as transformers' strided convolution leaves them."""
+    folder = make_vision_checkpoint(tmp_path, architecture, patch_size=6)
+    model = Model(folder, device="cpu")
+    assert model.info.image_input is not None
+    assert model.info.image_input.tokens_per_image == 25 + (architecture == "CLIPModel")
+    images = sample_images()
+    reference = hf_model(folder)
+    expected = hf_image_features(reference, reference_pixels(folder, images)).numpy()
+    assert_same_vectors(model.embed_images(images, normalize=False), expected)
+
+
 def test_checkpoint_problems_fail_clearly(tmp_path):  # type: ignore[no-untyped-def]
     folder = make_vision_checkpoint(tmp_path / "clip", "CLIPModel")
     with pytest.raises(InputError, match="pools its texts as it was trained"):

@@ -107,6 +107,7 @@ def tiny_config(
     legacy_eos: bool = False,
     hidden_act: str | None = None,
     full_size: bool = False,
+    patch_size: int | None = None,
 ) -> Any:
     """The transformers config of `make_vision_checkpoint`; `<end>` is the last id."""
     import transformers
@@ -117,6 +118,8 @@ def tiny_config(
     vision: dict[str, Any] = dict(VISION, hidden_act=act)
     if full_size:
         text, vision = {"pad_token_id": 0}, {"patch_size": 16}
+    if patch_size is not None:
+        vision["patch_size"] = patch_size
     if architecture == "CLIPModel":
         text.update(eos_token_id=2 if legacy_eos else end, bos_token_id=2)
         return transformers.CLIPConfig(
@@ -146,6 +149,7 @@ def make_vision_checkpoint(
     hidden_act: str | None = None,
     sentence_transformers: bool = False,
     full_size: bool = False,
+    patch_size: int | None = None,
 ) -> Path:
     """A random `architecture` ("CLIPModel", "SiglipModel", "Siglip2Model") checkpoint with its
     tokenizer and preprocessor config. `legacy_eos`: CLIP's old `eos_token_id` 2, for which
@@ -157,7 +161,9 @@ def make_vision_checkpoint(
     import transformers
 
     tok = text_tokenizer(architecture)
-    config = tiny_config(architecture, tok.get_vocab_size(), legacy_eos, hidden_act, full_size)
+    config = tiny_config(
+        architecture, tok.get_vocab_size(), legacy_eos, hidden_act, full_size, patch_size
+    )
     size = 224 if full_size else IMAGE_SIZE
     torch.manual_seed(seed)
     model = getattr(transformers, architecture)(config).eval()

@@ -10,12 +10,17 @@ from .linear import Linear
 
 
 def patchify(pixels: torch.Tensor, patch_size: int) -> torch.Tensor:
-    """`[n, C, H, W]` → `[n * (H / p) * (W / p), C * p * p]`: each image's patches in row-major
-    order (the order of a convolution's output, flattened), each patch's values in the
-    order of a `Conv2d` kernel (channel, row, column)."""
+    """`[n, C, H, W]` → `[n * (H // p) * (W // p), C * p * p]`: each image's patches in
+    row-major order (the order of a convolution's output, flattened), each patch's values in
+    the order of a `Conv2d` kernel (channel, row, column). Rows and columns past the last
+    whole patch are left out, as the strided convolution leaves them (SigLIP so400m: 384
+    pixels, patches of 14, 27 a side)."""
     n, channels, height, width = pixels.shape
     p = patch_size
-    grid = pixels.reshape(n, channels, height // p, p, width // p, p)
+    rows, columns = height // p, width // p
+    if rows * p != height or columns * p != width:
+        pixels = pixels[:, :, : rows * p, : columns * p]
+    grid = pixels.reshape(n, channels, rows, p, columns, p)
     return grid.permute(0, 2, 4, 1, 3, 5).reshape(-1, channels * p * p)
 
 

@@ -131,9 +131,9 @@ class VisionTower(ImageTower):
         h, eps = tower.hidden_size, tower.layer_norm_eps
         size, patch = cfg.int("image_size"), cfg.int("patch_size")
         self.channels = cfg.int("num_channels")
-        if size % patch:
+        if patch > size:
             raise CheckpointError(
-                f"{cfg.source}: image_size {size} is not a multiple of patch_size {patch}"
+                f"{cfg.source}: patch_size {patch} is larger than image_size {size}"
             )
         self.image_size = (size, size)
         self.patch_size = patch
