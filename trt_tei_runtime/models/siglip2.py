@@ -169,13 +169,7 @@ class Siglip2VisionTower(ImageTower):
 class Siglip2Model(SiglipModel):
     text_defaults: ClassVar[dict[str, Any]] = TEXT_DEFAULTS
     vision_defaults: ClassVar[dict[str, Any]] = VISION_DEFAULTS
+    family: ClassVar[str] = "SigLIP 2"
 
-    def build_image_tower(
-        self, config: dict[str, Any], vision: ConfigReader, reader: WeightReader
-    ) -> ImageTower:
-        if not vision.bool("vision_use_head", True):
-            raise CheckpointError(
-                "config.json vision_config: vision_use_head is false: without its attention "
-                "pooling head a SigLIP 2 vision tower gives no image embedding"
-            )
+    def vision_tower(self, vision: ConfigReader, reader: WeightReader) -> ImageTower:
         return Siglip2VisionTower(vision, reader)
