@@ -10,7 +10,7 @@ use super::streams::{ordered, Answers};
 use crate::http::auth::authorize;
 use crate::http::error::{ApiError, ErrorType, DRAINING};
 use crate::http::AppState;
-use crate::infer::{waiting_for_admission, with_max_queue};
+use crate::infer::{waiting_for_admission, with_max_queue, with_queue_deadline};
 use crate::shutdown::Phase;
 use crate::telemetry::record::recording;
 use crate::telemetry::spans::{caller_context, Outcome, RootSpan};
@@ -98,7 +98,13 @@ impl TeiApi {
             Some(server) if server < left => (server, QueueLimit::Server),
             _ => (left, QueueLimit::Client),
         };
-        let bounded = tokio::time::timeout_at(deadline.into(), with_max_queue(queue, work));
+        // The queue wait ends by the deadline itself (not `queue` after the sequences were
+        // queued, which follows tokenizing), so that `timeout_at`, which polls `work` first,
+        // finds a call still queued answered as a queue timeout.
+        let bounded = tokio::time::timeout_at(
+            deadline.into(),
+            with_queue_deadline(deadline, with_max_queue(queue, work)),
+        );
         match bounded.await {
             Ok(result) => (result, limit),
             Err(_) => {

@@ -10,7 +10,7 @@ mod stalls;
 
 pub use policy::{
     lane_for, lane_for_request, parse_max_queue_ms, waiting_for_admission, with_max_queue,
-    Priority, MAX_QUEUE_MS_CAP,
+    with_queue_deadline, Priority, MAX_QUEUE_MS_CAP,
 };
 
 use crate::backend::{
@@ -550,7 +550,7 @@ impl Infer {
     ) -> (Vec<(usize, Waiting)>, Option<Instant>) {
         let watch = HandoverWatch::start();
         let queued_at = Instant::now();
-        let deadline = limit.map(|limit| queued_at + limit);
+        let deadline = policy::queue_deadline(queued_at, limit);
         let mut waiting = Vec::with_capacity(encodings.len());
         let entries: Vec<Entry> = encodings
             .into_iter()

@@ -3,7 +3,7 @@
 
 use crate::backend::Lane;
 use std::future::Future;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// A request's `priority` field.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -104,6 +104,19 @@ pub async fn with_max_queue<F: Future>(limit: Duration, calls: F) -> F::Output {
 }
 
 tokio::task_local! {
+    /// The instant a gRPC call's deadline (`grpc-timeout`) passes, set around its handler: its
+    /// queue wait ends by then whenever its sequences were queued, so that a call still queued
+    /// at its deadline is answered as a queue timeout, never racing the call's own deadline.
+    static QUEUE_DEADLINE: Instant;
+}
+
+/// Runs `calls` so that the queue wait of every inference call they make ends by `deadline`
+/// (and within `with_max_queue`'s limit, if shorter).
+pub async fn with_queue_deadline<F: Future>(deadline: Instant, calls: F) -> F::Output {
+    QUEUE_DEADLINE.scope(deadline, calls).await
+}
+
+tokio::task_local! {
     /// Set around the calls of a gRPC stream: each of its messages is a request of its own,
     /// and one that finds every concurrency permit taken waits for one instead of failing
     /// (which would end the stream). The stream's own bound on messages in flight keeps the
@@ -122,8 +135,48 @@ pub(super) fn waits_for_admission() -> bool {
     WAITS_FOR_ADMISSION.try_with(|_| ()).is_ok()
 }
 
-/// The queue deadline of the request being handled: the client's, else `default`
-/// (`--max-queue-ms`).
+/// The queue deadline of the request being handled, from now: the client's, else `default`
+/// (`--max-queue-ms`), cut to what is left before [`with_queue_deadline`]'s instant.
 pub(super) fn max_queue(default: Option<Duration>) -> Option<Duration> {
-    MAX_QUEUE.try_with(|limit| *limit).ok().or(default)
+    let limit = MAX_QUEUE.try_with(|limit| *limit).ok().or(default);
+    match QUEUE_DEADLINE.try_with(|at| at.saturating_duration_since(Instant::now())) {
+        Ok(left) => Some(limit.map_or(left, |limit| limit.min(left))),
+        Err(_) => limit,
+    }
+}
+
+/// The instant the queue wait of sequences queued at `queued_at` ends: `limit` later
+/// ([`max_queue`]), and never past [`with_queue_deadline`]'s instant.
+pub(super) fn queue_deadline(queued_at: Instant, limit: Option<Duration>) -> Option<Instant> {
+    let end = limit.map(|limit| queued_at + limit)?;
+    Some(QUEUE_DEADLINE.try_with(|at| end.min(*at)).unwrap_or(end))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_calls_deadline_ends_the_queue_wait_however_late_it_is_queued() {
+        let at = Instant::now() + Duration::from_millis(50);
+        with_queue_deadline(at, async {
+            let limit = max_queue(Some(Duration::from_secs(5))).unwrap();
+            assert!(limit <= Duration::from_millis(50), "{limit:?}");
+            // Queued after tokenizing took 30 ms: still ends at the call's deadline.
+            let queued_at = Instant::now() + Duration::from_millis(30);
+            assert_eq!(queue_deadline(queued_at, Some(limit)), Some(at));
+            // A shorter limit of its own still applies.
+            let now = Instant::now();
+            let short = Duration::from_millis(1);
+            assert_eq!(queue_deadline(now, Some(short)), Some(now + short));
+        })
+        .await;
+        // Without a call deadline: the limit as given, from when the sequences are queued.
+        let five = Duration::from_secs(5);
+        assert_eq!(max_queue(Some(five)), Some(five));
+        assert_eq!(max_queue(None), None);
+        let now = Instant::now();
+        assert_eq!(queue_deadline(now, Some(five)), Some(now + five));
+        assert_eq!(queue_deadline(now, None), None);
+    }
 }
