@@ -31,11 +31,9 @@ import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-from bench_grpc import free_port, minilm_dir
+from bench_grpc import free_port, minilm_dir, paced
 
 QUERY = " ".join(["hello"] * 22)  # 24 tokens with [CLS] and [SEP]
-QUERY_INTERVAL_S = 0.020
-WARMUP_QUERIES = 20
 
 
 def run_sink(port: int) -> None:
@@ -133,17 +131,7 @@ def queries(port: int, count: int) -> list[float]:
         assert resp.status == 200, resp.status
 
     try:
-        for _ in range(WARMUP_QUERIES):
-            send()
-        latencies = []
-        next_at = time.perf_counter()
-        for _ in range(count):
-            next_at += QUERY_INTERVAL_S
-            t0 = time.perf_counter()
-            send()
-            latencies.append(time.perf_counter() - t0)
-            time.sleep(max(0.0, next_at - time.perf_counter()))
-        return latencies
+        return paced(send, count)
     finally:
         conn.close()
 
