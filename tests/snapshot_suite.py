@@ -29,7 +29,8 @@ REGENERATE = "run `make snapshots` (tests/snapshots/generate.py) and commit the 
 class SnapshotCheck:
     name: str  # the folder under tests/snapshots
     task: str | None
-    # "embed", "scores", "sparse" or "embed_images" (tests/snapshots/references.py's Check)
+    # "embed", "scores", "sparse", "embed_images", "multivector" or "maxsim"
+    # (tests/snapshots/references.py's Check)
     kind: str
     inputs: list[Any]
     expected: np.ndarray
@@ -89,6 +90,16 @@ def run(model: Model, check: SnapshotCheck) -> np.ndarray:
 
         images = [png_image(*spec) for spec in check.inputs]
         return model.embed_images(images, normalize=check.normalize)
+    if check.kind == "multivector":
+        rows = [
+            vectors
+            for input_type in ("query", "document")
+            for vectors in model.embed_multivector(check.inputs, input_type)
+        ]
+        return np.concatenate(rows)
+    if check.kind == "maxsim":
+        query, *documents = check.inputs
+        return model.maxsim_scores(query, documents).reshape(-1, 1)
     if check.kind == "sparse":
         sparse = model.embed_sparse(check.inputs, sparse_tensor=True)  # type: ignore[attr-defined]
         return sparse.to_dense().numpy()

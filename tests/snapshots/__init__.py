@@ -16,6 +16,7 @@ GENERATOR_FILES = [
     "snapshots/generate.py",
     "snapshots/references.py",
     "snapshots/rows.py",
+    "checkpoints/colbert.py",
     "checkpoints/configs.py",
     "checkpoints/st_modules.py",
     "checkpoints/vision.py",

@@ -44,7 +44,7 @@ from snapshots.references import (  # noqa: E402
     embed_reference,
     image_reference,
 )
-from snapshots.rows import ROWS, build_checkpoint, write_json  # noqa: E402
+from snapshots.rows import LAYOUT_ROWS, ROWS, build_checkpoint, write_json  # noqa: E402
 
 MANIFEST = HERE / "manifest.json"
 MINILM = "all-MiniLM-L6-v2"
@@ -59,6 +59,8 @@ def checks_for(architecture: str) -> list[Check]:
 
     checks = []
     row = ROWS[architecture]
+    if row.checks is not None:
+        return row.checks()
     if architecture in ARCHITECTURES:
         kind = row.kind or ("scores" if row.pooling is None else "embed")
         if kind == "scores":
@@ -163,7 +165,9 @@ def write_manifest(root: Path, names: Sequence[str]) -> None:
 def all_rows() -> list[str]:
     from trt_tei_runtime.models import ARCHITECTURES, TASKS
 
-    return sorted(set(ARCHITECTURES) | {arch for table in TASKS.values() for arch in table})
+    return sorted(
+        set(ARCHITECTURES) | {arch for table in TASKS.values() for arch in table} | set(LAYOUT_ROWS)
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -158,6 +158,28 @@ def yes_no_reference(folder: Path) -> torch.Tensor:
     return torch.stack(rows)
 
 
+def colbert_multivector_reference(folder: Path) -> torch.Tensor:
+    """PyLate's token vectors (tests/checkpoints/colbert.py) of TEXTS as queries, then as
+    documents, every text's rows end to end."""
+    from checkpoints.colbert import pylate_encode
+
+    rows = [
+        vectors
+        for is_query in (True, False)
+        for vectors in pylate_encode(folder, TEXTS, is_query=is_query)
+    ]
+    return torch.cat(rows)
+
+
+def colbert_maxsim_reference(folder: Path) -> torch.Tensor:
+    """PyLate's MaxSim of QUERY against each of DOCUMENTS, `(n, 1)`."""
+    from checkpoints.colbert import pylate_encode, pylate_maxsim
+
+    query = pylate_encode(folder, [QUERY], is_query=True)[0]
+    documents = pylate_encode(folder, DOCUMENTS, is_query=False)
+    return pylate_maxsim(query, documents).reshape(-1, 1)
+
+
 # --- checks -----------------------------------------------------------------------------------
 
 
@@ -169,18 +191,27 @@ class Check:
     task: str | None
     # "embed": Model.embed, cosine; "scores": Model.predict raw logits, 1e-4; "sparse":
     # Model.embed_sparse as a dense (n, vocab) array, 1e-4; "embed_images":
-    # Model.embed_images of PNGs made from `inputs` (IMAGES), cosine.
+    # Model.embed_images of PNGs made from `inputs` (IMAGES), cosine; "multivector":
+    # Model.embed_multivector of `inputs` as queries then documents, every token's row end
+    # to end, cosine per row; "maxsim": Model.maxsim_scores of `inputs[0]` against the rest,
+    # 1e-4.
     kind: str
     inputs: list[Any]
     reference: Callable[[Path], torch.Tensor]
 
     @property
     def key(self) -> str:
-        """Its output's name in outputs.safetensors: a row's image check sits beside its
-        own task's check."""
-        if self.kind == "embed_images":
-            return "images"
-        return self.task or "default"
+        """Its output's name in outputs.safetensors: a row's image check (and a ColBERT
+        row's scores) sits beside its own task's check."""
+        return {"embed_images": "images", "maxsim": "maxsim"}.get(self.kind, self.task or "default")
+
+
+def colbert_checks() -> list[Check]:
+    """A late-interaction row: its token vectors (cosine per token) and MaxSim scores."""
+    return [
+        Check(None, "multivector", TEXTS, colbert_multivector_reference),
+        Check(None, "maxsim", [QUERY, *DOCUMENTS], colbert_maxsim_reference),
+    ]
 
 
 # Tasks selected with `task=` at load (trt_tei_runtime.models.TASKS): how each is checked.

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from checkpoints.colbert import make_colbert_checkpoint
 from checkpoints.configs import (
     DEBERTA_V3,
     DECODER,
@@ -38,7 +39,12 @@ from checkpoints.weights import redraw_sorted
 from safetensors.torch import save_file
 from tokenizers import Tokenizer
 
-from snapshots.references import contrastive_text_reference, sparse_reference
+from snapshots.references import (
+    Check,
+    colbert_checks,
+    contrastive_text_reference,
+    sparse_reference,
+)
 
 # --- tokenizers -------------------------------------------------------------------------------
 
@@ -185,6 +191,11 @@ class Row:
     reference: Callable[[Path], torch.Tensor] | None = None
     # Text-and-image models: also a check of image embeddings (references.IMAGES).
     images: bool = False
+    # Rows that are a layout rather than an architecture (ColBERT: a BertModel in PyLate's
+    # folder): writes the whole checkpoint into the folder, in place of the default build.
+    build: Callable[[Path, int], None] | None = None
+    # Such a row's checks, in place of the architecture's (references.Check).
+    checks: Callable[[], list[Check]] | None = None
 
 
 def splade_modules(folder: Path, strategy: str, activation: str) -> None:
@@ -274,7 +285,16 @@ ROWS: dict[str, Row] = {
     "CLIPModel": contrastive("CLIPModel", "clip"),
     "SiglipModel": contrastive("SiglipModel", "siglip"),
     "Siglip2Model": contrastive("Siglip2Model", "siglip"),
+    # Late interaction: a BertModel, its Dense projection and prefixes in PyLate's layout.
+    "ColBERT": Row(
+        lambda vocab_size: None,
+        build=lambda folder, seed: make_colbert_checkpoint(folder, seed=seed),
+        checks=colbert_checks,
+    ),
 }
+
+# Rows that are layouts, not architectures of `trt_tei_runtime.models`.
+LAYOUT_ROWS = sorted(name for name, row in ROWS.items() if row.build is not None)
 
 # --- building ---------------------------------------------------------------------------------
 
@@ -287,6 +307,10 @@ def build_checkpoint(folder: Path, architecture: str, row: Row) -> None:
     """Saves `row`'s tiny random checkpoint of `architecture` into `folder` (which must not
     exist): weights, tokenizer, and the sentence-transformers modules of embedding rows."""
     import transformers
+
+    if row.build is not None:
+        row.build(folder, seed(architecture))
+        return
 
     style = TOKENIZERS[row.tokenizer]
     tok = style.build()
