@@ -95,6 +95,9 @@ pub struct FakeBackend {
     /// Per pipelined batch whose result was read: its first id (as [`SeenBatch::first_id`])
     /// and how many batches had been launched by then.
     pub finished: Arc<Mutex<Vec<FinishedBatch>>>,
+    /// A pipelined batch's result is ready only once this many batches were launched (or
+    /// after 5 s): a device still busy while the host launches the next ones.
+    pub ready_after_launches: usize,
     /// The name of the thread of each [`Backend::warm`] call.
     pub warmed: Arc<Mutex<Vec<String>>>,
 }
@@ -203,6 +206,7 @@ impl FakeBackend {
             broken: Arc::default(),
             pipelined: false,
             finished: Arc::default(),
+            ready_after_launches: 0,
             warmed: Arc::default(),
         }
     }
@@ -290,7 +294,14 @@ impl Backend for FakeBackend {
         );
         let first_id = batch.input_ids.get(1).copied();
         let lost = self.device_error();
+        let ready_after = self.ready_after_launches;
         Ok(Launched::new(move || {
+            let waiting_since = std::time::Instant::now();
+            while seen.lock().unwrap().len() < ready_after
+                && waiting_since.elapsed() < Duration::from_secs(5)
+            {
+                std::thread::sleep(Duration::from_millis(1));
+            }
             let launched = seen.lock().unwrap().len();
             finished.lock().unwrap().push((first_id, launched));
             if broken.load(Ordering::SeqCst) {

@@ -88,9 +88,41 @@ fn every_kind_comes_back_as_the_backend_returns_it_through_slots_or_the_socket()
     }
 }
 
+/// Three images of 2x2x3 pixels, each its own values; 4 placeholder tokens an image.
+fn image_batch() -> Batch {
+    let mut batch = Batch::empty();
+    for image in 0..3u32 {
+        batch.push_sequence(&[0; 4], &[0; 4], &[0, 1, 2, 3]);
+        batch
+            .pixels
+            .extend((0..12).map(|i| image as f32 + i as f32 / 16.0 - 0.5));
+    }
+    batch
+}
+
+#[test]
+fn image_batches_carry_their_pixels_through_slots_or_the_socket() {
+    let input = image_batch();
+    for layout in [ROOMY, CRAMPED] {
+        let mut direct = FakeBackend::new(FakeBackend::info());
+        let (mut lane, _serving) = lane_over(fake(FakeBackend::info(), false), layout);
+        let want = direct.forward(BatchKind::Images, &input).unwrap();
+        assert_eq!(want.rows, 3);
+        assert_ne!(want.data[..4], want.data[want.cols..want.cols + 4]);
+        assert_eq!(
+            lane.forward(BatchKind::Images, &input).unwrap(),
+            want,
+            "{layout:?}"
+        );
+    }
+}
+
 #[test]
 fn a_pipelined_lane_launches_the_next_batch_before_the_last_is_read() {
-    let worker_side = fake(FakeBackend::info(), true);
+    let worker_side = FakeBackend {
+        ready_after_launches: 2,
+        ..fake(FakeBackend::info(), true)
+    };
     let launched = worker_side.seen.clone();
     let finished = worker_side.finished.clone();
     let (mut lane, _serving) = lane_over(worker_side, ROOMY);

@@ -9,8 +9,13 @@
 use crate::backend::{BackendError, Batch, BatchKind, Matrix};
 use std::io::{self, Read, Write};
 
-const REQUEST_WORDS: usize = 6;
+const REQUEST_WORDS: usize = 7;
 const REPLY_WORDS: usize = 6;
+const MAX_WORDS: usize = if REQUEST_WORDS > REPLY_WORDS {
+    REQUEST_WORDS
+} else {
+    REPLY_WORDS
+};
 
 /// What a request asks of the worker's lane.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -31,6 +36,8 @@ pub struct Request {
     pub num_tokens: u32,
     /// Entries of `cu_seqlens` (sequences + 1).
     pub num_offsets: u32,
+    /// Float32 values of an image batch's pixels, after the four arrays (0 for texts).
+    pub num_pixels: u32,
     pub inline: bool,
 }
 
@@ -41,6 +48,7 @@ impl Request {
             seq,
             num_tokens: batch.num_tokens() as u32,
             num_offsets: batch.cu_seqlens.len() as u32,
+            num_pixels: batch.pixels.len() as u32,
             inline,
         }
     }
@@ -51,13 +59,14 @@ impl Request {
             seq,
             num_tokens: 0,
             num_offsets: 0,
+            num_pixels: 0,
             inline: false,
         }
     }
 
     /// Bytes of the batch's arrays.
     pub fn payload_len(&self) -> usize {
-        4 * (3 * self.num_tokens as usize + self.num_offsets as usize)
+        4 * (3 * self.num_tokens as usize + self.num_offsets as usize + self.num_pixels as usize)
     }
 
     pub fn write(&self, out: &mut impl Write, inline_payload: Option<&[u8]>) -> io::Result<()> {
@@ -72,6 +81,7 @@ impl Request {
             self.seq,
             self.num_tokens,
             self.num_offsets,
+            self.num_pixels,
             self.inline as u32,
         ];
         write_words(out, &words, inline_payload)
@@ -93,12 +103,14 @@ impl Request {
             seq: w[2],
             num_tokens: w[3],
             num_offsets: w[4],
-            inline: w[5] != 0,
+            num_pixels: w[5],
+            inline: w[6] != 0,
         }))
     }
 }
 
-/// A batch's four arrays, back to back: ids, type ids, positions, offsets.
+/// A batch's arrays, back to back: ids, type ids, positions, offsets (u32), then an image
+/// batch's pixels (f32).
 pub fn encode_batch(batch: &Batch, out: &mut [u8]) {
     let mut at = 0;
     for values in [
@@ -109,6 +121,9 @@ pub fn encode_batch(batch: &Batch, out: &mut [u8]) {
     ] {
         put_u32s(&mut out[at..at + 4 * values.len()], values);
         at += 4 * values.len();
+    }
+    for (chunk, v) in out[at..].chunks_exact_mut(4).zip(&batch.pixels) {
+        chunk.copy_from_slice(&v.to_le_bytes());
     }
 }
 
@@ -121,9 +136,10 @@ pub fn decode_batch(request: &Request, payload: &[u8]) -> Batch {
         token_type_ids: take(n, n),
         position_ids: take(2 * n, n),
         cu_seqlens: take(3 * n, request.num_offsets as usize),
-        // Image batches never reach a worker: a router with worker processes decodes no
-        // images (it has no runtime of its own to run the model's preprocessing).
-        pixels: Vec::new(),
+        pixels: get_f32s(
+            &payload[4 * (3 * n + request.num_offsets as usize)..]
+                [..4 * request.num_pixels as usize],
+        ),
     }
 }
 
@@ -326,7 +342,7 @@ fn write_words(out: &mut impl Write, words: &[u32], tail: Option<&[u8]>) -> io::
 
 /// `N` words, or `None` when the stream ends before the first byte.
 fn read_words<const N: usize>(input: &mut impl Read) -> io::Result<Option<[u32; N]>> {
-    let mut buf = [0u8; 24];
+    let mut buf = [0u8; 4 * MAX_WORDS];
     let buf = &mut buf[..4 * N];
     let mut filled = 0;
     while filled < buf.len() {
@@ -349,6 +365,13 @@ fn put_u32s(out: &mut [u8], values: &[u32]) {
     for (chunk, v) in out.chunks_exact_mut(4).zip(values) {
         chunk.copy_from_slice(&v.to_le_bytes());
     }
+}
+
+fn get_f32s(bytes: &[u8]) -> Vec<f32> {
+    bytes
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect()
 }
 
 fn get_u32s(bytes: &[u8]) -> Vec<u32> {
