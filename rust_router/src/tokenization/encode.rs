@@ -149,6 +149,9 @@ pub enum TokenizationError {
     Tokenizer(String),
     #[error("tokenization workers have stopped")]
     Stopped,
+    /// A task run on the pool ([`super::Tokenization::run`]) panicked.
+    #[error("preparing the input panicked")]
+    Panicked,
 }
 
 /// Reads `tokenizer.json` and strips what the file bakes in: its own truncation (often shorter

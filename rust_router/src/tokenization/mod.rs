@@ -161,6 +161,26 @@ impl Tokenization {
             .await
     }
 
+    /// Runs `task` on a pool thread, in the pool's scheduling class and under its throttle
+    /// like the model's tokenization: the other work of preparing inputs (an image's decoding
+    /// and resizing), which would otherwise take cores from the threads that answer queries.
+    /// Skipped if the caller is gone before a thread takes it.
+    pub async fn run<T: Send + 'static>(
+        &self,
+        task: impl FnOnce() -> T + Send + 'static,
+    ) -> Result<T, TokenizationError> {
+        self.submit(|reply: Reply<T>| {
+            Work::Task(Box::new(move || {
+                if reply.is_closed() {
+                    return;
+                }
+                let done = std::panic::catch_unwind(std::panic::AssertUnwindSafe(task));
+                let _ = reply.send(done.map_err(|_| TokenizationError::Panicked));
+            }))
+        })
+        .await
+    }
+
     pub async fn decode(
         &self,
         ids: Vec<u32>,

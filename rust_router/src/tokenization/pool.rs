@@ -26,6 +26,9 @@ pub(super) enum Work {
     EncodeWindows(EncodingInput, EncodeOptions, Reply<Vec<Window>>),
     Tokenize(String, bool, Option<String>, Reply<Vec<TokenInfo>>),
     Decode(Vec<u32>, bool, Reply<String>),
+    /// Any other preparation of a model's inputs (an image's decoding and resizing), which
+    /// answers its caller itself.
+    Task(Box<dyn FnOnce() + Send>),
 }
 
 /// One model's encoders: those its inline callers take in turn, and those ready for the pool
@@ -216,5 +219,6 @@ fn run_job(encoder: &mut Encoder, work: Work) {
         Work::Decode(ids, skip, reply) => {
             let _ = reply.send(encoder.decode(&ids, skip));
         }
+        Work::Task(task) => task(),
     }
 }
