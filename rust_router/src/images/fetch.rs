@@ -174,6 +174,7 @@ impl ImageFetcher {
         let client = if hosts.is_empty() {
             None
         } else {
+            crate::tls::install_crypto_provider();
             let client = reqwest::Client::builder()
                 .tls_backend_preconfigured(tls_config()?)
                 .redirect(redirect_policy(hosts.clone()))
