@@ -95,18 +95,6 @@ impl AllowedHosts {
     }
 }
 
-/// `source` if it is a URL (`scheme://...`: `http`, `https`, or any other, which the fetcher
-/// refuses by name) rather than the image's bytes: base64 has no `:`, and a data URL no `//`.
-pub fn image_url(source: &str) -> Option<&str> {
-    let source = source.trim();
-    let (scheme, _) = source.split_once("://")?;
-    let is_scheme = scheme.starts_with(|c: char| c.is_ascii_alphabetic())
-        && scheme
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.'));
-    is_scheme.then_some(source)
-}
-
 /// Why the image fetcher could not be built (TLS setup), at startup.
 #[derive(Debug, thiserror::Error)]
 #[error("cannot set up fetching image URLs: {0}")]

@@ -9,11 +9,11 @@ mod limits;
 mod source;
 
 pub use fetch::{
-    image_url, parse_host_pattern, AllowedHosts, FetcherSetupError, ImageFetcher,
+    parse_host_pattern, AllowedHosts, FetcherSetupError, ImageFetcher,
     DEFAULT_IMAGE_FETCH_TIMEOUT_SECS,
 };
 pub use limits::{ImageLimits, DEFAULT_MAX_IMAGE_BYTES, DEFAULT_MAX_IMAGE_PIXELS};
-pub use source::{decode_source, ImageError};
+pub use source::{decode_source, image_url, ImageError};
 
 #[cfg(test)]
 mod tests;

@@ -2,7 +2,6 @@
 //! (`data:image/png;base64,...`) or plain base64. An `http(s)://` URL is the fetcher's
 //! ([`super::fetch`]), and refused here.
 
-use super::fetch::image_url;
 use super::limits::ImageLimits;
 use base64::engine::{DecodePaddingMode, GeneralPurpose, GeneralPurposeConfig};
 use base64::Engine;
@@ -43,6 +42,18 @@ fn engines() -> [GeneralPurpose; 2] {
         GeneralPurpose::new(&base64::alphabet::STANDARD, config),
         GeneralPurpose::new(&base64::alphabet::URL_SAFE, config),
     ]
+}
+
+/// `source` if it is a URL (`scheme://...`: `http`, `https`, or any other, which the fetcher
+/// refuses by name) rather than the image's bytes: base64 has no `:`, and a data URL no `//`.
+pub fn image_url(source: &str) -> Option<&str> {
+    let source = source.trim();
+    let (scheme, _) = source.split_once("://")?;
+    let is_scheme = scheme.starts_with(|c: char| c.is_ascii_alphabetic())
+        && scheme
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.'));
+    is_scheme.then_some(source)
 }
 
 /// The encoded image that `source` carries, at most `limits.max_bytes` long.
