@@ -240,6 +240,16 @@ pub struct Args {
     #[arg(long, env = "MAX_IMAGE_PIXELS", default_value_t = crate::images::DEFAULT_MAX_IMAGE_PIXELS, value_parser = clap::value_parser!(u64).range(1..))]
     pub max_image_pixels: u64,
 
+    /// Hosts whose `http(s)://` image URLs are fetched (comma-separated; `*.example.com` allows
+    /// its subdomains); none by default, and an image URL is refused with 422.
+    #[arg(long, env = "ALLOWED_IMAGE_HOSTS", value_delimiter = ',', value_parser = crate::images::parse_host_pattern)]
+    pub allowed_image_hosts: Vec<String>,
+
+    /// Seconds one image URL's fetch may take (connection, headers and body together); past
+    /// them, 422 naming the input.
+    #[arg(long, env = "IMAGE_FETCH_TIMEOUT", default_value_t = crate::images::DEFAULT_IMAGE_FETCH_TIMEOUT_SECS, value_parser = clap::value_parser!(u64).range(1..))]
+    pub image_fetch_timeout: u64,
+
     /// Name of a prompt from config_sentence_transformers.json to prepend to every embedding
     /// input that names none.
     #[arg(long, env = "DEFAULT_PROMPT_NAME", conflicts_with = "default_prompt")]

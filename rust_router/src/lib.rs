@@ -29,4 +29,5 @@ pub mod schedule;
 pub mod server;
 pub mod shutdown;
 pub mod telemetry;
+pub mod tls;
 pub mod tokenization;

@@ -10,7 +10,7 @@ use crate::grpc;
 use crate::http::types::{ClassifierModel, EmbeddingModel, Info, ModelTypeInfo};
 use crate::http::{app, AppState, ModelDirectory, ModelEntry, ServeConfig};
 use crate::http_thread::{self, Handlers, HotPoll};
-use crate::images::ImageLimits;
+use crate::images::{AllowedHosts, ImageFetcher, ImageLimits};
 use crate::infer::Infer;
 use crate::metrics::{Metrics, ModelMetrics};
 use crate::schedule::{BackendFacts, ServingProfile};
@@ -412,6 +412,13 @@ fn adapter_indexes(
 /// Ends the process at once, without `exit`'s atexit handlers and C++ static destructors: a
 /// forward pass still runs on a backend thread, and tearing down the libraries it is using
 /// under it (torch's thread pools) crashes the process instead of exiting with `code`.
+/// The fetcher of `--allowed-image-hosts`'s image URLs, within `--image-fetch-timeout`.
+fn image_fetcher(args: &Args) -> Result<ImageFetcher, String> {
+    let hosts = AllowedHosts::new(&args.allowed_image_hosts)?;
+    let timeout = Duration::from_secs(args.image_fetch_timeout);
+    ImageFetcher::new(hosts, timeout).map_err(|e| e.to_string())
+}
+
 fn exit_now(code: i32) -> ! {
     use std::io::Write;
     let _ = std::io::stdout().flush();
@@ -516,6 +523,7 @@ impl Serving {
                 max_bytes: model.args.max_image_bytes,
                 max_pixels: model.args.max_image_pixels,
             });
+            let infer = infer.with_image_fetcher(image_fetcher(&model.args)?);
             batching_tasks.push(batching_task);
             entries.push(ModelEntry {
                 spec: model.args.model().clone(),

@@ -58,7 +58,19 @@ def build_parser() -> argparse.ArgumentParser:
         "are not rows) or .csv (with a header)",
     )
     p.add_argument("--output", required=True, type=Path, help="output directory (created)")
-    p.add_argument("--text-column", default="text", help="column (key) holding the text")
+    p.add_argument("--text-column", help="column (key) holding the text (default: text)")
+    p.add_argument(
+        "--image-column",
+        help="embed images instead of texts (a text-and-image model: CLIP, SigLIP): the "
+        "column holding each row's encoded image (Parquet binary) or its file's path "
+        "(relative ones under --image-root); not with --text-column",
+    )
+    p.add_argument(
+        "--image-root",
+        type=Path,
+        help="with --image-column: the folder relative image paths start from (default: the "
+        "input file's folder)",
+    )
     p.add_argument(
         "--id-column",
         help="column written as `id`; without it the id is the row's ordinal in the input "
@@ -158,12 +170,19 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def parse_options(argv: Optional[list[str]] = None) -> JobOptions:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.image_column is not None and args.text_column is not None:
+        parser.error("--image-column and --text-column exclude each other: a job embeds one")
+    if args.image_root is not None and args.image_column is None:
+        parser.error("--image-root applies with --image-column only")
     return JobOptions(
         model=args.model,
         input=args.input,
         output=args.output,
-        text_column=args.text_column,
+        text_column=args.text_column or "text",
+        image_column=args.image_column,
+        image_root=args.image_root,
         id_column=args.id_column,
         devices=args.devices,
         device_workers=args.device_workers,
@@ -190,6 +209,8 @@ def execute(options: JobOptions, progress: Optional[Progress] = None, model: Any
     except ImportError as exc:
         raise CorpusError("trt-tei-embed needs pyarrow: pip install pyarrow") from exc
     progress = progress or Progress(interval_s=options.progress_interval_s)
+    if options.image_column is not None:
+        _check_image_options(options)
     if options.ray_address is not None:
         if options.devices is not None:
             raise CorpusError("--devices does not apply with --ray: each actor takes one GPU")
@@ -201,6 +222,16 @@ def execute(options: JobOptions, progress: Optional[Progress] = None, model: Any
     from .local_executor import run_local
 
     return run_local(options, progress, model)
+
+
+def _check_image_options(options: JobOptions) -> None:
+    """What an image job does not take: options of texts, and Ray (its actors embed texts)."""
+    if options.ray_address is not None:
+        raise CorpusError("--image-column runs on this machine only, not with --ray")
+    if options.chunking is not None:
+        raise CorpusError("--long-input chunk applies to texts, not to --image-column")
+    if options.prompt_name is not None:
+        raise CorpusError("--prompt-name applies to texts, not to --image-column")
 
 
 def main(argv: Optional[list[str]] = None) -> None:

@@ -84,7 +84,12 @@ def check_options(options: JobOptions) -> None:
 def open_job(options: JobOptions, progress: Progress) -> tuple[InputReader, OutputStore]:
     """Checks arguments, the input and the output folder, all before a model loads."""
     check_options(options)
-    reader = open_input(options.input, options.text_column, options.id_column)
+    reader = open_input(
+        options.input,
+        options.input_column,
+        options.id_column,
+        images=options.image_column is not None,
+    )
     store = OutputStore.open(options.output, overwrite=options.overwrite, warn=progress.warn)
     try:
         identity = options.output_identity()

@@ -19,6 +19,8 @@ from ..token_ids import TokenIds
 from .ahead import ahead
 from .device_workers import process_devices
 from .driver import PREFETCH_CHUNKS, JobRun, check_bad_rows, run_job
+from .errors import CorpusError
+from .image_rows import ImageChunk, embed_images, image_problem, read_images
 from .loading import check_chunking, load_model
 from .options import JobOptions
 from .plan import InputEnd, Piece, PlanItem, ShardEnd, plan
@@ -35,11 +37,12 @@ PENDING_WRITES = 2
 @dataclass
 class Chunk:
     shard: int
-    tokenized: Tokenized
+    tokenized: Union[Tokenized, ImageChunk]
 
 
 StreamItem = Union[Chunk, ShardEnd, InputEnd]
 NO_IDS = TokenIds(np.zeros(0, dtype=np.uint32), np.zeros(1, dtype=np.int64))
+NO_VECTORS = np.zeros((0, 0), dtype=np.float32)
 
 
 def tokenized_plan(
@@ -51,6 +54,19 @@ def tokenized_plan(
             screened = screen(item.rows)
             tokenized = tokenize(model, screened, options.prompt_name, options.chunking)
             yield Chunk(item.shard, tokenized)
+        else:
+            yield item
+
+
+def image_plan(
+    items: Iterator[PlanItem], options: JobOptions, tokens_per_image: int
+) -> Iterator[Union[Chunk, ShardEnd, InputEnd]]:
+    """`tokenized_plan` of an image job: read, screen, read the images' files."""
+    folder = options.images_folder()
+    for item in items:
+        if isinstance(item, Piece):
+            screened = screen(item.rows, image_problem)
+            yield Chunk(item.shard, read_images(screened, folder, tokens_per_image))
         else:
             yield item
 
@@ -69,6 +85,11 @@ def open_model(options: JobOptions, warn: Callable[[str], None]) -> Any:
     device (`--device-workers`, device_workers.py): the pool embeds chunks as the model
     would, so the rest of the job does not tell them apart."""
     devices = process_devices(options.device_workers, options.devices)
+    if devices is not None and options.image_column is not None:
+        raise CorpusError(
+            "--image-column runs one model in this process: pass --device-workers threads "
+            "(device worker processes embed texts only)"
+        )
     if devices is None:
         return load_model(options.model, options.devices, options.dtype, options.prompt_name)
     from .worker_pool import WorkerPool
@@ -109,6 +130,12 @@ class LocalShardExecutor:
         if self.model is None:
             self.model, self.owned = open_model(options, self.warn), True
         check_chunking(self.model, options.chunking)  # `close` follows if it raises
+        if options.image_column is not None and self.model.info.image_input is None:
+            raise CorpusError(
+                f"--image-column: the model ({self.model.info.architecture}) embeds texts "
+                "only; images need a text-and-image model (CLIPModel, SiglipModel, "
+                "Siglip2Model)"
+            )
         self.options = options
         return int(self.model.info.hidden_size), options
 
@@ -144,17 +171,34 @@ class LocalShardExecutor:
             """Every plan item in order, with the ids to embed (none for the markers)."""
             tokenized = tokenized_plan(model, items, options)
             for item in ahead(tokenized, PREFETCH_CHUNKS):
-                yield item, item.tokenized.token_ids if isinstance(item, Chunk) else NO_IDS
+                chunk = item.tokenized if isinstance(item, Chunk) else None
+                yield item, chunk.token_ids if isinstance(chunk, Tokenized) else NO_IDS
+
+        def images() -> Iterator[tuple[StreamItem, np.ndarray]]:
+            """Every plan item in order, with its vectors (none for the markers); a chunk
+            less the rows whose images turned out unreadable."""
+            tokens = int(model.info.image_input.tokens_per_image)
+            dim = schema.field("embedding").type.list_size
+            for item in ahead(image_plan(items, options, tokens), PREFETCH_CHUNKS):
+                if not isinstance(item, Chunk):
+                    yield item, NO_VECTORS
+                    continue
+                assert isinstance(item.tokenized, ImageChunk)
+                chunk, vectors = embed_images(model, item.tokenized, options.dimensions, dim)
+                yield Chunk(item.shard, chunk), vectors
 
         try:
-            # One stream for the whole job: the devices do not drain between chunks.
-            # The prompt name also picks a task adapter (jina-embeddings-v3).
-            stream = model.embed_ids_stream(
-                keyed(),
-                normalize=options.chunking is None,
-                dimensions=options.stream_dimensions,
-                prompt_name=options.prompt_name,
-            )
+            if options.image_column is not None:
+                stream: Iterator[tuple[StreamItem, np.ndarray]] = images()
+            else:
+                # One stream for the whole job: the devices do not drain between chunks.
+                # The prompt name also picks a task adapter (jina-embeddings-v3).
+                stream = model.embed_ids_stream(
+                    keyed(),
+                    normalize=options.chunking is None,
+                    dimensions=options.stream_dimensions,
+                    prompt_name=options.prompt_name,
+                )
             for item, vectors in stream:
                 if isinstance(item, Chunk):
                     tok = item.tokenized

@@ -31,6 +31,10 @@ class JobOptions:
     input: Path
     output: Path
     text_column: str = "text"
+    # `--image-column`: the job embeds images (encoded bytes, or paths resolved against
+    # `image_root`, else the input file's folder) instead of texts (image_rows.py).
+    image_column: Optional[str] = None
+    image_root: Optional[Path] = None
     id_column: Optional[str] = None
     devices: Optional[str] = None  # passed straight to Model(device=...)
     # "auto", "threads" or "processes": several devices in this process or one worker
@@ -58,7 +62,9 @@ class JobOptions:
         `device_workers`: where the devices run)."""
         return {
             "model": model_reference(self.model),
-            "text_column": self.text_column,
+            "text_column": None if self.image_column else self.text_column,
+            # Only for image jobs, so that text jobs written before the option still resume.
+            **({"image_column": self.image_column} if self.image_column else {}),
             "id_column": self.id_column,
             "dimensions": self.dimensions,
             "prompt_name": self.prompt_name,
@@ -76,6 +82,16 @@ class JobOptions:
                 else {}
             ),
         }
+
+    @property
+    def input_column(self) -> str:
+        """The column the job embeds: the images' or the texts'."""
+        return self.image_column or self.text_column
+
+    def images_folder(self) -> Path:
+        """Where relative image paths start: `--image-root`, else the input file's folder."""
+        root = self.image_root if self.image_root is not None else self.input.parent
+        return Path(root).expanduser().resolve()
 
     @property
     def chunking(self) -> Optional[Chunking]:

@@ -109,9 +109,12 @@ class InputReader:
         )
 
 
-def open_input(path: Path, text_column: str, id_column: str | None) -> InputReader:
+def open_input(
+    path: Path, text_column: str, id_column: str | None, images: bool = False
+) -> InputReader:
     """Opens and checks an input: the file exists, its format is known from its extension,
-    and it has the text (and id) column."""
+    and it has the text (and id) column; with `images`, `text_column` is the images' column
+    (Parquet: binary, encoded images, or strings, their paths; other formats: paths)."""
     path = Path(path).expanduser().resolve()
     if not path.exists():
         raise CorpusError(f"input file {path} does not exist")
@@ -124,7 +127,10 @@ def open_input(path: Path, text_column: str, id_column: str | None) -> InputRead
             f"{', '.join(sorted(FORMATS))}"
         )
     if id_column is not None and id_column == text_column:
-        raise CorpusError(f"--id-column and --text-column are both {text_column!r}")
+        flag = "--image-column" if images else "--text-column"
+        raise CorpusError(f"--id-column and {flag} are both {text_column!r}")
+    if fmt == "parquet":
+        return ParquetReader(path, text_column, id_column, images=images)
     reader_cls: type[InputReader] = {
         "parquet": ParquetReader,
         "jsonl": JsonlReader,
@@ -137,6 +143,12 @@ def _is_text_type(t: pa.DataType) -> bool:
     if pa.types.is_dictionary(t):
         return _is_text_type(t.value_type)
     return bool(pa.types.is_string(t) or pa.types.is_large_string(t) or _is_string_view(t))
+
+
+def _is_binary_type(t: pa.DataType) -> bool:
+    return bool(
+        pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_fixed_size_binary(t)
+    )
 
 
 def _is_string_view(t: pa.DataType) -> bool:
@@ -153,7 +165,9 @@ def _null_id_problems(ids: pa.Array) -> dict[int, str]:
 class ParquetReader(InputReader):
     format = "parquet"
 
-    def __init__(self, path: Path, text_column: str, id_column: str | None) -> None:
+    def __init__(
+        self, path: Path, text_column: str, id_column: str | None, images: bool = False
+    ) -> None:
         super().__init__(path, text_column, id_column)
         try:
             self._file = pq.ParquetFile(path)
@@ -164,7 +178,12 @@ class ParquetReader(InputReader):
             if column not in schema.names:
                 raise self._missing_column(column, schema.names)
         text_type = schema.field(text_column).type
-        if not _is_text_type(text_type):
+        if images and not (_is_text_type(text_type) or _is_binary_type(text_type)):
+            raise CorpusError(
+                f"{path}: column {text_column!r} has type {text_type}; the image column must "
+                "hold encoded images (binary) or their paths (strings)"
+            )
+        if not images and not _is_text_type(text_type):
             raise CorpusError(
                 f"{path}: column {text_column!r} has type {text_type}; the text column must "
                 "hold strings"

@@ -4,7 +4,7 @@ own thread). Shared by the local job, the Ray job and the Ray Data callable."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Optional, Protocol, TypeVar
 
@@ -179,12 +179,14 @@ def text_problem(text: Any) -> Optional[str]:
     return None
 
 
-def screen(rows: Rows) -> Screened:
+def screen(rows: Rows, problem: Callable[[Any], Optional[str]] = text_problem) -> Screened:
+    """`rows` split into usable and bad ones: those the reader could not read, and those
+    whose value `problem` finds fault with (`image_rows.image_problem` for images)."""
     good: list[int] = []
     bad: list[BadRow] = []
     id_values: Optional[list[Any]] = None
     for k, text in enumerate(rows.texts):
-        reason = rows.problems.get(k) or text_problem(text)
+        reason = rows.problems.get(k) or problem(text)
         if reason is None:
             good.append(k)
             continue
@@ -286,7 +288,20 @@ def embed(
     return shard_rows(tokenized, vectors, schema)
 
 
-def shard_rows(tokenized: Tokenized, vectors: np.ndarray, schema: pa.Schema) -> pa.RecordBatch:
+class ShardChunk(Protocol):
+    """What `shard_rows` reads of a chunk: a `Tokenized` one, or an `ImageChunk`."""
+
+    @property
+    def ids(self) -> pa.Array: ...
+
+    @property
+    def windows(self) -> Optional[WindowLayout]: ...
+
+    @property
+    def row_tokens(self) -> np.ndarray: ...
+
+
+def shard_rows(tokenized: ShardChunk, vectors: np.ndarray, schema: pa.Schema) -> pa.RecordBatch:
     """A tokenized chunk's rows with their vectors, as the shards store them. With windows,
     `vectors` are the windows' raw ones, averaged here into their rows'."""
     dim = schema.field("embedding").type.list_size

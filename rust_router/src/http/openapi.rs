@@ -33,8 +33,9 @@ pub struct TextInputDoc {
 
 /// An image, `{"image": "..."}` (`/embed` and `/v1/embeddings` of a text-and-image model
 /// only; 422 elsewhere): a data URL (`data:image/png;base64,...`) or plain base64 of a PNG,
-/// JPEG, WebP or GIF file, at most `--max-image-bytes` bytes and `--max-image-pixels` pixels.
-/// URLs are not fetched (422).
+/// JPEG, WebP or GIF file, at most `--max-image-bytes` bytes and `--max-image-pixels` pixels;
+/// or an `http(s)://` URL of a host that `--allowed-image-hosts` lists, fetched within
+/// `--image-fetch-timeout` (any other URL: 422).
 #[allow(dead_code)]
 #[derive(ToSchema)]
 #[serde(deny_unknown_fields)]

@@ -1,13 +1,21 @@
-//! Image inputs: what a request's `{"image": ...}` holds (a data URL or plain base64), the
-//! limits it must keep (`--max-image-bytes`, `--max-image-pixels`), and how it becomes the
-//! bytes of an encoded image. Decoding those bytes into pixels is the model runtime's
-//! ([`crate::backend::ImagePreprocessor`]): it must match the checkpoint's own processor.
+//! Image inputs: what a request's `{"image": ...}` holds (a data URL, plain base64, or a URL
+//! of an allowed host), the limits it must keep (`--max-image-bytes`, `--max-image-pixels`),
+//! and how it becomes the bytes of an encoded image. Decoding those bytes into pixels is the
+//! model runtime's ([`crate::backend::ImagePreprocessor`]): it must match the checkpoint's own
+//! processor.
 
+mod fetch;
 mod limits;
 mod source;
 
+pub use fetch::{
+    parse_host_pattern, AllowedHosts, FetcherSetupError, ImageFetcher,
+    DEFAULT_IMAGE_FETCH_TIMEOUT_SECS,
+};
 pub use limits::{ImageLimits, DEFAULT_MAX_IMAGE_BYTES, DEFAULT_MAX_IMAGE_PIXELS};
-pub use source::{decode_source, ImageError};
+pub use source::{decode_source, image_url, ImageError};
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_fetch;

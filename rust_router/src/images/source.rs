@@ -1,6 +1,6 @@
 //! An `{"image": ...}` value as the bytes of an encoded image: a `data:` URL
-//! (`data:image/png;base64,...`) or plain base64. URLs over the network are refused: this
-//! server fetches nothing.
+//! (`data:image/png;base64,...`) or plain base64. An `http(s)://` URL is the fetcher's
+//! ([`super::fetch`]), and refused here.
 
 use super::limits::ImageLimits;
 use base64::engine::{DecodePaddingMode, GeneralPurpose, GeneralPurposeConfig};
@@ -9,8 +9,14 @@ use base64::Engine;
 /// Why an image input was refused; the HTTP layer names the input it came from.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum ImageError {
-    #[error("an image URL is not fetched by this server: send the image's bytes as a data URL (`data:image/png;base64,...`) or plain base64")]
+    #[error("image URLs are not fetched by this server (no host is listed by --allowed-image-hosts): send the image's bytes as a data URL (`data:image/png;base64,...`) or plain base64")]
     Url,
+    #[error("the image URL's host `{0}` is not listed by --allowed-image-hosts")]
+    HostNotAllowed(String),
+    #[error("the image URL is refused: {0}")]
+    BadUrl(String),
+    #[error("the image could not be fetched: {0}")]
+    Fetch(String),
     #[error("a data URL of an image must be base64 (`data:<type>;base64,<data>`)")]
     NotBase64DataUrl,
     #[error("the image is not valid base64: {0}")]
@@ -38,13 +44,25 @@ fn engines() -> [GeneralPurpose; 2] {
     ]
 }
 
+/// `source` if it is a URL (`scheme://...`: `http`, `https`, or any other, which the fetcher
+/// refuses by name) rather than the image's bytes: base64 has no `:`, and a data URL no `//`.
+pub fn image_url(source: &str) -> Option<&str> {
+    let source = source.trim();
+    let (scheme, _) = source.split_once("://")?;
+    let is_scheme = scheme.starts_with(|c: char| c.is_ascii_alphabetic())
+        && scheme
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.'));
+    is_scheme.then_some(source)
+}
+
 /// The encoded image that `source` carries, at most `limits.max_bytes` long.
 pub fn decode_source(source: &str, limits: &ImageLimits) -> Result<Vec<u8>, ImageError> {
-    let source = source.trim();
-    let lower = source.get(..8).unwrap_or(source).to_ascii_lowercase();
-    if lower.starts_with("http://") || lower.starts_with("https://") {
+    if image_url(source).is_some() {
         return Err(ImageError::Url);
     }
+    let source = source.trim();
+    let lower = source.get(..5).unwrap_or(source).to_ascii_lowercase();
     let data = if lower.starts_with("data:") {
         let (header, data) = source.split_once(',').ok_or(ImageError::NotBase64DataUrl)?;
         if !header.to_ascii_lowercase().ends_with(";base64") {

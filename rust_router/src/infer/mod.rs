@@ -16,7 +16,7 @@ pub use policy::{
 use crate::backend::{
     BackendError, BackendHandle, BatchKind, DeviceStatus, Health, Lane, ModelInfo, ScoreActivation,
 };
-use crate::images::{decode_source, ImageError, ImageLimits};
+use crate::images::{decode_source, image_url, ImageError, ImageFetcher, ImageLimits};
 use crate::metrics::ModelMetrics;
 use crate::queue::{Entry, InferResult, Metadata, Queue, QueueError, RequestId};
 use crate::schedule::ServingProfile;
@@ -129,6 +129,8 @@ pub struct Infer {
     info: Arc<ModelInfo>,
     metrics: ModelMetrics,
     image_limits: ImageLimits,
+    /// Image URLs from `--allowed-image-hosts` (none by default).
+    image_fetcher: ImageFetcher,
     /// Bounds the images decoded at once to the cores: a backfill of images would otherwise
     /// fill tokio's blocking pool with threads that wait on each other.
     image_workers: Arc<Semaphore>,
@@ -244,6 +246,7 @@ impl Infer {
             info,
             metrics,
             image_limits: ImageLimits::default(),
+            image_fetcher: ImageFetcher::default(),
             image_workers: Arc::new(Semaphore::new(
                 std::thread::available_parallelism().map_or(1, |n| n.get()),
             )),
@@ -254,6 +257,12 @@ impl Infer {
     /// `--max-image-bytes` and `--max-image-pixels` (the defaults otherwise).
     pub fn with_image_limits(mut self, limits: ImageLimits) -> Self {
         self.image_limits = limits;
+        self
+    }
+
+    /// Fetches image URLs from the hosts it allows (none otherwise).
+    pub fn with_image_fetcher(mut self, fetcher: ImageFetcher) -> Self {
+        self.image_fetcher = fetcher;
         self
     }
 
@@ -476,8 +485,9 @@ impl Infer {
         });
     }
 
-    /// An image input's one sequence: its pixels, which the runtime makes from the bytes
-    /// `source` carries on a worker thread, and `tokens_per_image` placeholder tokens.
+    /// An image input's one sequence: its pixels, which the runtime makes on a worker thread
+    /// from the bytes `source` carries (or that its URL answers, fetched here, off the
+    /// workers), and `tokens_per_image` placeholder tokens.
     async fn image_window(&self, source: String, kind: BatchKind) -> Result<Window, ImageError> {
         if kind != BatchKind::Pooled {
             return Err(ImageError::NotAccepted(
@@ -499,9 +509,16 @@ impl Infer {
         };
         let tokens = image_input.tokens_per_image;
         let limits = self.image_limits;
+        let fetched = match image_url(&source) {
+            Some(url) => Some(self.image_fetcher.fetch(url, limits.max_bytes).await?),
+            None => None,
+        };
         let _worker = self.image_workers.acquire().await;
         let decoded = tokio::task::spawn_blocking(move || {
-            let bytes = decode_source(&source, &limits)?;
+            let bytes = match fetched {
+                Some(bytes) => bytes,
+                None => decode_source(&source, &limits)?,
+            };
             images
                 .preprocess(&bytes, limits.max_pixels)
                 .map_err(ImageError::Unreadable)

@@ -72,6 +72,7 @@ impl RequestTracing {
             endpoint: settings.endpoint.clone(),
             why,
         };
+        crate::tls::install_crypto_provider();
         let exporter = match settings.protocol {
             OtlpProtocol::Grpc => opentelemetry_otlp::SpanExporter::builder()
                 .with_tonic()
