@@ -136,6 +136,8 @@ def test_mistakes_stop_the_job_before_any_row(clip, clip_dir, tiny, tiny_dir, tm
         run(clip, clip_dir, path, tmp_path / "o3", text_column="image")
     with pytest.raises(CorpusError, match="--prompt-name"):
         run(clip, clip_dir, path, tmp_path / "o4", image_column="image", prompt_name="query")
+    with pytest.raises(CorpusError, match=r"no column 'photo'.*pick one with --image-column"):
+        run(clip, clip_dir, path, tmp_path / "o6", image_column="photo")
     args = ["m", "--input", str(path), "--output", str(tmp_path / "o5")]
     for extra in (["--image-column", "image", "--text-column", "t"], ["--image-root", "x"]):
         with pytest.raises(SystemExit) as exited:

@@ -71,9 +71,13 @@ class InputReader:
 
     format = ""
 
-    def __init__(self, path: Path, text_column: str, id_column: str | None) -> None:
+    def __init__(
+        self, path: Path, text_column: str, id_column: str | None, images: bool = False
+    ) -> None:
         self.path = path
         self.text_column = text_column
+        # The flag that names `text_column`: an image job's column holds images.
+        self.column_flag = "--image-column" if images else "--text-column"
         self.id_column = id_column
         stat = path.stat()
         self.size = stat.st_size
@@ -105,7 +109,7 @@ class InputReader:
     def _missing_column(self, column: str, available: list[str]) -> CorpusError:
         return CorpusError(
             f"{self.path}: no column {column!r}; it has {sorted(available)}"
-            + (" (pick one with --text-column)" if column == self.text_column else "")
+            + (f" (pick one with {self.column_flag})" if column == self.text_column else "")
         )
 
 
@@ -129,14 +133,12 @@ def open_input(
     if id_column is not None and id_column == text_column:
         flag = "--image-column" if images else "--text-column"
         raise CorpusError(f"--id-column and {flag} are both {text_column!r}")
-    if fmt == "parquet":
-        return ParquetReader(path, text_column, id_column, images=images)
     reader_cls: type[InputReader] = {
         "parquet": ParquetReader,
         "jsonl": JsonlReader,
         "csv": CsvReader,
     }[fmt]
-    return reader_cls(path, text_column, id_column)
+    return reader_cls(path, text_column, id_column, images=images)
 
 
 def _is_text_type(t: pa.DataType) -> bool:
@@ -168,7 +170,7 @@ class ParquetReader(InputReader):
     def __init__(
         self, path: Path, text_column: str, id_column: str | None, images: bool = False
     ) -> None:
-        super().__init__(path, text_column, id_column)
+        super().__init__(path, text_column, id_column, images)
         try:
             self._file = pq.ParquetFile(path)
         except (pa.ArrowException, OSError) as exc:
@@ -218,8 +220,10 @@ class ParquetReader(InputReader):
 class CsvReader(InputReader):
     format = "csv"
 
-    def __init__(self, path: Path, text_column: str, id_column: str | None) -> None:
-        super().__init__(path, text_column, id_column)
+    def __init__(
+        self, path: Path, text_column: str, id_column: str | None, images: bool = False
+    ) -> None:
+        super().__init__(path, text_column, id_column, images)
         try:
             with pa_csv.open_csv(path) as probe:
                 names = probe.schema.names
@@ -291,8 +295,10 @@ class JsonlReader(InputReader):
 
     format = "jsonl"
 
-    def __init__(self, path: Path, text_column: str, id_column: str | None) -> None:
-        super().__init__(path, text_column, id_column)
+    def __init__(
+        self, path: Path, text_column: str, id_column: str | None, images: bool = False
+    ) -> None:
+        super().__init__(path, text_column, id_column, images)
         seen: set[str] = set()
         first_ids: list[Any] = []
         with open(path, "rb") as f:
