@@ -2,11 +2,10 @@
 runtime's (`ImagePreprocessor.preprocess`, itself checked against transformers in
 tests/test_images.py), through `_router.preprocess_image`.
 
-Pillow's resize is matched exactly, so lossless images (PNG, GIF, lossless WebP) give equal
-pixels. Lossy formats are decoded by other decoders than Pillow's (zune-jpeg, image-webp
-against libjpeg-turbo, libwebp): their RGB values may differ by `LOSSY_LEVELS` at most, which
-the decode-only comparison measures, and the pixels after resizing by at most that many
-levels' worth of the normalized value."""
+Pillow's resize is matched exactly, so PNG, GIF and WebP (lossless and lossy) give equal
+pixels. JPEGs are decoded by zune-jpeg rather than libjpeg-turbo: their RGB values may differ
+by `LOSSY_LEVELS` at most, which the decode-only comparison checks, and the pixels after
+resizing by at most that many levels' worth of the normalized value."""
 
 from __future__ import annotations
 
@@ -29,8 +28,13 @@ from test_images import (
 from trt_tei_runtime import _router
 from trt_tei_runtime.images import DEFAULT_MAX_IMAGE_PIXELS, ImagePreprocessor
 
-# The most an RGB value decoded by the router differs from Pillow's, for JPEG and lossy WebP.
-LOSSY_LEVELS = 2
+# How far the router's JPEG RGB values are from Pillow's (zune-jpeg against libjpeg-turbo:
+# their IDCT, colour conversion and chroma upsampling round differently), as measured: most
+# values are equal, 4:2:0 and 4:2:2 images differ by 0.4 levels on average and at most 4-5
+# (1 for greyscale), and up to 12 on the last row of an image whose height is no whole
+# number of chroma blocks. Lossy WebP decodes equal to libwebp's.
+LOSSY_LEVELS = 12
+LOSSY_MEAN_LEVELS = 0.5
 
 CONFIGS: dict[str, dict[str, Any]] = {
     "clip": CLIP_CONFIG,
@@ -125,7 +129,11 @@ def test_lossless_images_give_the_runtimes_pixels(config, name):  # type: ignore
 def test_lossy_images_decode_within_the_tolerance(name):  # type: ignore[no-untyped-def]
     pillow, rust = decoded(LOSSY[name]())
     assert pillow.shape == rust.shape
-    assert np.abs(pillow - rust).max() <= LOSSY_LEVELS
+    difference = np.abs(pillow - rust)
+    assert difference.max() <= LOSSY_LEVELS
+    assert difference.mean() <= LOSSY_MEAN_LEVELS
+    if name.startswith("webp"):
+        assert difference.max() == 0
 
 
 @pytest.mark.parametrize("config", sorted(CONFIGS))
