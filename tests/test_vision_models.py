@@ -108,7 +108,7 @@ def test_info_says_the_model_takes_images(checkpoint):  # type: ignore[no-untype
     info = Backend(str(folder)).info()
     assert info["image_input"] == {
         "height": height, "width": width, "channels": channels, "patch_size": 8,
-        "tokens_per_image": tokens,
+        "tokens_per_image": tokens, "steps": image_input.preprocessor.steps(),
     }  # fmt: skip
     assert info["model_type"] == "embedding" and info["pooling"] == "last-token"
     if architecture != "CLIPModel":

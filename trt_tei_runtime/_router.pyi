@@ -10,6 +10,13 @@ def run_device_worker(spec: str) -> int:
     """A device worker's life (`trt_tei_runtime.device_worker`): load the backend for the
     spec's one device, serve the router's lanes until it closes them; the exit status."""
 
+def preprocess_image(
+    steps_json: str, data: bytes, max_pixels: int
+) -> tuple[tuple[int, int, int], bytes]:
+    """An image's pixels as the router makes them in Rust under `steps_json` (the JSON of
+    `ImagePreprocessor.steps()`): their shape and float32 bytes. `ValueError` for steps or
+    an image the router leaves to the runtime's preprocessing."""
+
 class FlatTokenizer:
     """A `tokenizer.json` without its own truncation and padding, with the router's encode
     rules for a model of `max_length` tokens: its prompts, default prompt name, pair template

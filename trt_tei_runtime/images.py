@@ -208,6 +208,26 @@ class ImagePreprocessor:
         assert config is not None
         return cls.from_config(config, str(path))
 
+    def steps(self) -> dict[str, Any]:
+        """The steps as plain data (`Backend.info()["image_input"]["steps"]`), from which the
+        router runs them itself where it matches them exactly (rust_router/src/images/pixels)."""
+        resize: dict[str, int] | None = None
+        if self.resize_to is not None:
+            resize = {"height": self.resize_to[0], "width": self.resize_to[1]}
+        elif self.shortest_edge is not None:
+            resize = {"shortest_edge": self.shortest_edge}
+        return {
+            "resize": resize,
+            "resample": self.resample.name.lower(),
+            "crop": None if self.crop is None else list(self.crop),
+            "rescale_factor": self.rescale_factor,
+            "mean": None if self.mean is None else list(self.mean),
+            "std": None if self.std is None else list(self.std),
+            "convert_rgb": self.convert_rgb,
+            "patch_size": self.patch_size,
+            "max_num_patches": self.max_num_patches,
+        }
+
     def preprocess(
         self, source: ImageSource, max_pixels: int | None = DEFAULT_MAX_IMAGE_PIXELS
     ) -> np.ndarray:

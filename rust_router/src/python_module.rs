@@ -72,11 +72,37 @@ fn run_device_worker(py: Python<'_>, spec: String) -> i32 {
     py.detach(move || spawn::run_worker(&spec))
 }
 
+/// An image's pixels as the router makes them in Rust, under `steps_json` (the JSON of
+/// `ImagePreprocessor.steps()`): `(shape, float32 bytes)`. `ValueError` for steps the router
+/// leaves to the runtime and for every image it would (tests compare it with the runtime).
+#[pyfunction]
+fn preprocess_image(
+    py: Python<'_>,
+    steps_json: &str,
+    data: Vec<u8>,
+    max_pixels: u64,
+) -> PyResult<([usize; 3], Py<pyo3::types::PyBytes>)> {
+    use pyo3::exceptions::PyValueError;
+    let steps: crate::backend::ImageSteps = serde_json::from_str(steps_json)
+        .map_err(|e| PyValueError::new_err(format!("malformed steps: {e}")))?;
+    let (pixels, shape) = py
+        .detach(|| crate::images::pixels::preprocess(&steps, &data, max_pixels))
+        .map_err(PyValueError::new_err)?;
+    let bytes = pyo3::types::PyBytes::new_with(py, pixels.len() * 4, |buf| {
+        for (chunk, v) in buf.chunks_exact_mut(4).zip(&pixels) {
+            chunk.copy_from_slice(&v.to_le_bytes());
+        }
+        Ok(())
+    })?;
+    Ok((shape, bytes.unbind()))
+}
+
 #[pymodule]
 fn _router(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(run, m)?)?;
     m.add_function(wrap_pyfunction!(model_info_fields, m)?)?;
     m.add_function(wrap_pyfunction!(run_device_worker, m)?)?;
+    m.add_function(wrap_pyfunction!(preprocess_image, m)?)?;
     m.add_class::<crate::python_tokenizer::FlatTokenizer>()?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())

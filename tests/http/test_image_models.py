@@ -46,6 +46,9 @@ def served(request, start_server, tmp_path_factory):  # type: ignore[no-untyped-
 def test_info_says_the_model_takes_images(served):  # type: ignore[no-untyped-def]
     server, model = served
     image_input = server.get("/info").json()["image_input"]
+    # The processor's steps, which the router runs in Rust (images.py `steps`).
+    assert model.info.image_input is not None
+    assert image_input.pop("steps") == model.info.image_input.preprocessor.steps()
     if model.info.architecture == "Siglip2Model":
         # A block of the budget's patches and a row for the image's grid (images.py).
         assert image_input == {
@@ -114,9 +117,13 @@ def test_image_vectors_equal_get_image_features(limited):  # type: ignore[no-unt
     expected = hf_image_features(reference, reference_pixels(folder, images)).numpy()
     assert got.shape == expected.shape
     assert cosines(got, expected).min() >= 0.99999
-    np.testing.assert_allclose(
-        np.linalg.norm(got, axis=1), np.linalg.norm(expected, axis=1), rtol=1e-4
-    )
+    # The router decodes JPEGs with zune-jpeg, the reference with libjpeg-turbo, whose RGB
+    # values may differ by a few levels (docs/models.md): their vectors' lengths agree less
+    # closely than those of lossless images.
+    norms = np.linalg.norm(expected, axis=1)
+    relative = np.abs(np.linalg.norm(got, axis=1) - norms) / norms
+    jpeg = np.array([data.startswith(b"\xff\xd8") for data in images])
+    assert (relative <= np.where(jpeg, 1e-3, 1e-4)).all(), relative
     normalized = rows(server.post("/embed", {"inputs": inputs}))
     assert cosines(normalized, model.embed_images(images)).min() >= 0.99999
     np.testing.assert_allclose(np.linalg.norm(normalized, axis=1), 1.0, rtol=1e-5)

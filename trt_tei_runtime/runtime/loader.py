@@ -52,13 +52,14 @@ class ImageInput:
     tokens_per_image: int
     preprocessor: ImagePreprocessor
 
-    def as_dict(self) -> dict[str, int]:
+    def as_dict(self) -> dict[str, Any]:
         return {
             "height": self.height,
             "width": self.width,
             "channels": self.channels,
             "patch_size": self.patch_size,
             "tokens_per_image": self.tokens_per_image,
+            "steps": self.preprocessor.steps(),
         }
 
 

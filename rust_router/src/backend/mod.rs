@@ -14,6 +14,7 @@ pub mod device;
 mod executor;
 #[cfg(test)]
 pub(crate) mod fake;
+mod image_steps;
 mod model_info;
 pub mod process;
 #[cfg(feature = "pyo3")]
@@ -30,6 +31,7 @@ pub use executor::{
 pub use contract::{
     Backend, BackendError, Batch, BatchKind, ImagePreprocessor, Lane, Launched, Matrix,
 };
+pub use image_steps::{ImageSteps, Resample, ResizeTo};
 pub use model_info::{ImageInput, LateInteraction, ModelInfo, ModelType, ScoreActivation};
 
 #[cfg(test)]

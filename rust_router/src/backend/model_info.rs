@@ -1,6 +1,7 @@
 //! What the runtime tells the router about the loaded model ([`ModelInfo`]).
 
 use super::contract::{BackendError, BatchKind};
+use super::image_steps::ImageSteps;
 use crate::tokenization::{PairTemplate, TextPadding};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashMap};
@@ -122,13 +123,17 @@ pub struct LateInteraction {
 
 /// What one image becomes before the model sees it (`Backend.info()`'s `image_input`): a
 /// float32 `[channels, height, width]` array, costing `tokens_per_image` tokens of a batch.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ImageInput {
     pub height: usize,
     pub width: usize,
     pub channels: usize,
     pub patch_size: usize,
     pub tokens_per_image: usize,
+    /// The processor's steps; absent from a runtime that does not list them, whose images
+    /// are then always preprocessed by the runtime.
+    #[serde(default)]
+    pub steps: Option<ImageSteps>,
 }
 
 impl ModelInfo {

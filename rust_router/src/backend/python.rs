@@ -8,9 +8,10 @@
 
 use super::process::DeviceWorkers;
 use super::{
-    Backend, BackendError, Batch, BatchKind, DeviceBackends, ImagePreprocessor, Launched,
-    LoadedBackend, Matrix, ModelInfo,
+    Backend, BackendError, Batch, BatchKind, DeviceBackends, ImagePreprocessor, ImageSteps,
+    Launched, LoadedBackend, Matrix, ModelInfo,
 };
+use crate::images::pixels::RustImages;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
 use std::sync::Arc;
@@ -280,11 +281,12 @@ pub(in crate::backend) fn load(opts: &PythonBackendOptions) -> Result<LoadedBack
             }
             devices.push(lanes);
         }
-        let images = info.image_input.is_some().then(|| {
-            Arc::new(PyImages {
+        let images = info.image_input.as_ref().map(|input| {
+            let runtime = Arc::new(PyImages {
                 obj: obj.clone_ref(py),
                 as_f32: as_f32.clone_ref(py),
-            }) as Arc<dyn ImagePreprocessor>
+            }) as Arc<dyn ImagePreprocessor>;
+            image_preprocessor(input.steps.as_ref(), runtime)
         });
         Ok(LoadedBackend {
             info,
@@ -292,6 +294,26 @@ pub(in crate::backend) fn load(opts: &PythonBackendOptions) -> Result<LoadedBack
             images,
         })
     })
+}
+
+/// The router's own preprocessing where it matches the runtime's steps, else the runtime's.
+fn image_preprocessor(
+    steps: Option<&ImageSteps>,
+    runtime: Arc<dyn ImagePreprocessor>,
+) -> Arc<dyn ImagePreprocessor> {
+    let rust = steps
+        .ok_or_else(|| "the runtime lists no steps".to_string())
+        .and_then(|steps| RustImages::new(steps, runtime.clone()));
+    match rust {
+        Ok(images) => {
+            tracing::info!("images are preprocessed in Rust");
+            Arc::new(images)
+        }
+        Err(why) => {
+            tracing::info!("images are preprocessed by the runtime: {why}");
+            runtime
+        }
+    }
 }
 
 /// `Backend.preprocess_image` of the runtime, called from the router's worker threads

@@ -1,11 +1,12 @@
 //! Image inputs: what a request's `{"image": ...}` holds (a data URL, plain base64, or a URL
 //! of an allowed host), the limits it must keep (`--max-image-bytes`, `--max-image-pixels`),
-//! and how it becomes the bytes of an encoded image. Decoding those bytes into pixels is the
-//! model runtime's ([`crate::backend::ImagePreprocessor`]): it must match the checkpoint's own
-//! processor.
+//! and how it becomes the bytes of an encoded image. Those bytes become the model's pixels
+//! ([`crate::backend::ImagePreprocessor`]), which must match the checkpoint's own processor:
+//! in Rust ([`pixels`]) where the router matches its steps exactly, else in the runtime.
 
 mod fetch;
 mod limits;
+pub mod pixels;
 mod source;
 
 pub use fetch::{
