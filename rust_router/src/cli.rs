@@ -84,8 +84,9 @@ pub struct Args {
     #[arg(long, env = "REVISION")]
     pub revision: Option<String>,
 
-    /// Threads that tokenize requests, one pool for every served model [default: number of
-    /// CPU cores]. Where the runtime has an interactive lane (a GPU), 3/8 of them stand aside
+    /// Threads that tokenize requests, one pool for every served model, and decode and resize
+    /// their images where the router matches the model's steps [default: number of CPU
+    /// cores]. Where the runtime has an interactive lane (a GPU), 3/8 of them stand aside
     /// while full bulk batches leave entries waiting (the GPU bounds the backfill), leaving
     /// their cores to queries.
     #[arg(long, env = "TOKENIZATION_WORKERS")]

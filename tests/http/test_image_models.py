@@ -207,3 +207,24 @@ def test_a_text_only_model_refuses_images(start_server, minilm_dir):  # type: ig
     assert response.status_code == 422
     error = response.json()["error"]
     assert "inputs[1]" in error and "texts only" in error, error
+
+
+def test_images_reach_device_worker_processes(start_server, tmp_path):  # type: ignore[no-untyped-def]
+    """With `--device-workers processes` the router decodes the images and the workers embed
+    their pixels, as one process does; an image only the runtime reads is refused there,
+    naming the input and the reason."""
+    folder = make_vision_checkpoint(tmp_path / "model", "CLIPModel", seed=7)
+    server = start_server(folder, "--device-workers", "processes", "--devices", "cpu,cpu")
+    images = sample_images()
+    inputs = [{"image": data_url(data)} for data in images]
+    got = rows(server.post("/embed", {"inputs": ["the cat", *inputs], "normalize": False}))
+    model = Model(str(folder), device="cpu")
+    assert cosines(got[1:], model.embed_images(images, normalize=False)).min() >= 0.99999
+    assert cosines(got[:1], model.embed(["the cat"]))[0] >= 0.99999
+    sixteen_bit = io.BytesIO()
+    Image.fromarray(np.full((8, 8), 40000, dtype=np.uint16)).save(sixteen_bit, format="PNG")
+    image = {"image": data_url(sixteen_bit.getvalue())}
+    response = server.post("/embed", {"inputs": ["a text", image]})
+    assert response.status_code == 422, response.text
+    error = response.json()["error"]
+    assert "inputs[1]" in error and "--device-workers threads" in error, error

@@ -122,6 +122,18 @@ pub trait ImagePreprocessor: Send + Sync {
     /// The pixels, or why the bytes are refused (no readable image, a truncated one, more
     /// than `max_pixels` pixels): a message about the input, not the server.
     fn preprocess(&self, data: &[u8], max_pixels: u64) -> Result<Vec<f32>, String>;
+
+    /// [`Self::preprocess`] where it can run without the Python interpreter (the router's own
+    /// decoding), else `None`: the caller then runs `preprocess` on a thread that may hold
+    /// the interpreter's lock. Such a thread must not be one that yields its core to every
+    /// other thread, or the lock it holds would hold up the batches.
+    fn preprocess_natively(
+        &self,
+        _data: &[u8],
+        _max_pixels: u64,
+    ) -> Option<Result<Vec<f32>, String>> {
+        None
+    }
 }
 
 /// Which queue and backend thread a request's sequences go through.

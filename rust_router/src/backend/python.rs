@@ -303,7 +303,7 @@ fn image_preprocessor(
 ) -> Arc<dyn ImagePreprocessor> {
     let rust = steps
         .ok_or_else(|| "the runtime lists no steps".to_string())
-        .and_then(|steps| RustImages::new(steps, runtime.clone()));
+        .and_then(|steps| RustImages::new(steps, Some(runtime.clone())));
     match rust {
         Ok(images) => {
             tracing::info!("images are preprocessed in Rust");

@@ -131,8 +131,8 @@ pub struct Infer {
     image_limits: ImageLimits,
     /// Image URLs from `--allowed-image-hosts` (none by default).
     image_fetcher: ImageFetcher,
-    /// Bounds the images decoded at once to the cores: a backfill of images would otherwise
-    /// fill tokio's blocking pool with threads that wait on each other.
+    /// Bounds the images the runtime preprocesses at once to the cores: a backfill of images
+    /// would otherwise fill tokio's blocking pool with threads that wait on each other.
     image_workers: Arc<Semaphore>,
 }
 
@@ -502,8 +502,8 @@ impl Infer {
         };
         let Some(images) = self.backend.images().cloned() else {
             return Err(ImageError::NotAccepted(
-                "images are not served while the model runs in device worker processes \
-                 (`--device-workers`)"
+                "this model's images are preprocessed by the runtime, which runs in device \
+                 worker processes here (`--device-workers threads` serves them)"
                     .into(),
             ));
         };
@@ -513,20 +513,35 @@ impl Infer {
             Some(url) => Some(self.image_fetcher.fetch(url, limits.max_bytes).await?),
             None => None,
         };
-        let _worker = self.image_workers.acquire().await;
-        let decoded = tokio::task::spawn_blocking(move || {
-            let bytes = match fetched {
-                Some(bytes) => bytes,
-                None => decode_source(&source, &limits)?,
-            };
-            images
-                .preprocess(&bytes, limits.max_pixels)
-                .map_err(ImageError::Unreadable)
-        })
-        .await
-        .map_err(|_| ImageError::Unreadable("the image's preprocessing panicked".into()))?;
+        let panicked = || ImageError::Unreadable("the image's preprocessing panicked".into());
+        // On the tokenization pool: its threads give way to those that answer queries, and
+        // there are as many as it has cores for preparing inputs.
+        let native = images.clone();
+        let (bytes, natively) = self
+            .tokenization
+            .run(move || {
+                let bytes = match fetched {
+                    Some(bytes) => bytes,
+                    None => decode_source(&source, &limits)?,
+                };
+                let natively = native.preprocess_natively(&bytes, limits.max_pixels);
+                Ok::<_, ImageError>((bytes, natively))
+            })
+            .await
+            .map_err(|_| panicked())??;
+        let pixels = match natively {
+            Some(pixels) => pixels,
+            // The runtime's preprocessing holds the interpreter's lock at times: a thread of
+            // the default class, one image per core at most.
+            None => {
+                let _worker = self.image_workers.acquire().await;
+                tokio::task::spawn_blocking(move || images.preprocess(&bytes, limits.max_pixels))
+                    .await
+                    .map_err(|_| panicked())?
+            }
+        };
         Ok(Window {
-            encoding: ValidEncoding::image(tokens, decoded?),
+            encoding: ValidEncoding::image(tokens, pixels.map_err(ImageError::Unreadable)?),
             weight: tokens,
         })
     }

@@ -13,7 +13,10 @@ use super::serve::serve_lane;
 use super::wire::Ready;
 use super::DeviceWorkers;
 use crate::backend::python::{self, PythonBackendOptions};
-use crate::backend::{BackendError, BackendFactory, DeviceBackends, LoadedBackend, ModelInfo};
+use crate::backend::{
+    BackendError, BackendFactory, DeviceBackends, ImagePreprocessor, LoadedBackend, ModelInfo,
+};
+use crate::images::pixels::RustImages;
 use pyo3::prelude::*;
 use serde::{Deserialize, Serialize};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
@@ -221,11 +224,22 @@ fn start_workers(opts: &PythonBackendOptions, plan: Plan) -> Result<LoadedBacken
     let mut info = infos.swap_remove(0);
     info.devices = Some(plan.devices.clone());
     info.device = plan.devices.first().cloned();
-    // Worker processes hold the runtime: this process cannot preprocess images.
+    // Worker processes hold the runtime: this process preprocesses images only where the
+    // router matches the model's steps, and sends their pixels.
+    let images = info.image_input.as_ref().and_then(|input| {
+        let steps = input.steps.as_ref()?;
+        match RustImages::new(steps, None) {
+            Ok(images) => Some(Arc::new(images) as Arc<dyn ImagePreprocessor>),
+            Err(why) => {
+                tracing::warn!("images are refused: the runtime preprocesses them ({why}), and it runs in device worker processes");
+                None
+            }
+        }
+    });
     Ok(LoadedBackend {
         info,
         devices,
-        images: None,
+        images,
     })
 }
 

@@ -18,12 +18,17 @@ pub use steps::Plan;
 /// A model's image preprocessing in Rust, with the runtime's for the images it leaves.
 pub struct RustImages {
     plan: Plan,
-    runtime: Arc<dyn ImagePreprocessor>,
+    /// None where the runtime is in device worker processes: the images it would read are
+    /// refused.
+    runtime: Option<Arc<dyn ImagePreprocessor>>,
 }
 
 impl RustImages {
     /// The Rust preprocessing of `steps`, or why the runtime keeps it.
-    pub fn new(steps: &ImageSteps, runtime: Arc<dyn ImagePreprocessor>) -> Result<Self, String> {
+    pub fn new(
+        steps: &ImageSteps,
+        runtime: Option<Arc<dyn ImagePreprocessor>>,
+    ) -> Result<Self, String> {
         Ok(RustImages {
             plan: Plan::new(steps)?,
             runtime,
@@ -33,12 +38,29 @@ impl RustImages {
 
 impl ImagePreprocessor for RustImages {
     fn preprocess(&self, data: &[u8], max_pixels: u64) -> Result<Vec<f32>, String> {
+        match (self.preprocess_natively(data, max_pixels), &self.runtime) {
+            (Some(done), _) => done,
+            (None, Some(runtime)) => runtime.preprocess(data, max_pixels),
+            (None, None) => unreachable!("without a runtime every image is answered natively"),
+        }
+    }
+
+    fn preprocess_natively(
+        &self,
+        data: &[u8],
+        max_pixels: u64,
+    ) -> Option<Result<Vec<f32>, String>> {
         match decode_rgb(data, max_pixels) {
-            Ok(image) => Ok(self.plan.pixels(&image).0),
-            Err(refused @ DecodeError::TooManyPixels { .. }) => Err(refused.to_string()),
+            Ok(image) => Some(Ok(self.plan.pixels(&image).0)),
+            Err(refused @ DecodeError::TooManyPixels { .. }) => Some(Err(refused.to_string())),
             // Pillow reads more formats than this decoder, and its own words say why a file
             // is unreadable.
-            Err(_) => self.runtime.preprocess(data, max_pixels),
+            Err(_) if self.runtime.is_some() => None,
+            Err(refused @ DecodeError::Unsupported(_)) => Some(Err(format!(
+                "{refused}, and the runtime runs in device worker processes here \
+                 (`--device-workers threads` reads them)"
+            ))),
+            Err(refused) => Some(Err(refused.to_string())),
         }
     }
 }

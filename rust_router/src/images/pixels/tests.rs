@@ -209,7 +209,7 @@ impl ImagePreprocessor for Runtime {
 #[test]
 fn images_the_decoder_leaves_go_to_the_runtime() {
     let runtime = Arc::new(Runtime(Default::default()));
-    let images = RustImages::new(&clip_steps(), runtime.clone()).unwrap();
+    let images = RustImages::new(&clip_steps(), Some(runtime.clone())).unwrap();
     let small = png(image::DynamicImage::new_rgb8(5, 5));
     assert_eq!(images.preprocess(&small, 1000).unwrap().len(), 48);
     assert_eq!(
@@ -220,6 +220,18 @@ fn images_the_decoder_leaves_go_to_the_runtime() {
     let err = images.preprocess(&small, 10).unwrap_err();
     assert!(err.starts_with("the image has 5x5 = 25 pixels"), "{err}");
     assert_eq!(runtime.0.load(std::sync::atomic::Ordering::SeqCst), 1);
+}
+
+#[test]
+fn without_a_runtime_the_images_it_would_read_are_refused_with_the_reason() {
+    let images = RustImages::new(&clip_steps(), None).unwrap();
+    let small = png(image::DynamicImage::new_rgb8(5, 5));
+    assert_eq!(images.preprocess(&small, 1000).unwrap().len(), 48);
+    let err = images.preprocess(b"BM not ours", 1000).unwrap_err();
+    assert_eq!(err, "the bytes are not a PNG, JPEG, WebP or GIF image");
+    let sixteen_bit = png(image::DynamicImage::new_rgb16(5, 5));
+    let err = images.preprocess(&sixteen_bit, 1000).unwrap_err();
+    assert!(err.contains("`--device-workers threads`"), "{err}");
 }
 
 #[test]
