@@ -9,8 +9,13 @@
 use crate::backend::{BackendError, Batch, BatchKind, Matrix};
 use std::io::{self, Read, Write};
 
-const REQUEST_WORDS: usize = 6;
+const REQUEST_WORDS: usize = 7;
 const REPLY_WORDS: usize = 6;
+const MAX_WORDS: usize = if REQUEST_WORDS > REPLY_WORDS {
+    REQUEST_WORDS
+} else {
+    REPLY_WORDS
+};
 
 /// What a request asks of the worker's lane.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -31,6 +36,9 @@ pub struct Request {
     pub num_tokens: u32,
     /// Entries of `cu_seqlens` (sequences + 1).
     pub num_offsets: u32,
+    /// Floats of [`Batch::queries`] (a MaxSim batch's; its spans, two per sequence, come
+    /// with them).
+    pub num_query_values: u32,
     pub inline: bool,
 }
 
@@ -41,6 +49,7 @@ impl Request {
             seq,
             num_tokens: batch.num_tokens() as u32,
             num_offsets: batch.cu_seqlens.len() as u32,
+            num_query_values: batch.queries.len() as u32,
             inline,
         }
     }
@@ -51,13 +60,25 @@ impl Request {
             seq,
             num_tokens: 0,
             num_offsets: 0,
+            num_query_values: 0,
             inline: false,
+        }
+    }
+
+    /// Entries of [`Batch::query_spans`]: two per sequence of a MaxSim batch.
+    fn num_spans(&self) -> usize {
+        match self.op {
+            Op::Batch(BatchKind::MaxSim) => 2 * (self.num_offsets as usize).saturating_sub(1),
+            _ => 0,
         }
     }
 
     /// Bytes of the batch's arrays.
     pub fn payload_len(&self) -> usize {
-        4 * (3 * self.num_tokens as usize + self.num_offsets as usize)
+        4 * (3 * self.num_tokens as usize
+            + self.num_offsets as usize
+            + self.num_spans()
+            + self.num_query_values as usize)
     }
 
     pub fn write(&self, out: &mut impl Write, inline_payload: Option<&[u8]>) -> io::Result<()> {
@@ -73,6 +94,7 @@ impl Request {
             self.num_tokens,
             self.num_offsets,
             self.inline as u32,
+            self.num_query_values,
         ];
         write_words(out, &words, inline_payload)
     }
@@ -94,11 +116,13 @@ impl Request {
             num_tokens: w[3],
             num_offsets: w[4],
             inline: w[5] != 0,
+            num_query_values: w[6],
         }))
     }
 }
 
-/// A batch's four arrays, back to back: ids, type ids, positions, offsets.
+/// A batch's arrays, back to back: ids, type ids, positions, offsets, then a MaxSim batch's
+/// query spans and queries' vectors.
 pub fn encode_batch(batch: &Batch, out: &mut [u8]) {
     let mut at = 0;
     for values in [
@@ -106,24 +130,40 @@ pub fn encode_batch(batch: &Batch, out: &mut [u8]) {
         &batch.token_type_ids,
         &batch.position_ids,
         &batch.cu_seqlens,
+        &batch.query_spans,
     ] {
         put_u32s(&mut out[at..at + 4 * values.len()], values);
         at += 4 * values.len();
+    }
+    for (chunk, v) in out[at..at + 4 * batch.queries.len()]
+        .chunks_exact_mut(4)
+        .zip(&batch.queries)
+    {
+        chunk.copy_from_slice(&v.to_le_bytes());
     }
 }
 
 /// The batch of a request from its payload ([`encode_batch`]'s layout).
 pub fn decode_batch(request: &Request, payload: &[u8]) -> Batch {
     let n = request.num_tokens as usize;
+    let offsets = request.num_offsets as usize;
+    let spans = request.num_spans();
     let take = |from: usize, len: usize| get_u32s(&payload[4 * from..4 * (from + len)]);
+    let queries_at = 4 * (3 * n + offsets + spans);
+    let queries = payload[queries_at..queries_at + 4 * request.num_query_values as usize]
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect();
     Batch {
         input_ids: take(0, n),
         token_type_ids: take(n, n),
         position_ids: take(2 * n, n),
-        cu_seqlens: take(3 * n, request.num_offsets as usize),
+        cu_seqlens: take(3 * n, offsets),
         // Image batches never reach a worker: a router with worker processes decodes no
         // images (it has no runtime of its own to run the model's preprocessing).
         pixels: Vec::new(),
+        queries,
+        query_spans: take(3 * n + offsets, spans),
     }
 }
 
@@ -267,6 +307,7 @@ fn kind_code(kind: BatchKind) -> u32 {
         BatchKind::Predict => 2,
         BatchKind::Sparse => 3,
         BatchKind::Images => 4,
+        BatchKind::MaxSim => 5,
     }
 }
 
@@ -277,6 +318,7 @@ fn kind_from_code(code: u32) -> io::Result<BatchKind> {
         2 => BatchKind::Predict,
         3 => BatchKind::Sparse,
         4 => BatchKind::Images,
+        5 => BatchKind::MaxSim,
         other => return Err(invalid(format!("unknown batch kind {other}"))),
     })
 }
@@ -326,7 +368,7 @@ fn write_words(out: &mut impl Write, words: &[u32], tail: Option<&[u8]>) -> io::
 
 /// `N` words, or `None` when the stream ends before the first byte.
 fn read_words<const N: usize>(input: &mut impl Read) -> io::Result<Option<[u32; N]>> {
-    let mut buf = [0u8; 24];
+    let mut buf = [0u8; 4 * MAX_WORDS];
     let buf = &mut buf[..4 * N];
     let mut filled = 0;
     while filled < buf.len() {
