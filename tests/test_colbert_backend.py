@@ -56,7 +56,7 @@ def test_documents_of_two_queries_in_one_batch(colbert):  # type: ignore[no-unty
     arrays = (
         *pack_documents(model, DOCUMENTS),
         np.concatenate(queries).astype("<f4").tobytes(),
-        spans.astype("<u4").tobytes(),
+        (spans * model.info.late_interaction.embedding_size).astype("<u4").tobytes(),
     )
     expected = [host_maxsim(queries[q], d) for q, d in zip(which, vectors)]
     scores = backend.maxsim(*arrays)
@@ -70,11 +70,17 @@ def test_bad_maxsim_arrays(colbert):  # type: ignore[no-untyped-def]
     backend, model = colbert
     docs = pack_documents(model, DOCUMENTS[:2])
     query = np.zeros((3, 16), "<f4").tobytes()
+
+    def spans(*values: int) -> bytes:
+        return (np.array(values) * 16).astype("<u4").tobytes()
+
     with pytest.raises(InputError, match="two per document"):
-        backend.maxsim(*docs, query, np.array([0, 3], "<u4").tobytes())
+        backend.maxsim(*docs, query, spans(0, 3))
     with pytest.raises(InputError, match="outside the 3 query rows"):
-        backend.maxsim(*docs, query, np.array([0, 3, 0, 4], "<u4").tobytes())
-    with pytest.raises(InputError, match="rows of 16"):
-        backend.maxsim(*docs, query[:-4], np.array([0, 3, 0, 3], "<u4").tobytes())
+        backend.maxsim(*docs, query, spans(0, 3, 0, 4))
+    with pytest.raises(InputError, match="fall on rows of 16"):
+        backend.maxsim(*docs, query, np.array([0, 48, 0, 47], "<u4").tobytes())
+    with pytest.raises(InputError, match="not rows of 16"):
+        backend.maxsim(*docs, query[:-4], spans(0, 3, 0, 3))
     with pytest.raises(InputError, match="6 arrays"):
         backend.maxsim(*docs)

@@ -283,7 +283,8 @@ class Backend:
         `[n, 1]` float32. `arrays`: the documents' four batch arrays (as `embed`'s), then
         `queries`, every query's vectors as little-endian float32 bytes of `[R, D]` end to
         end, and `query_spans`, little-endian uint32 bytes of `[n, 2]`: the [start, end)
-        rows of each document's query. Documents of several queries may share a batch."""
+        of each document's query in `queries`, counted in float32 values (whole rows).
+        Documents of several queries may share a batch."""
         batch, queries, spans = self._maxsim_arrays(arrays)
         executor = self.executors[device]
         lane = executor.lane(interactive)
@@ -311,7 +312,12 @@ class Backend:
                 f"query_spans: {spans.size} values for {batch.num_seqs} documents "
                 "(two per document)"
             )
-        return batch, queries, torch.from_numpy(spans.reshape(-1, 2))
+        if np.any(spans % late.embedding_size):
+            raise InputError(
+                f"query_spans: a span that does not fall on rows of {late.embedding_size} values"
+            )
+        rows = spans.reshape(-1, 2) // late.embedding_size
+        return batch, queries, torch.from_numpy(rows)
 
     def pipelines(self, device: int = 0) -> bool:
         """Whether `launch` returns before its batch has run: on a GPU, not on a CPU (where
