@@ -13,7 +13,7 @@ from checkpoints.colbert import make_colbert_checkpoint, pylate_encode, pylate_m
 
 from trt_tei_runtime import Model
 from trt_tei_runtime.errors import CheckpointError, InputError
-from trt_tei_runtime.late_interaction import maxsim
+from trt_tei_runtime.late_interaction import packed_maxsim
 
 QUERIES = ["what is the capital of france?", "cat", "  blue river  ", "the dog " * 30]
 DOCUMENTS = [
@@ -145,14 +145,48 @@ def test_bad_configs(tmp_path):  # type: ignore[no-untyped-def]
         Model(folder, device="cpu")
 
 
-def test_maxsim_ignores_padding_and_empty_documents() -> None:
-    query = torch.nn.functional.normalize(torch.randn(3, 8), dim=1)
-    short = -query[:1]  # every similarity negative: padding must not win with 0
+def test_packed_maxsim_scores_each_document_against_its_own_query() -> None:
+    """Documents of two queries of different lengths in one packed batch; skiplist rows
+    and padding never win, an all-skiplist document scores 0."""
+    torch.manual_seed(0)
+    q1 = torch.nn.functional.normalize(torch.randn(3, 8), dim=1)
+    q2 = torch.nn.functional.normalize(torch.randn(5, 8), dim=1)
+    short = -q1[:1]  # every similarity negative: padding must not win with 0
     long = torch.nn.functional.normalize(torch.randn(7, 8), dim=1)
-    scores = maxsim(query, [short, long, torch.zeros(0, 8)])
-    assert torch.allclose(scores[0], pylate_maxsim(query, [short])[0])
-    assert torch.allclose(scores[1], pylate_maxsim(query, [long])[0])
-    assert scores[2] == 0
+    other = torch.nn.functional.normalize(torch.randn(4, 8), dim=1)
+    skipped = torch.nn.functional.normalize(torch.randn(2, 8), dim=1)
+    docs = [short, long, other, skipped]
+    vectors = torch.cat(docs)
+    cu_seqlens = torch.tensor([0, 1, 8, 12, 14], dtype=torch.int32)
+    kept = torch.ones(14, dtype=torch.bool)
+    kept[9] = False  # one of `other`'s tokens is in the skiplist
+    kept[12:] = False
+    queries = torch.cat([q1, q2])
+    spans = torch.tensor([[0, 3], [0, 3], [3, 8], [3, 8]])
+    scores = packed_maxsim(vectors, cu_seqlens, kept, queries, spans, 7, 5)
+    assert torch.allclose(scores[0], pylate_maxsim(q1, [short])[0])
+    assert torch.allclose(scores[1], pylate_maxsim(q1, [long])[0])
+    assert torch.allclose(scores[2], pylate_maxsim(q2, [other[[0, 2, 3]]])[0])
+    assert scores[3] == 0
+
+
+def test_rerank_runs_maxsim_on_the_device_it_encodes_on(colbert, monkeypatch):  # type: ignore[no-untyped-def]
+    """Documents are scored by `Executor.maxsim`: their vectors are never asked for."""
+    monkeypatch.setattr(
+        type(colbert.executors[0]),
+        "embed_multivector",
+        _only_queries(type(colbert.executors[0]).embed_multivector),
+    )
+    assert len(colbert.rerank("cat", DOCUMENTS)) == len(DOCUMENTS)
+    assert colbert.rerank("cat", []) == []
+
+
+def _only_queries(embed):  # type: ignore[no-untyped-def]
+    def guarded(executor, batch, lane=None):  # type: ignore[no-untyped-def]
+        assert batch.num_seqs == 1, "document vectors were brought back to the host"
+        return embed(executor, batch, lane)
+
+    return guarded
 
 
 @pytest.mark.parametrize("attend", [False, True], ids=["hidden-expansion", "attended-expansion"])

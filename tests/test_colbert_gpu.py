@@ -4,11 +4,14 @@ these."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from checkpoints.colbert import make_colbert_checkpoint
+from test_colbert_backend import host_maxsim, pack_documents
 
 from trt_tei_runtime import Model
+from trt_tei_runtime.backend import Backend
 
 pytestmark = pytest.mark.gpu
 
@@ -52,3 +55,38 @@ def test_colbert_bf16_on_gpu(tmp_path, attend):  # type: ignore[no-untyped-def]
     reference = dict(ref.rerank(QUERIES[0], DOCUMENTS))
     for i, score in reference.items():
         assert abs(ranked[i] - score) <= 1e-2 * abs(score) + 1e-2
+
+
+@pytest.mark.parametrize("attend", [True, False], ids=["attended-expansion", "hidden-expansion"])
+def test_router_maxsim_bf16_on_gpu(tmp_path, attend):  # type: ignore[no-untyped-def]
+    """`Backend.maxsim` (the router's `/rerank` call) in bf16 with graphs: documents of
+    two queries in one batch score as the fp32 CPU model's vectors do (cosine of the score
+    vectors >= 0.999, each within 1e-2), by `maxsim` and by `launch`."""
+    folder = make_colbert_checkpoint(
+        tmp_path,
+        attend_to_expansion_tokens=attend,
+        query_length=32,
+        document_length=128,
+        embedding_size=32,
+        hidden_size=64,
+        num_attention_heads=4,
+        intermediate_size=128,
+    )
+    ref = Model(folder, device="cpu", dtype="float32")
+    backend = Backend(str(folder), device="cuda", dtype="bfloat16")
+    queries = ref.embed_multivector(QUERIES[:2], "query")
+    vectors = ref.embed_multivector(DOCUMENTS, "document")
+    split = len(queries[0])
+    spans = np.array([[0, split]] * 2 + [[split, split + len(queries[1])]])
+    which = [0, 0, 1]
+    expected = np.array([host_maxsim(queries[q], d) for q, d in zip(which, vectors)])
+    arrays = (
+        *pack_documents(ref, DOCUMENTS),
+        np.concatenate(queries).astype("<f4").tobytes(),
+        (spans * 32).astype("<u4").tobytes(),
+    )
+    for scores in (backend.maxsim(*arrays), backend.launch("maxsim", *arrays).result()):
+        ours = scores[:, 0]
+        cosine = float(ours @ expected / (np.linalg.norm(ours) * np.linalg.norm(expected)))
+        assert cosine >= 0.999, (ours, expected)
+        assert np.all(np.abs(ours - expected) <= 1e-2 * np.abs(expected) + 1e-2), (ours, expected)

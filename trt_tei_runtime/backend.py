@@ -273,6 +273,52 @@ class Backend:
         (`sparse.top_active`)."""
         return self._run(Executor.embed_sparse, arrays, interactive, device)
 
+    def maxsim(
+        self,
+        *arrays: Any,
+        interactive: bool = False,
+        device: int = 0,
+    ) -> np.ndarray:
+        """A late-interaction model's MaxSim score of each document against its own query,
+        `[n, 1]` float32. `arrays`: the documents' four batch arrays (as `embed`'s), then
+        `queries`, every query's vectors as little-endian float32 bytes of `[R, D]` end to
+        end, and `query_spans`, little-endian uint32 bytes of `[n, 2]`: the [start, end)
+        of each document's query in `queries`, counted in float32 values (whole rows).
+        Documents of several queries may share a batch."""
+        batch, queries, spans = self._maxsim_arrays(arrays)
+        executor = self.executors[device]
+        lane = executor.lane(interactive)
+        with _device_failures(executor), lane.active():
+            return _numpy(executor.maxsim(batch.packed(), queries, spans, lane))
+
+    def _maxsim_arrays(
+        self, arrays: tuple[Any, ...]
+    ) -> tuple[HostArrays, torch.Tensor, torch.Tensor]:
+        late = self.model.info.late_interaction
+        if late is None:
+            raise InputError(
+                f"{self.model.info.architecture} is not a late-interaction (ColBERT) model: "
+                "it has no MaxSim to score by"
+            )
+        if len(arrays) != 6:
+            raise InputError(
+                f"maxsim takes 6 arrays (the batch's 4, queries, query_spans), got {len(arrays)}"
+            )
+        batch = HostArrays.check(*arrays[:4])
+        queries = _float32_rows(arrays[4], late.embedding_size, "queries")
+        spans = np.frombuffer(arrays[5], dtype="<u4").astype(np.int64)
+        if spans.size != 2 * batch.num_seqs:
+            raise InputError(
+                f"query_spans: {spans.size} values for {batch.num_seqs} documents "
+                "(two per document)"
+            )
+        if np.any(spans % late.embedding_size):
+            raise InputError(
+                f"query_spans: a span that does not fall on rows of {late.embedding_size} values"
+            )
+        rows = spans.reshape(-1, 2) // late.embedding_size
+        return batch, queries, torch.from_numpy(rows)
+
     def pipelines(self, device: int = 0) -> bool:
         """Whether `launch` returns before its batch has run: on a GPU, not on a CPU (where
         holding a finished batch back while the next one runs would only delay it)."""
@@ -284,10 +330,10 @@ class Backend:
         its work, its rows on their way to the host (with the interactive lane, that is
         when its last step is queued). Read them with `Launched.result()`, before or after
         launching the next batch."""
-        if method not in _LAUNCHABLE and method != "embed_images":
+        if method not in _LAUNCHABLE and method not in ("embed_images", "maxsim"):
             raise ValueError(
                 f"launch: unknown method {method!r}, expected one of "
-                f"{[*_LAUNCHABLE, 'embed_images']}"
+                f"{[*_LAUNCHABLE, 'embed_images', 'maxsim']}"
             )
         if getattr(type(self), method) is not getattr(Backend, method):
             # A subclass that wraps the method (e.g. to inject faults) keeps its say: its
@@ -296,6 +342,12 @@ class Backend:
         elif method == "embed_images":
             (pixels,) = arrays
             host, wait = self._call_images(self._pixels(pixels), False, device, to_host)
+        elif method == "maxsim":
+            batch, queries, spans = self._maxsim_arrays(arrays)
+            executor = self.executors[device]
+            lane = executor.lane(False)
+            with _device_failures(executor), lane.active():
+                host, wait = to_host(executor.maxsim(batch.packed(), queries, spans, lane))
         else:
             host, wait = self._call(
                 _LAUNCHABLE[method], HostArrays.check(*arrays), False, device, to_host
@@ -372,6 +424,20 @@ def _is_device_failure(exc: BaseException) -> bool:
         return True
     text = str(exc)
     return isinstance(exc, RuntimeError) and ("CUDA error" in text or "CUDA driver" in text)
+
+
+def _float32_rows(data: Any, width: int, name: str) -> torch.Tensor:
+    """Little-endian float32 bytes (or an array) as `[rows, width]` float32."""
+    if isinstance(data, (bytes, bytearray, memoryview)):
+        flat = np.frombuffer(data, dtype="<f4")
+    else:
+        flat = np.asarray(data, dtype=np.float32).reshape(-1)
+    if flat.size % width:
+        raise InputError(f"{name}: {flat.size} float32 values are not rows of {width}")
+    with warnings.catch_warnings():
+        # The router's buffer is read-only, and nothing writes to these values.
+        warnings.filterwarnings("ignore", "The given NumPy array is not writable")
+        return torch.from_numpy(flat.reshape(-1, width))
 
 
 def _numpy(tensor: torch.Tensor) -> np.ndarray:

@@ -223,21 +223,37 @@ def rows_per_sequence(vectors: torch.Tensor, cu_seqlens: torch.Tensor, width: in
     return out.view(n, width, vectors.shape[1])
 
 
-def maxsim(query: torch.Tensor, documents: list[torch.Tensor]) -> torch.Tensor:
-    """MaxSim of one query `[q, D]` against each document `[d_i, D]`: float32 `[n]`,
-    computed on the query's device. Documents are padded to the longest with rows that
-    never win (-inf scores)."""
-    if not documents:
-        return torch.zeros(0, dtype=torch.float32, device=query.device)
-    longest = max(d.shape[0] for d in documents)
-    padded = query.new_zeros((len(documents), longest, query.shape[1]))
-    valid = torch.zeros((len(documents), longest), dtype=torch.bool, device=query.device)
-    for i, doc in enumerate(documents):
-        padded[i, : doc.shape[0]] = doc
-        valid[i, : doc.shape[0]] = True
-    scores = torch.einsum("qd,ntd->nqt", query.float(), padded.float())
+def packed_maxsim(
+    vectors: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    kept: torch.Tensor,
+    queries: torch.Tensor,
+    query_spans: torch.Tensor,
+    width: int,
+    query_width: int,
+) -> torch.Tensor:
+    """MaxSim of each packed document against its own query, float32 `[n]`, all on the
+    vectors' device: `vectors` `[T, D]` the documents' token vectors end to end
+    (`cu_seqlens` `[n+1]`), `kept` `[T]` which of them count (outside the skiplist),
+    `queries` `[R, D]` every query's vectors end to end, `query_spans` `[n, 2]` the
+    [start, end) rows of document i's query, `width` at least the longest document and
+    `query_width` the longest query (host numbers: nothing here waits for the device).
+    Documents of different queries share one pass: each query is padded to the longest
+    with zero rows, whose best dot product (0, or nothing) adds nothing."""
+    n = cu_seqlens.numel() - 1
+    if n == 0:
+        return torch.zeros(0, dtype=torch.float32, device=vectors.device)
+    docs = rows_per_sequence(vectors.float(), cu_seqlens, width)
+    valid = rows_per_sequence(kept[:, None].float(), cu_seqlens, width)[..., 0] > 0
+    spans = query_spans.long()
+    lengths = spans[:, 1] - spans[:, 0]
+    rows = torch.arange(query_width, device=vectors.device)[None, :]
+    real_rows = rows < lengths[:, None]
+    index = (spans[:, :1] + rows).clamp(max=max(queries.shape[0] - 1, 0))
+    padded = queries.float()[index] * real_rows[..., None]
+    scores = torch.einsum("nqd,ntd->nqt", padded, docs)
     scores = scores.masked_fill(~valid[:, None, :], float("-inf"))
-    best = scores.max(dim=2).values
+    best = scores.amax(dim=2)
     # A document with no vectors left (all punctuation) scores 0, as an empty max would.
     best = torch.where(valid.any(dim=1)[:, None], best, torch.zeros_like(best))
     return best.sum(dim=1)

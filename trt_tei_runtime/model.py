@@ -17,7 +17,7 @@ from tqdm.auto import tqdm
 from .batch import PackedBatch
 from .errors import CheckpointError, InputError
 from .images import DEFAULT_MAX_IMAGE_PIXELS, ImageSource
-from .late_interaction import LateInteraction, check_input_type, maxsim
+from .late_interaction import LateInteraction, check_input_type
 from .long_inputs import (
     DEFAULT_MAX_CHUNKS,
     Windows,
@@ -587,13 +587,38 @@ class Model:
 
     def maxsim_scores(self, query: str, texts: Sequence[str]) -> np.ndarray:
         """A late-interaction model's MaxSim score of `query` against each text, float32
-        `(n,)` in input order, computed on the model's first device."""
+        `(n,)` in input order. The documents are scored where they run
+        (`Executor.maxsim`): their token vectors never leave the device."""
+        late = self._late_interaction("rerank")
+        texts = list(texts)
+        self._check_strings(texts)
         query_rows = torch.from_numpy(self.embed_multivector([query], "query")[0])
-        documents = self.embed_multivector(texts, "document")
-        scores = maxsim(
-            query_rows.to(self.device), [torch.from_numpy(d).to(self.device) for d in documents]
-        )
-        return scores.cpu().numpy()
+        tokenizer = self._late_tokenizer(late, "document")
+        on_device = {executor.device: query_rows.to(executor.device) for executor in self.executors}
+
+        def score(executor: Executor, batch: PackedBatch) -> torch.Tensor:
+            spans = torch.tensor([[0, query_rows.shape[0]]] * batch.num_seqs, dtype=torch.int64)
+            return executor.maxsim(batch, on_device[executor.device], spans)
+
+        def chunks() -> Iterator[Chunk[int]]:
+            for start in range(0, len(texts), TOKENIZE_CHUNK):
+                # sentence-transformers strips every text before tokenizing it.
+                part = [text.strip() for text in texts[start : start + TOKENIZE_CHUNK]]
+                ids, _ = tokenizer.encode_ids(part, truncate=True)
+                yield Chunk(start, late.model_inputs(ids, "document"), first=start)
+
+        scores = np.zeros(len(texts), dtype=np.float32)
+        for start, rows in run_chunks(
+            self.executors,
+            chunks(),
+            score,
+            self.max_batch_tokens,
+            self.info.position_offset,
+            lambda rows, device, tokens: self._count_tokens(rows, device, tokens),
+        ):
+            assert rows is not None
+            scores[start : start + rows.shape[0]] = rows[:, 0].numpy()
+        return scores
 
     def _pair_chunks(
         self, items: list[TextOrPair], truncate: bool, adapter: int | None = None

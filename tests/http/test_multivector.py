@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import base64
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
@@ -73,6 +74,72 @@ def test_rerank_scores_by_maxsim(colbert, folders):  # type: ignore[no-untyped-d
     for x in ranks:
         assert abs(x["score"] - float(ref[x["index"]])) <= 1e-4
         assert x["text"] == DOCUMENTS[x["index"]]
+
+
+def cpu_maxsim(query: list[list[float]], document: list[list[float]]) -> float:
+    """The router's former rule, on `/embed_multivector`'s vectors: the sum over the
+    query's vectors of the best dot product with the document's; 0 without any."""
+    if not document:
+        return 0.0
+    return float((np.asarray(query) @ np.asarray(document).T).max(axis=1).sum())
+
+
+def test_rerank_equals_maxsim_of_the_multivector_vectors(colbert):  # type: ignore[no-untyped-def]
+    texts = [*DOCUMENTS, "?!."]  # the last has only skiplist tokens besides its specials
+    for query in QUERIES:
+        q = colbert.post("/embed_multivector", {"inputs": query, "input_type": "query"})
+        docs = colbert.post("/embed_multivector", {"inputs": texts, "input_type": "document"})
+        assert q.status_code == docs.status_code == 200, (q.text, docs.text)
+        expected = [cpu_maxsim(q.json()[0], d) for d in docs.json()]
+        r = colbert.post("/rerank", {"query": query, "texts": texts})
+        assert r.status_code == 200, r.text
+        for x in r.json():
+            assert abs(x["score"] - expected[x["index"]]) <= 1e-4, (query, x, expected)
+
+
+def test_concurrent_reranks_get_each_their_own_scores(colbert, folders):  # type: ignore[no-untyped-def]
+    """Documents of different queries share batches; each request is scored against its
+    own query."""
+    reference = {}
+    docs = pylate_encode(folders["colbert"], DOCUMENTS, is_query=False)
+    for query in QUERIES:
+        q = pylate_encode(folders["colbert"], [query], is_query=True)[0]
+        reference[query] = pylate_maxsim(q, docs)
+    work = [QUERIES[i % len(QUERIES)] for i in range(24)]
+    with ThreadPoolExecutor(8) as pool:
+        answers = list(
+            pool.map(lambda q: colbert.post("/rerank", {"query": q, "texts": DOCUMENTS}), work)
+        )
+    for query, r in zip(work, answers):
+        assert r.status_code == 200, r.text
+        for x in r.json():
+            assert abs(x["score"] - float(reference[query][x["index"]])) <= 1e-4, (query, x)
+
+
+def test_bad_rerank_requests(colbert):  # type: ignore[no-untyped-def]
+    r = colbert.post("/rerank", {"query": "cat", "texts": []})
+    assert r.status_code in (400, 422), r.text
+    long = " ".join(["river"] * 40)
+    r = colbert.post("/rerank", {"query": "cat", "texts": ["a", long], "truncate": False})
+    assert r.status_code == 422 and "texts[1]" in r.json()["error"], r.text
+    r = colbert.post("/rerank", {"query": long, "texts": ["a"], "truncate": False})
+    assert r.status_code == 422 and "query" in r.json()["error"], r.text
+
+
+def test_rerank_in_device_worker_processes(start_server, folders, colbert):  # type: ignore[no-untyped-def]
+    """`--device-workers processes`: MaxSim batches cross to the workers with their
+    queries and score as in one process."""
+    server = start_server(
+        folders["colbert"], "--auto-truncate", "--devices", "cpu,cpu", "--device-workers",
+        "processes",
+    )  # fmt: skip
+    for query in QUERIES:
+        body = {"query": query, "texts": DOCUMENTS}
+        ours, theirs = server.post("/rerank", body), colbert.post("/rerank", body)
+        assert ours.status_code == 200, ours.text
+        expected = {x["index"]: x["score"] for x in theirs.json()}
+        for x in ours.json():
+            assert abs(x["score"] - expected[x["index"]]) <= 1e-4, (query, x)
 
 
 def test_info_says_multivector(colbert):  # type: ignore[no-untyped-def]

@@ -7,6 +7,7 @@ run it, and read its result back, inside `lane.active()`.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 from dataclasses import dataclass
@@ -17,7 +18,7 @@ import torch
 
 from ..batch import HostArrays, PackedBatch
 from ..errors import InputError
-from ..late_interaction import rows_per_sequence
+from ..late_interaction import packed_maxsim, rows_per_sequence
 from ..layers.attention import packed_attention_available
 from ..models import Task
 from ..models.base import ImageTower
@@ -386,6 +387,60 @@ class Executor:
         return rows_per_sequence(
             out.hidden.float(), out.batch.cu_seqlens, self.info.max_input_length
         )
+
+    @torch.inference_mode()
+    def maxsim(
+        self,
+        batch: PackedBatch,
+        queries: torch.Tensor,
+        query_spans: torch.Tensor,
+        lane: Lane | None = None,
+    ) -> torch.Tensor:
+        """A late-interaction model's MaxSim score of each document of `batch` against its
+        own query, float32 `[n, 1]`: `queries` `[R, D]` every query's vectors end to end,
+        `query_spans` `[n, 2]` (host) the [start, end) rows of document i's query. The
+        documents' vectors, their skiplist tokens dropped, never leave the device."""
+        late = self.info.late_interaction
+        if late is None:
+            raise InputError(
+                f"{self.info.architecture} is not a late-interaction (ColBERT) model: it has "
+                "no MaxSim to score by"
+            )
+        spans = query_spans.to(torch.int64).reshape(-1, 2)
+        if spans.shape[0] != batch.num_seqs:
+            raise InputError(f"query_spans: {spans.shape[0]} spans for {batch.num_seqs} documents")
+        if queries.ndim != 2 or queries.shape[1] != late.embedding_size:
+            raise InputError(
+                f"queries: expected rows of {late.embedding_size} values, got shape "
+                f"{tuple(queries.shape)}"
+            )
+        if spans.numel() and (
+            bool((spans[:, 0] > spans[:, 1]).any())
+            or int(spans.min()) < 0
+            or int(spans.max()) > queries.shape[0]
+        ):
+            raise InputError(f"query_spans: a span outside the {queries.shape[0]} query rows")
+        query_width = int((spans[:, 1] - spans[:, 0]).max()) if spans.numel() else 0
+        out = self._forward(batch, lane)
+        device = out.hidden.device
+        kept = ~torch.isin(out.batch.input_ids.long(), self._skiplist)
+        scores = packed_maxsim(
+            out.hidden,
+            out.batch.cu_seqlens,
+            kept,
+            queries.to(device, non_blocking=True),
+            spans.to(device, non_blocking=True),
+            batch.max_seqlen,
+            query_width,
+        )
+        return scores[:, None]
+
+    @functools.cached_property
+    def _skiplist(self) -> torch.Tensor:
+        """The late-interaction skiplist's token ids on the device."""
+        late = self.info.late_interaction
+        ids = sorted(late.skiplist_ids) if late is not None else []
+        return torch.tensor(ids, dtype=torch.int64, device=self.device)
 
     @torch.inference_mode()
     def predict(self, batch: PackedBatch, lane: Lane | None = None) -> torch.Tensor:

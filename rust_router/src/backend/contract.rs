@@ -13,6 +13,12 @@ pub struct Batch {
     /// sequence in the arrays above is `tokens_per_image` placeholder tokens, which is what
     /// the image costs of the batch's token budget. Empty for texts.
     pub pixels: Vec<f32>,
+    /// [`BatchKind::MaxSim`]: the vectors of the queries the documents are scored against,
+    /// row-major and end to end (rows of the model's embedding size). Empty otherwise.
+    pub queries: Vec<f32>,
+    /// [`BatchKind::MaxSim`]: per sequence, the `[start, end)` values of its query in
+    /// [`Batch::queries`], two numbers a sequence. Empty otherwise.
+    pub query_spans: Vec<u32>,
 }
 
 impl Batch {
@@ -50,6 +56,32 @@ impl Batch {
         self.pixels.extend_from_slice(pixels);
     }
 
+    /// Gives the last sequence pushed its query's vectors ([`BatchKind::MaxSim`]); stored
+    /// once for consecutive sequences of the same query (a request's documents).
+    pub fn push_query(&mut self, query: &[f32]) {
+        let last = self
+            .query_spans
+            .rchunks_exact(2)
+            .next()
+            .map(|span| span[0] as usize..span[1] as usize)
+            .filter(|span| self.queries[span.clone()] == *query);
+        let span = last.unwrap_or_else(|| {
+            let start = self.queries.len();
+            self.queries.extend_from_slice(query);
+            start..self.queries.len()
+        });
+        self.query_spans
+            .extend_from_slice(&[span.start as u32, span.end as u32]);
+    }
+
+    /// Sequence `i`'s query's vectors; empty when the batch carries none.
+    pub fn query_of(&self, i: usize) -> &[f32] {
+        match self.query_spans.get(2 * i..2 * i + 2) {
+            Some(span) => &self.queries[span[0] as usize..span[1] as usize],
+            None => &[],
+        }
+    }
+
     /// A batch of only the sequences at `seqs` (ascending indices), packed again.
     pub fn select(&self, seqs: &[usize]) -> Batch {
         let mut out = Batch::empty();
@@ -62,6 +94,9 @@ impl Batch {
                 &self.token_type_ids[a..b],
                 &self.position_ids[a..b],
             );
+            if !self.query_spans.is_empty() {
+                out.push_query(self.query_of(i));
+            }
         }
         out
     }
@@ -83,6 +118,10 @@ pub enum BatchKind {
     Sparse,
     /// Image embeddings (text-and-image models), `[n_images, dim]`, of [`Batch::pixels`].
     Images,
+    /// Late interaction (ColBERT): each document's MaxSim score against its own query's
+    /// vectors ([`Batch::queries`]), `[n_seqs, 1]`; the documents' token vectors stay on
+    /// the device.
+    MaxSim,
 }
 
 /// A dense row-major float matrix returned by the runtime.

@@ -398,6 +398,22 @@ impl Backend for FakeBackend {
                     .collect();
                 (HIDDEN, data)
             }
+            // The runtime's rule on the fake's token states (no skiplist: the fake serves
+            // no late-interaction model).
+            BatchKind::MaxSim => {
+                let data = seqs
+                    .enumerate()
+                    .map(|(s, (ids, positions))| {
+                        let doc: Vec<Vec<f32>> = ids
+                            .iter()
+                            .zip(positions)
+                            .map(|(&i, &p)| (0..HIDDEN).map(|c| token_state(i, p, c)).collect())
+                            .collect();
+                        fake_maxsim(batch.query_of(s), &doc)
+                    })
+                    .collect();
+                (1, data)
+            }
             BatchKind::Predict => {
                 let n = self.info.num_labels;
                 (
@@ -413,4 +429,17 @@ impl Backend for FakeBackend {
             data,
         })
     }
+}
+
+/// The sum over the query's rows (`HIDDEN` values each) of the best dot product with a
+/// document row.
+fn fake_maxsim(query: &[f32], doc: &[Vec<f32>]) -> f32 {
+    query
+        .chunks(HIDDEN)
+        .map(|q| {
+            doc.iter()
+                .map(|d| q.iter().zip(d).map(|(a, b)| a * b).sum::<f32>())
+                .fold(f32::NEG_INFINITY, f32::max)
+        })
+        .sum()
 }

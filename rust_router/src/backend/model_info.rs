@@ -235,6 +235,7 @@ impl ModelInfo {
             BatchKind::Pooled | BatchKind::AllTokens | BatchKind::Images => Some(self.hidden_size),
             BatchKind::Predict => Some(self.num_labels),
             BatchKind::Sparse => None,
+            BatchKind::MaxSim => Some(1),
         }
     }
 }

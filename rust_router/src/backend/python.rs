@@ -469,6 +469,11 @@ impl PyBackend {
         let out = if kind == BatchKind::Images {
             let pixels = f32_bytes(py, &batch.pixels)?;
             self.obj.bind(py).call_method(method, (pixels,), kwargs)?
+        } else if kind == BatchKind::MaxSim {
+            let (ids, types, positions, cu_seqlens) = batch_arrays(py, batch)?;
+            let (queries, spans) = query_arrays(py, batch)?;
+            let args = (ids, types, positions, cu_seqlens, queries, spans);
+            self.obj.bind(py).call_method(method, args, kwargs)?
         } else {
             let args = batch_arrays(py, batch)?;
             self.obj.bind(py).call_method(method, args, kwargs)?
@@ -482,6 +487,19 @@ impl PyBackend {
         let obj = self.obj.bind(py);
         let launched = if kind == BatchKind::Images {
             let args = (method_name(kind), f32_bytes(py, &batch.pixels)?);
+            obj.call_method("launch", args, kwargs)?
+        } else if kind == BatchKind::MaxSim {
+            let (ids, types, positions, cu_seqlens) = batch_arrays(py, batch)?;
+            let (queries, spans) = query_arrays(py, batch)?;
+            let args = (
+                method_name(kind),
+                ids,
+                types,
+                positions,
+                cu_seqlens,
+                queries,
+                spans,
+            );
             obj.call_method("launch", args, kwargs)?
         } else {
             let (ids, types, positions, cu_seqlens) = batch_arrays(py, batch)?;
@@ -499,7 +517,19 @@ fn method_name(kind: BatchKind) -> &'static str {
         BatchKind::Predict => "predict",
         BatchKind::Sparse => "embed_sparse",
         BatchKind::Images => "embed_images",
+        BatchKind::MaxSim => "maxsim",
     }
+}
+
+/// A MaxSim batch's queries (float32) and per-sequence spans (uint32), as bytes.
+fn query_arrays<'py>(
+    py: Python<'py>,
+    batch: &Batch,
+) -> PyResult<(Bound<'py, PyBytes>, Bound<'py, PyBytes>)> {
+    Ok((
+        f32_bytes(py, &batch.queries)?,
+        u32_bytes(py, &batch.query_spans)?,
+    ))
 }
 
 type BatchArrays<'py> = (

@@ -323,3 +323,21 @@ async fn an_exclusive_batch_keeps_its_slot_until_it_has_run() {
     })
     .await;
 }
+
+#[test]
+fn a_request_s_documents_share_their_query_and_select_keeps_each_its_own() {
+    let mut b = batch(&[&[1, 2], &[3], &[4, 5]]);
+    b.query_spans.clear();
+    let (q1, q2) = ([1.0, 2.0], [3.0, 4.0, 5.0, 6.0]);
+    for query in [&q1[..], &q1[..], &q2[..]] {
+        b.push_query(query);
+    }
+    // The first query is stored once for its two documents.
+    assert_eq!(b.queries, vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
+    assert_eq!(b.query_spans, vec![0, 2, 0, 2, 2, 6]);
+    let picked = b.select(&[0, 2]);
+    assert_eq!(picked.query_of(0), &q1);
+    assert_eq!(picked.query_of(1), &q2);
+    assert_eq!(picked.input_ids, vec![1, 2, 4, 5]);
+    assert!(batch(&[&[1]]).select(&[0]).query_spans.is_empty());
+}

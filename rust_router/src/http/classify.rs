@@ -108,8 +108,10 @@ pub(crate) async fn predict_answer(
     Ok(meta.answer(&state, method, body))
 }
 
-/// Rank `texts` by relevance to `query`. Returns a 424 status code if the model is not a
-/// reranker (a sequence classifier with one label).
+/// Rank `texts` by relevance to `query`. A late-interaction (ColBERT) model scores each text
+/// by MaxSim against the query's vectors, on the device (only the scores come back). Returns
+/// a 424 status code if the model is neither a reranker (a sequence classifier with one
+/// label) nor a late-interaction model.
 #[utoipa::path(
     post, path = "/rerank", tag = "Text Embeddings Inference",
     request_body = RerankRequest,

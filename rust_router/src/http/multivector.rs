@@ -4,10 +4,12 @@
 //! tokenized, cut to its type's length less the prefix token, the prefix goes in after the
 //! first token, and a query is padded with mask tokens when the model expands queries. The
 //! runtime gives one normalized vector per token (`embed_all`); a document then drops the
-//! vectors of its skiplist tokens.
+//! vectors of its skiplist tokens. `/rerank` encodes the query that way, then has the runtime
+//! score the documents against it where they run (`BatchKind::MaxSim`): only their scores
+//! come back.
 
 use super::body::TeiJson;
-use super::error::{ApiError, ErrorResponse, ErrorType, InputNames};
+use super::error::{ApiError, ErrorResponse, InputNames};
 use super::fields;
 use super::model_routes::{not_served, Needs};
 use super::openapi::{InputDoc, PriorityDoc, Refusals};
@@ -23,6 +25,7 @@ use axum::response::Response;
 use axum::Json;
 use futures_util::future::try_join_all;
 use serde::{Deserialize, Serialize};
+use std::sync::Arc;
 use std::time::Instant;
 use utoipa::ToSchema;
 
@@ -179,16 +182,16 @@ fn texts_of(
         .collect()
 }
 
-/// Every text's token vectors as the model's rules say (see the module docs).
-async fn token_vectors(
+/// Every text's token ids as the model reads them (see the module docs), or the error of
+/// one too long without `truncate`.
+async fn model_ids(
     state: &AppState,
     late: &LateInteraction,
     texts: &[String],
     input_type: MultivectorInputType,
     truncate: bool,
     names: InputNames<'_>,
-    priority: Option<Priority>,
-) -> Result<(Vec<Vec<Vec<f32>>>, Vec<InferMetadata>), ApiError> {
+) -> Result<Vec<Vec<u32>>, ApiError> {
     let tokenization = state.infer.tokenization();
     // sentence-transformers strips every text before tokenizing it.
     let tokens = try_join_all(
@@ -211,7 +214,12 @@ async fn token_vectors(
         }
         ids.push(late.model_inputs(seq, input_type));
     }
-    let request = InferRequest {
+    Ok(ids)
+}
+
+/// A request of sequences given as the model reads them (nothing added, nothing cut).
+fn request_of(ids: &[Vec<u32>], priority: Option<Priority>) -> InferRequest {
+    InferRequest {
         inputs: ids
             .iter()
             .map(|seq| InferInput::from(EncodingInput::Ids(seq.clone())))
@@ -222,10 +230,23 @@ async fn token_vectors(
         },
         batched: true,
         priority,
-    };
+    }
+}
+
+/// Every text's token vectors as the model's rules say (see the module docs).
+async fn token_vectors(
+    state: &AppState,
+    late: &LateInteraction,
+    texts: &[String],
+    input_type: MultivectorInputType,
+    truncate: bool,
+    names: InputNames<'_>,
+    priority: Option<Priority>,
+) -> Result<(Vec<Vec<Vec<f32>>>, Vec<InferMetadata>), ApiError> {
+    let ids = model_ids(state, late, texts, input_type, truncate, names).await?;
     let results = state
         .infer
-        .embed_all(request)
+        .embed_all(request_of(&ids, priority))
         .await
         .map_err(|e| ApiError::inference(e, names, ""))?;
     let mut vectors = Vec::with_capacity(results.len());
@@ -238,7 +259,9 @@ async fn token_vectors(
 }
 
 /// `/rerank` on a late-interaction model: MaxSim of the query's vectors against each text's,
-/// best first as `(index in texts, score)`, with the metadata of every input run.
+/// best first as `(index in texts, score)`, with the metadata of every input run. The query
+/// is encoded first; the documents are then scored where they run (`BatchKind::MaxSim`),
+/// their vectors never leaving the device.
 pub(crate) async fn maxsim_rank(
     state: &AppState,
     query: &str,
@@ -248,83 +271,43 @@ pub(crate) async fn maxsim_rank(
     priority: Option<Priority>,
 ) -> Result<(Vec<(usize, f32)>, Vec<InferMetadata>), ApiError> {
     let late = late_interaction(state, "/rerank")?;
-    let query_name = InputNames::One("query");
+    let names = InputNames::List(field);
     let query_texts = [query.to_string()];
-    // The query and the documents are sequences of one batch if they arrive together.
-    let (query_vectors, document_vectors) = tokio::join!(
+    // The documents are tokenized while the query runs.
+    let (query_vectors, document_ids) = tokio::join!(
         token_vectors(
             state,
             &late,
             &query_texts,
             MultivectorInputType::Query,
             truncate,
-            query_name,
+            InputNames::One("query"),
             priority,
         ),
-        token_vectors(
+        model_ids(
             state,
             &late,
             texts,
             MultivectorInputType::Document,
             truncate,
-            InputNames::List(field),
-            priority,
+            names
         ),
     );
     let (mut query_rows, mut metas) = query_vectors?;
-    let (documents, doc_metas) = document_vectors?;
-    metas.extend(doc_metas);
-    let query_rows = query_rows.pop().unwrap_or_default();
-    // Off the async threads: 100 documents of 180 tokens against a 32-token query are ~75 M
-    // multiply-adds.
-    let mut scores = tokio::task::spawn_blocking(move || {
-        documents
-            .iter()
-            .enumerate()
-            .map(|(i, doc)| (i, maxsim(&query_rows, doc)))
-            .collect::<Vec<(usize, f32)>>()
-    })
-    .await
-    .map_err(|e| ApiError::new(ErrorType::Backend, format!("MaxSim failed: {e}")))?;
+    let document_ids = document_ids?;
+    let query: Arc<[f32]> = query_rows.pop().unwrap_or_default().concat().into();
+    let results = state
+        .infer
+        .maxsim(request_of(&document_ids, priority), query)
+        .await
+        .map_err(|e| ApiError::inference(e, names, ""))?;
+    let mut scores = Vec::with_capacity(results.len());
+    for (i, (score, meta)) in results.into_iter().enumerate() {
+        scores.push((i, score));
+        metas.push(meta);
+    }
     scores.sort_by(|a, b| b.1.total_cmp(&a.1));
     Ok((scores, metas))
-}
-
-/// The sum over the query's vectors of the best dot product with a document's; 0 for a
-/// document without vectors.
-pub(crate) fn maxsim(query: &[Vec<f32>], document: &[Vec<f32>]) -> f32 {
-    if document.is_empty() {
-        return 0.0;
-    }
-    query
-        .iter()
-        .map(|q| {
-            document
-                .iter()
-                .map(|d| dot(q, d))
-                .fold(f32::NEG_INFINITY, f32::max)
-        })
-        .sum()
-}
-
-/// `a · b` summed in eight lanes, which the compiler turns into SIMD (a plain ordered sum of
-/// floats it may not reorder).
-fn dot(a: &[f32], b: &[f32]) -> f32 {
-    const LANES: usize = 8;
-    let (a8, b8) = (a.chunks_exact(LANES), b.chunks_exact(LANES));
-    let tail: f32 = a8
-        .remainder()
-        .iter()
-        .zip(b8.remainder())
-        .map(|(x, y)| x * y)
-        .sum();
-    let mut lanes = [0.0f32; LANES];
-    for (x, y) in a8.zip(b8) {
-        for ((lane, x), y) in lanes.iter_mut().zip(x).zip(y) {
-            *lane += x * y;
-        }
-    }
-    lanes.iter().sum::<f32>() + tail
 }
 
 impl MultivectorInputType {
@@ -441,25 +424,5 @@ mod tests {
             kept.iter().map(|r| r[0]).collect::<Vec<_>>(),
             vec![0.0, 1.0, 2.0, 4.0]
         );
-    }
-
-    #[test]
-    fn maxsim_sums_the_best_match_per_query_vector() {
-        let query = vec![vec![1.0, 0.0], vec![0.0, 1.0]];
-        let doc = vec![vec![0.5, 0.5], vec![-1.0, 0.9]];
-        assert!((maxsim(&query, &doc) - (0.5 + 0.9)).abs() < 1e-6);
-        // A negative best stays negative (no zero padding wins).
-        assert!((maxsim(&query[..1], &[vec![-0.5, 0.0]]) + 0.5).abs() < 1e-6);
-        assert_eq!(maxsim(&query, &[]), 0.0);
-    }
-
-    #[test]
-    fn dot_in_lanes_equals_the_plain_sum() {
-        for len in [0, 1, 7, 8, 9, 128, 131] {
-            let a: Vec<f32> = (0..len).map(|i| (i as f32 * 0.37).sin()).collect();
-            let b: Vec<f32> = (0..len).map(|i| (i as f32 * 0.11).cos()).collect();
-            let plain: f32 = a.iter().zip(&b).map(|(x, y)| x * y).sum();
-            assert!((dot(&a, &b) - plain).abs() < 1e-4, "length {len}");
-        }
     }
 }

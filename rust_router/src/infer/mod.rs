@@ -344,10 +344,13 @@ impl Infer {
     /// lane and waits for all results, in input order. Queueing only once all are tokenized
     /// is what lets the lane depend on the whole request; it costs a large request at most its
     /// own tokenization time, small beside its forward passes.
+    /// `query`: the vectors every sequence of a [`BatchKind::MaxSim`] request is scored
+    /// against.
     async fn run(
         &self,
         request: InferRequest,
         kind: BatchKind,
+        query: Option<Arc<[f32]>>,
     ) -> Result<Vec<(InferResult, InferMetadata)>, InferError> {
         if request.opts.chunking.is_some() && kind != BatchKind::Pooled {
             // Only a pooled vector has a mean over windows; routes set chunking for those.
@@ -387,7 +390,11 @@ impl Infer {
         let mut encodings = Vec::with_capacity(per_input.len());
         for (kind, windows) in per_input {
             weights.push(windows.iter().map(|w| w.weight).collect::<Vec<_>>());
-            encodings.extend(windows.into_iter().map(|w| (kind, w.encoding)));
+            encodings.extend(windows.into_iter().map(|w| {
+                let mut encoding = w.encoding;
+                encoding.query.clone_from(&query);
+                (kind, encoding)
+            }));
         }
         let total_tokens = encodings.iter().map(|(_, e)| e.input_ids.len()).sum();
         let fits_one_batch = self
@@ -626,7 +633,7 @@ impl Infer {
         normalize: bool,
         dimensions: Option<usize>,
     ) -> Result<Vec<(Vec<f32>, InferMetadata)>, InferError> {
-        let results = self.run(request, BatchKind::Pooled).await?;
+        let results = self.run(request, BatchKind::Pooled, None).await?;
         Ok(results
             .into_iter()
             .map(|(result, meta)| {
@@ -647,7 +654,7 @@ impl Infer {
         &self,
         request: InferRequest,
     ) -> Result<Vec<(Vec<Vec<f32>>, InferMetadata)>, InferError> {
-        let results = self.run(request, BatchKind::AllTokens).await?;
+        let results = self.run(request, BatchKind::AllTokens, None).await?;
         Ok(results
             .into_iter()
             .map(|(result, meta)| {
@@ -661,13 +668,29 @@ impl Infer {
             .collect())
     }
 
+    /// Late interaction: each input's MaxSim score against `query` (row-major vectors of the
+    /// model's embedding size), computed where the inputs run. The inputs are documents as
+    /// the model reads them (prefix in, cut to length); the runtime drops their skiplist
+    /// tokens' vectors. Documents of other requests may share their batches.
+    pub async fn maxsim(
+        &self,
+        request: InferRequest,
+        query: Arc<[f32]>,
+    ) -> Result<Vec<(f32, InferMetadata)>, InferError> {
+        let results = self.run(request, BatchKind::MaxSim, Some(query)).await?;
+        Ok(results
+            .into_iter()
+            .map(|(result, meta)| (result.values.first().copied().unwrap_or(0.0), meta))
+            .collect())
+    }
+
     /// SPLADE sparse vectors, one per input: the active dimensions as (vocabulary index,
     /// value), in index order.
     pub async fn embed_sparse(
         &self,
         request: InferRequest,
     ) -> Result<Vec<(Vec<(u32, f32)>, InferMetadata)>, InferError> {
-        let results = self.run(request, BatchKind::Sparse).await?;
+        let results = self.run(request, BatchKind::Sparse, None).await?;
         Ok(results
             .into_iter()
             .map(|(result, meta)| (sparse_pairs(&result.values), meta))
@@ -680,7 +703,7 @@ impl Infer {
         request: InferRequest,
         raw_scores: bool,
     ) -> Result<Vec<(Vec<f32>, InferMetadata)>, InferError> {
-        let results = self.run(request, BatchKind::Predict).await?;
+        let results = self.run(request, BatchKind::Predict, None).await?;
         Ok(results
             .into_iter()
             .map(|(result, meta)| {
@@ -739,6 +762,8 @@ fn sparse_pairs(row: &[f32]) -> Vec<(u32, f32)> {
 mod tests;
 #[cfg(test)]
 mod tests_devices;
+#[cfg(test)]
+mod tests_maxsim;
 
 #[cfg(test)]
 mod sparse_tests {

@@ -34,10 +34,10 @@ fn lane_is_chosen_by_the_whole_request_and_zero_turns_it_off() {
 
 /// An `Infer` over the fake backend, whose batches holding [`HOLD_ID`] ("g") wait at
 /// `gate`.
-struct Harness {
-    infer: Infer,
-    seen: Arc<Mutex<Vec<SeenBatch>>>,
-    gate: Arc<Gate>,
+pub(super) struct Harness {
+    pub(super) infer: Infer,
+    pub(super) seen: Arc<Mutex<Vec<SeenBatch>>>,
+    pub(super) gate: Arc<Gate>,
     metrics: Arc<Metrics>,
 }
 
@@ -58,7 +58,7 @@ pub(super) fn profile(
     ServingProfile::resolve(&flags, BackendFacts::of(backend))
 }
 
-fn harness(interactive_lane: bool, interactive_max_tokens: usize) -> Harness {
+pub(super) fn harness(interactive_lane: bool, interactive_max_tokens: usize) -> Harness {
     paced_harness(interactive_lane, interactive_max_tokens, None)
 }
 
@@ -133,7 +133,7 @@ impl Harness {
     }
 }
 
-async fn until(what: &str, done: impl FnMut() -> bool) {
+pub(super) async fn until(what: &str, done: impl FnMut() -> bool) {
     until_within(what, Duration::from_secs(5), done).await
 }
 
@@ -297,7 +297,7 @@ async fn zero_sends_everything_to_bulk_even_with_an_interactive_lane() {
 
 /// Holds two bulk batches (one running, one prefetched) so that the requests queued next are
 /// packed into one batch once the gate opens.
-async fn hold_two_batches(h: &Harness) -> [JoinHandle<Result<usize, InferError>>; 2] {
+pub(super) async fn hold_two_batches(h: &Harness) -> [JoinHandle<Result<usize, InferError>>; 2] {
     let first = h.embed(&[HELD_BULK]);
     until("the first held batch runs", || h.gate.held() == 1).await;
     let second = h.embed(&["g b c d e f h"]);

@@ -127,6 +127,9 @@ pub(super) fn push_entry(entry: Entry, batch: &mut Batch, metadata: &mut Vec<Met
     let e = &entry.encoding;
     batch.push_sequence(&e.input_ids, &e.token_type_ids, &e.position_ids);
     batch.push_pixels(&e.pixels);
+    if let Some(query) = &e.query {
+        batch.push_query(query);
+    }
     metadata.push(entry.metadata);
 }
 

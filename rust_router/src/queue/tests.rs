@@ -21,6 +21,7 @@ pub(super) fn lane_entry(len: usize, kind: BatchKind, lane: Lane) -> (Entry, Rx)
             token_type_ids: vec![0; len],
             position_ids: (0..len as u32).collect(),
             pixels: Vec::new(),
+            query: None,
         },
         kind,
         lane,

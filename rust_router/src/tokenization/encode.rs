@@ -71,6 +71,9 @@ pub struct ValidEncoding {
     /// An image's pixels ([`crate::backend::Batch::pixels`]), its ids placeholders that
     /// count its tokens; empty for a text.
     pub pixels: Vec<f32>,
+    /// A document scored by MaxSim ([`crate::backend::BatchKind::MaxSim`]): its query's
+    /// vectors, shared by the request's documents.
+    pub query: Option<std::sync::Arc<[f32]>>,
 }
 
 impl ValidEncoding {
@@ -82,6 +85,7 @@ impl ValidEncoding {
             token_type_ids: vec![0; tokens],
             position_ids: (0..tokens as u32).collect(),
             pixels,
+            query: None,
         }
     }
 }
@@ -479,6 +483,7 @@ impl Encoder {
             token_type_ids,
             position_ids,
             pixels: Vec::new(),
+            query: None,
         })
     }
 

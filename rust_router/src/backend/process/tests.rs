@@ -5,7 +5,7 @@ use super::client::{Worker, WorkerLane};
 use super::region::{Layout, Region};
 use super::serve::serve_lane;
 use super::DeviceWorkers;
-use crate::backend::fake::{FakeBackend, DEVICE_FAIL_ID, POISON_ID};
+use crate::backend::fake::{FakeBackend, DEVICE_FAIL_ID, HIDDEN, POISON_ID};
 use crate::backend::{Backend, BackendError, Batch, BatchKind, ModelInfo};
 use std::os::unix::net::UnixStream;
 use std::sync::Arc;
@@ -111,6 +111,35 @@ fn image_batches_carry_their_pixels_through_slots_or_the_socket() {
         assert_ne!(want.data[..4], want.data[want.cols..want.cols + 4]);
         assert_eq!(
             lane.forward(BatchKind::Images, &input).unwrap(),
+            want,
+            "{layout:?}"
+        );
+    }
+}
+
+#[test]
+fn maxsim_batches_cross_with_their_queries_through_slots_or_the_socket() {
+    let mut input = Batch::empty();
+    let query_a: Vec<f32> = (0..2 * HIDDEN).map(|i| (i as f32 * 0.3).sin()).collect();
+    let query_b: Vec<f32> = (0..3 * HIDDEN).map(|i| (i as f32 * 0.7).cos()).collect();
+    for (ids, query) in [
+        (&[101, 7, 8, 102][..], &query_a),
+        (&[101, 9, 102][..], &query_a),
+        (&[101, 5, 6, 102][..], &query_b),
+    ] {
+        let positions: Vec<u32> = (0..ids.len() as u32).collect();
+        input.push_sequence(ids, &vec![0; ids.len()], &positions);
+        input.push_query(query);
+    }
+    for layout in [ROOMY, CRAMPED] {
+        let mut direct = FakeBackend::new(FakeBackend::info());
+        let (mut lane, _serving) = lane_over(fake(FakeBackend::info(), false), layout);
+        let want = direct.forward(BatchKind::MaxSim, &input).unwrap();
+        assert_eq!((want.rows, want.cols), (3, 1));
+        // Each document against its own query: the third's score is not the first query's.
+        assert_ne!(want.data[2], want.data[0]);
+        assert_eq!(
+            lane.forward(BatchKind::MaxSim, &input).unwrap(),
             want,
             "{layout:?}"
         );

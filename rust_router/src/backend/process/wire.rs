@@ -9,7 +9,7 @@
 use crate::backend::{BackendError, Batch, BatchKind, Matrix};
 use std::io::{self, Read, Write};
 
-const REQUEST_WORDS: usize = 7;
+const REQUEST_WORDS: usize = 8;
 const REPLY_WORDS: usize = 6;
 const MAX_WORDS: usize = if REQUEST_WORDS > REPLY_WORDS {
     REQUEST_WORDS
@@ -36,7 +36,10 @@ pub struct Request {
     pub num_tokens: u32,
     /// Entries of `cu_seqlens` (sequences + 1).
     pub num_offsets: u32,
-    /// Float32 values of an image batch's pixels, after the four arrays (0 for texts).
+    /// Floats of [`Batch::queries`] (a MaxSim batch's; its spans, two per sequence, come
+    /// with them).
+    pub num_query_values: u32,
+    /// Floats of an image batch's pixels ([`Batch::pixels`]; 0 for texts).
     pub num_pixels: u32,
     pub inline: bool,
 }
@@ -48,6 +51,7 @@ impl Request {
             seq,
             num_tokens: batch.num_tokens() as u32,
             num_offsets: batch.cu_seqlens.len() as u32,
+            num_query_values: batch.queries.len() as u32,
             num_pixels: batch.pixels.len() as u32,
             inline,
         }
@@ -59,14 +63,27 @@ impl Request {
             seq,
             num_tokens: 0,
             num_offsets: 0,
+            num_query_values: 0,
             num_pixels: 0,
             inline: false,
         }
     }
 
+    /// Entries of [`Batch::query_spans`]: two per sequence of a MaxSim batch.
+    fn num_spans(&self) -> usize {
+        match self.op {
+            Op::Batch(BatchKind::MaxSim) => 2 * (self.num_offsets as usize).saturating_sub(1),
+            _ => 0,
+        }
+    }
+
     /// Bytes of the batch's arrays.
     pub fn payload_len(&self) -> usize {
-        4 * (3 * self.num_tokens as usize + self.num_offsets as usize + self.num_pixels as usize)
+        4 * (3 * self.num_tokens as usize
+            + self.num_offsets as usize
+            + self.num_spans()
+            + self.num_query_values as usize
+            + self.num_pixels as usize)
     }
 
     pub fn write(&self, out: &mut impl Write, inline_payload: Option<&[u8]>) -> io::Result<()> {
@@ -81,8 +98,9 @@ impl Request {
             self.seq,
             self.num_tokens,
             self.num_offsets,
-            self.num_pixels,
             self.inline as u32,
+            self.num_query_values,
+            self.num_pixels,
         ];
         write_words(out, &words, inline_payload)
     }
@@ -103,14 +121,15 @@ impl Request {
             seq: w[2],
             num_tokens: w[3],
             num_offsets: w[4],
-            num_pixels: w[5],
-            inline: w[6] != 0,
+            inline: w[5] != 0,
+            num_query_values: w[6],
+            num_pixels: w[7],
         }))
     }
 }
 
-/// A batch's arrays, back to back: ids, type ids, positions, offsets (u32), then an image
-/// batch's pixels (f32).
+/// A batch's arrays, back to back: ids, type ids, positions, offsets, then a MaxSim batch's
+/// query spans and queries' vectors, then an image batch's pixels.
 pub fn encode_batch(batch: &Batch, out: &mut [u8]) {
     let mut at = 0;
     for values in [
@@ -118,28 +137,34 @@ pub fn encode_batch(batch: &Batch, out: &mut [u8]) {
         &batch.token_type_ids,
         &batch.position_ids,
         &batch.cu_seqlens,
+        &batch.query_spans,
     ] {
         put_u32s(&mut out[at..at + 4 * values.len()], values);
         at += 4 * values.len();
     }
-    for (chunk, v) in out[at..].chunks_exact_mut(4).zip(&batch.pixels) {
-        chunk.copy_from_slice(&v.to_le_bytes());
+    for values in [&batch.queries, &batch.pixels] {
+        put_f32s(&mut out[at..at + 4 * values.len()], values);
+        at += 4 * values.len();
     }
 }
 
 /// The batch of a request from its payload ([`encode_batch`]'s layout).
 pub fn decode_batch(request: &Request, payload: &[u8]) -> Batch {
     let n = request.num_tokens as usize;
+    let offsets = request.num_offsets as usize;
+    let spans = request.num_spans();
     let take = |from: usize, len: usize| get_u32s(&payload[4 * from..4 * (from + len)]);
+    let queries_at = 3 * n + offsets + spans;
+    let pixels_at = queries_at + request.num_query_values as usize;
+    let floats = |from: usize, len: usize| get_f32s(&payload[4 * from..4 * (from + len)]);
     Batch {
         input_ids: take(0, n),
         token_type_ids: take(n, n),
         position_ids: take(2 * n, n),
-        cu_seqlens: take(3 * n, request.num_offsets as usize),
-        pixels: get_f32s(
-            &payload[4 * (3 * n + request.num_offsets as usize)..]
-                [..4 * request.num_pixels as usize],
-        ),
+        cu_seqlens: take(3 * n, offsets),
+        pixels: floats(pixels_at, request.num_pixels as usize),
+        queries: floats(queries_at, request.num_query_values as usize),
+        query_spans: take(3 * n + offsets, spans),
     }
 }
 
@@ -283,6 +308,7 @@ fn kind_code(kind: BatchKind) -> u32 {
         BatchKind::Predict => 2,
         BatchKind::Sparse => 3,
         BatchKind::Images => 4,
+        BatchKind::MaxSim => 5,
     }
 }
 
@@ -293,6 +319,7 @@ fn kind_from_code(code: u32) -> io::Result<BatchKind> {
         2 => BatchKind::Predict,
         3 => BatchKind::Sparse,
         4 => BatchKind::Images,
+        5 => BatchKind::MaxSim,
         other => return Err(invalid(format!("unknown batch kind {other}"))),
     })
 }
@@ -362,6 +389,12 @@ fn read_words<const N: usize>(input: &mut impl Read) -> io::Result<Option<[u32; 
 }
 
 fn put_u32s(out: &mut [u8], values: &[u32]) {
+    for (chunk, v) in out.chunks_exact_mut(4).zip(values) {
+        chunk.copy_from_slice(&v.to_le_bytes());
+    }
+}
+
+fn put_f32s(out: &mut [u8], values: &[f32]) {
     for (chunk, v) in out.chunks_exact_mut(4).zip(values) {
         chunk.copy_from_slice(&v.to_le_bytes());
     }
