@@ -111,7 +111,9 @@ class Executor:
                 self.bulk.graphs = self._capture(
                     min(max_num_tokens, MAX_GRAPH_TOKENS), max_batch_size
                 )
-                self.bulk.image_graphs = self._capture_images(max_num_tokens, max_batch_size)
+                self.bulk.image_graphs = self._capture_images(
+                    min(max_num_tokens, MAX_GRAPH_TOKENS), max_batch_size
+                )
                 # One layer's time over a full bulk batch, where bulk batches outgrow
                 # the graphs above: it plans the gate's steps and the bulk graphs.
                 layer = None
@@ -195,12 +197,10 @@ class Executor:
         return max(1, images)
 
     def _capture_images(self, max_num_tokens: int, max_batch_size: int) -> ImageGraphRunner | None:
-        """The vision tower's graphs for batches of up to `max_num_tokens` tokens (a full
-        bulk batch), where the model has one whose images are all one length (not SigLIP
-        2's). An eager pass of a full batch of images would hold the interpreter's lock for
-        its hundreds of launches, which a query's own pass then waits for (measured: text
-        queries' p99 at 42 ms under an image backfill); a replay holds it for one call, and
-        the interactive lane's stream goes ahead of it on the device."""
+        """The vision tower's graphs for batches of up to `max_num_tokens` tokens, where the
+        model has one whose images are all one length (not SigLIP 2's). As for texts, larger
+        batches run eagerly: their launches cost little next to their work, and an eager
+        bulk pass stops at the gate between layers."""
         tower = self.model.network.image_tower
         if tower is None or tower.variable_length:
             return None
