@@ -96,21 +96,25 @@ fn paced_harness(
     }
 }
 
+/// `texts` as one batched request with the default options.
+pub(super) fn request_of(texts: &[&str]) -> InferRequest {
+    InferRequest {
+        inputs: texts
+            .iter()
+            .map(|t| EncodingInput::Single(t.to_string()).into())
+            .collect(),
+        opts: EncodeOptions::default(),
+        batched: true,
+        priority: None,
+    }
+}
+
 impl Harness {
     /// Embeds `texts` as one request, on its own task.
     fn embed(&self, texts: &[&str]) -> JoinHandle<Result<usize, InferError>> {
         let infer = self.infer.clone();
-        let inputs = texts
-            .iter()
-            .map(|t| EncodingInput::Single(t.to_string()).into())
-            .collect();
+        let request = request_of(texts);
         tokio::spawn(async move {
-            let request = InferRequest {
-                inputs,
-                opts: EncodeOptions::default(),
-                batched: true,
-                priority: None,
-            };
             let out = infer.embed_pooled(request, true, None).await?;
             Ok(out.len())
         })

@@ -52,17 +52,8 @@ impl Devices {
     /// Embeds `texts` as one request, on its own task: its vectors in input order.
     fn embed(&self, texts: &[&str]) -> JoinHandle<Result<Vec<Vec<f32>>, InferError>> {
         let infer = self.infer.clone();
-        let inputs = texts
-            .iter()
-            .map(|t| EncodingInput::Single(t.to_string()).into())
-            .collect();
+        let request = super::tests::request_of(texts);
         tokio::spawn(async move {
-            let request = InferRequest {
-                inputs,
-                opts: EncodeOptions::default(),
-                batched: true,
-                priority: None,
-            };
             let out = infer.embed_pooled(request, true, None).await?;
             Ok(out.into_iter().map(|(v, _)| v).collect())
         })

@@ -1,24 +1,15 @@
 //! MaxSim batches: documents of several requests share a batch, each scored against its own
 //! request's query.
 
-use super::tests::{harness, hold_two_batches, until, Harness};
+use super::tests::{harness, hold_two_batches, request_of, until, Harness};
 use super::*;
 use crate::backend::fake::HIDDEN;
 
 /// Scores `documents` against `query` as one request, on its own task.
 fn score(h: &Harness, query: Vec<f32>, documents: &[&str]) -> JoinHandle<Vec<f32>> {
     let infer = h.infer.clone();
-    let inputs = documents
-        .iter()
-        .map(|t| EncodingInput::Single(t.to_string()).into())
-        .collect();
+    let request = request_of(documents);
     tokio::spawn(async move {
-        let request = InferRequest {
-            inputs,
-            opts: EncodeOptions::default(),
-            batched: true,
-            priority: None,
-        };
         let out = infer.maxsim(request, query.into()).await.unwrap();
         out.into_iter().map(|(score, _)| score).collect()
     })
