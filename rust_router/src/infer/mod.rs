@@ -5,25 +5,28 @@
 
 mod batching;
 mod hot_wait;
+mod images;
+mod outputs;
 mod policy;
 mod stalls;
 
+pub use outputs::{activate, l2_normalize};
+use outputs::{by_input, sparse_pairs};
 pub use policy::{
     lane_for, lane_for_request, parse_max_queue_ms, waiting_for_admission, with_max_queue,
     with_queue_deadline, Priority, MAX_QUEUE_MS_CAP,
 };
 
 use crate::backend::{
-    BackendError, BackendHandle, BatchKind, DeviceStatus, Health, Lane, ModelInfo, ScoreActivation,
+    BackendError, BackendHandle, BatchKind, DeviceStatus, Health, Lane, ModelInfo,
 };
-use crate::images::{decode_source, image_url, ImageError, ImageFetcher, ImageLimits};
+use crate::images::{ImageError, ImageFetcher, ImageLimits};
 use crate::metrics::ModelMetrics;
 use crate::queue::{Entry, InferResult, Metadata, Queue, QueueError, RequestId};
 use crate::schedule::ServingProfile;
 use crate::telemetry::record::{self, BatchRun, SequenceRun, Tokenized};
 use crate::tokenization::{
-    weighted_mean, EncodeOptions, EncodingInput, Tokenization, TokenizationError, ValidEncoding,
-    Window, INLINE_MAX_BYTES,
+    EncodeOptions, EncodingInput, Tokenization, TokenizationError, ValidEncoding, INLINE_MAX_BYTES,
 };
 use futures_util::future::try_join_all;
 use std::future::Future;
@@ -136,35 +139,6 @@ pub struct Infer {
     image_workers: Arc<Semaphore>,
 }
 
-pub fn l2_normalize(v: &mut [f32]) {
-    let norm = v
-        .iter()
-        .map(|x| (*x as f64) * (*x as f64))
-        .sum::<f64>()
-        .sqrt();
-    if norm > 0.0 {
-        let scale = (1.0 / norm) as f32;
-        v.iter_mut().for_each(|x| *x *= scale);
-    }
-}
-
-pub fn activate(scores: &mut [f32], activation: ScoreActivation) {
-    match activation {
-        ScoreActivation::Sigmoid => scores
-            .iter_mut()
-            .for_each(|s| *s = 1.0 / (1.0 + (-*s).exp())),
-        ScoreActivation::Softmax => {
-            let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-            let mut sum = 0.0;
-            for s in scores.iter_mut() {
-                *s = (*s - max).exp();
-                sum += *s;
-            }
-            scores.iter_mut().for_each(|s| *s /= sum);
-        }
-    }
-}
-
 tokio::task_local! {
     /// Set while inference calls run as parts of one client request ([`Infer::one_request`]).
     /// A task-local rather than an argument: the calls are made by the routes' handlers,
@@ -252,18 +226,6 @@ impl Infer {
             )),
         };
         (infer, tasks)
-    }
-
-    /// `--max-image-bytes` and `--max-image-pixels` (the defaults otherwise).
-    pub fn with_image_limits(mut self, limits: ImageLimits) -> Self {
-        self.image_limits = limits;
-        self
-    }
-
-    /// Fetches image URLs from the hosts it allows (none otherwise).
-    pub fn with_image_fetcher(mut self, fetcher: ImageFetcher) -> Self {
-        self.image_fetcher = fetcher;
-        self
     }
 
     pub fn info(&self) -> &ModelInfo {
@@ -492,67 +454,6 @@ impl Infer {
         });
     }
 
-    /// An image input's one sequence: its pixels, which the runtime makes on a worker thread
-    /// from the bytes `source` carries (or that its URL answers, fetched here, off the
-    /// workers), and `tokens_per_image` placeholder tokens.
-    async fn image_window(&self, source: String, kind: BatchKind) -> Result<Window, ImageError> {
-        if kind != BatchKind::Pooled {
-            return Err(ImageError::NotAccepted(
-                "an image is embedded only as a pooled vector (`/embed`, `/v1/embeddings`)".into(),
-            ));
-        }
-        let Some(image_input) = self.info.image_input.as_ref() else {
-            return Err(ImageError::NotAccepted(format!(
-                "the model ({}) embeds texts only: it takes no images",
-                self.info.architecture
-            )));
-        };
-        let Some(images) = self.backend.images().cloned() else {
-            return Err(ImageError::NotAccepted(
-                "this model's images are preprocessed by the runtime, which runs in device \
-                 worker processes here (`--device-workers threads` serves them)"
-                    .into(),
-            ));
-        };
-        let tokens = image_input.tokens_per_image;
-        let limits = self.image_limits;
-        let fetched = match image_url(&source) {
-            Some(url) => Some(self.image_fetcher.fetch(url, limits.max_bytes).await?),
-            None => None,
-        };
-        let panicked = || ImageError::Unreadable("the image's preprocessing panicked".into());
-        // On the tokenization pool: its threads give way to those that answer queries, and
-        // there are as many as it has cores for preparing inputs.
-        let native = images.clone();
-        let (bytes, natively) = self
-            .tokenization
-            .run(move || {
-                let bytes = match fetched {
-                    Some(bytes) => bytes,
-                    None => decode_source(&source, &limits)?,
-                };
-                let natively = native.preprocess_natively(&bytes, limits.max_pixels);
-                Ok::<_, ImageError>((bytes, natively))
-            })
-            .await
-            .map_err(|_| panicked())??;
-        let pixels = match natively {
-            Some(pixels) => pixels,
-            // The runtime's preprocessing holds the interpreter's lock at times: a thread of
-            // the default class, one image per core at most.
-            None => {
-                let _worker = self.image_workers.acquire().await;
-                tokio::task::spawn_blocking(move || images.preprocess(&bytes, limits.max_pixels))
-                    .await
-                    .map_err(|_| panicked())?
-            }
-        };
-        Ok(Window {
-            encoding: ValidEncoding::image(tokens, pixels.map_err(ImageError::Unreadable)?),
-            weight: tokens,
-        })
-    }
-
     /// Awaits `results`, a request's, whose sequences may not start after `deadline`: at the
     /// deadline, the request is taken out of the queue and answered
     /// [`InferError::QueueTimeout`] if none of it has started (packing answers sequences
@@ -717,64 +618,9 @@ impl Infer {
     }
 }
 
-/// Each input's result from its sequences' (in order, `weights[i]` for input `i`'s windows):
-/// an input of several windows gets the mean of their vectors weighted by their token counts,
-/// the sum of their tokens, and the longest of their waits.
-fn by_input(
-    results: Vec<(InferResult, InferMetadata)>,
-    weights: &[Vec<usize>],
-) -> Vec<(InferResult, InferMetadata)> {
-    let mut results = results.into_iter();
-    weights
-        .iter()
-        .map(|weights| {
-            let mut windows = results.by_ref().take(weights.len());
-            let (mut result, mut meta) = windows.next().expect("every input has a window");
-            if weights.len() == 1 {
-                return (result, meta);
-            }
-            let mut vectors = vec![std::mem::take(&mut result.values)];
-            for (r, m) in windows {
-                meta.prompt_tokens += m.prompt_tokens;
-                meta.queue = meta.queue.max(m.queue);
-                meta.handover = meta.handover.max(m.handover);
-                meta.inference = meta.inference.max(m.inference);
-                result.queue = result.queue.max(r.queue);
-                result.inference = result.inference.max(r.inference);
-                vectors.push(r.values);
-            }
-            result.values = weighted_mean(&vectors, weights);
-            (result, meta)
-        })
-        .collect()
-}
-
-/// One row of a sparse batch ((index, value) pairs) as its active pairs; pairs of value 0
-/// are padding (the row had fewer active dimensions than the batch's widest).
-fn sparse_pairs(row: &[f32]) -> Vec<(u32, f32)> {
-    row.chunks_exact(2)
-        .filter(|pair| pair[1] > 0.0)
-        .map(|pair| (pair[0] as u32, pair[1]))
-        .collect()
-}
-
 #[cfg(test)]
 mod tests;
 #[cfg(test)]
 mod tests_devices;
 #[cfg(test)]
 mod tests_maxsim;
-
-#[cfg(test)]
-mod sparse_tests {
-    use super::sparse_pairs;
-
-    #[test]
-    fn sparse_rows_drop_their_padding() {
-        assert_eq!(
-            sparse_pairs(&[3.0, 0.5, 17.0, 1.25, 0.0, 0.0]),
-            vec![(3, 0.5), (17, 1.25)]
-        );
-        assert!(sparse_pairs(&[0.0, 0.0]).is_empty());
-    }
-}

@@ -7,24 +7,6 @@ use crate::tokenization::tests::test_tokenization;
 use std::sync::Mutex;
 
 #[test]
-fn normalization_and_activations() {
-    let mut v = vec![3.0, 4.0];
-    l2_normalize(&mut v);
-    assert_eq!(v, vec![0.6, 0.8]);
-    let mut zero = vec![0.0, 0.0];
-    l2_normalize(&mut zero);
-    assert_eq!(zero, vec![0.0, 0.0]);
-
-    let mut s = vec![0.0];
-    activate(&mut s, ScoreActivation::Sigmoid);
-    assert_eq!(s, vec![0.5]);
-    let mut s = vec![1.0, 1.0, 1000.0];
-    activate(&mut s, ScoreActivation::Softmax);
-    assert!((s.iter().sum::<f32>() - 1.0).abs() < 1e-6);
-    assert!(s[2] > 0.999 && s[0].is_finite());
-}
-
-#[test]
 fn lane_is_chosen_by_the_whole_request_and_zero_turns_it_off() {
     assert_eq!(lane_for(1, 256), Lane::Interactive);
     assert_eq!(lane_for(256, 256), Lane::Interactive);
