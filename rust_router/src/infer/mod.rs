@@ -10,8 +10,8 @@ mod outputs;
 mod policy;
 mod stalls;
 
+use outputs::sparse_pairs;
 pub use outputs::{activate, l2_normalize};
-use outputs::{by_input, sparse_pairs};
 pub use policy::{
     lane_for, lane_for_request, parse_max_queue_ms, waiting_for_admission, with_max_queue,
     with_queue_deadline, Priority, MAX_QUEUE_MS_CAP,
@@ -26,7 +26,8 @@ use crate::queue::{Entry, InferResult, Metadata, Queue, QueueError, RequestId};
 use crate::schedule::ServingProfile;
 use crate::telemetry::record::{self, BatchRun, SequenceRun, Tokenized};
 use crate::tokenization::{
-    EncodeOptions, EncodingInput, Tokenization, TokenizationError, ValidEncoding, INLINE_MAX_BYTES,
+    weighted_mean, EncodeOptions, EncodingInput, Tokenization, TokenizationError, ValidEncoding,
+    INLINE_MAX_BYTES,
 };
 use futures_util::future::try_join_all;
 use std::future::Future;
@@ -616,6 +617,38 @@ impl Infer {
             })
             .collect())
     }
+}
+
+/// Each input's result from its sequences' (in order, `weights[i]` for input `i`'s windows):
+/// an input of several windows gets the mean of their vectors weighted by their token counts,
+/// the sum of their tokens, and the longest of their waits.
+fn by_input(
+    results: Vec<(InferResult, InferMetadata)>,
+    weights: &[Vec<usize>],
+) -> Vec<(InferResult, InferMetadata)> {
+    let mut results = results.into_iter();
+    weights
+        .iter()
+        .map(|weights| {
+            let mut windows = results.by_ref().take(weights.len());
+            let (mut result, mut meta) = windows.next().expect("every input has a window");
+            if weights.len() == 1 {
+                return (result, meta);
+            }
+            let mut vectors = vec![std::mem::take(&mut result.values)];
+            for (r, m) in windows {
+                meta.prompt_tokens += m.prompt_tokens;
+                meta.queue = meta.queue.max(m.queue);
+                meta.handover = meta.handover.max(m.handover);
+                meta.inference = meta.inference.max(m.inference);
+                result.queue = result.queue.max(r.queue);
+                result.inference = result.inference.max(r.inference);
+                vectors.push(r.values);
+            }
+            result.values = weighted_mean(&vectors, weights);
+            (result, meta)
+        })
+        .collect()
 }
 
 #[cfg(test)]

@@ -1,10 +1,7 @@
 //! What the backend's rows become for a request: normalized vectors, activated scores, a
-//! long input's windows merged, a sparse row's active pairs.
+//! sparse row's active pairs.
 
-use super::InferMetadata;
 use crate::backend::ScoreActivation;
-use crate::queue::InferResult;
-use crate::tokenization::weighted_mean;
 
 pub fn l2_normalize(v: &mut [f32]) {
     let norm = v
@@ -33,38 +30,6 @@ pub fn activate(scores: &mut [f32], activation: ScoreActivation) {
             scores.iter_mut().for_each(|s| *s /= sum);
         }
     }
-}
-
-/// Each input's result from its sequences' (in order, `weights[i]` for input `i`'s windows):
-/// an input of several windows gets the mean of their vectors weighted by their token counts,
-/// the sum of their tokens, and the longest of their waits.
-pub(super) fn by_input(
-    results: Vec<(InferResult, InferMetadata)>,
-    weights: &[Vec<usize>],
-) -> Vec<(InferResult, InferMetadata)> {
-    let mut results = results.into_iter();
-    weights
-        .iter()
-        .map(|weights| {
-            let mut windows = results.by_ref().take(weights.len());
-            let (mut result, mut meta) = windows.next().expect("every input has a window");
-            if weights.len() == 1 {
-                return (result, meta);
-            }
-            let mut vectors = vec![std::mem::take(&mut result.values)];
-            for (r, m) in windows {
-                meta.prompt_tokens += m.prompt_tokens;
-                meta.queue = meta.queue.max(m.queue);
-                meta.handover = meta.handover.max(m.handover);
-                meta.inference = meta.inference.max(m.inference);
-                result.queue = result.queue.max(r.queue);
-                result.inference = result.inference.max(r.inference);
-                vectors.push(r.values);
-            }
-            result.values = weighted_mean(&vectors, weights);
-            (result, meta)
-        })
-        .collect()
 }
 
 /// One row of a sparse batch ((index, value) pairs) as its active pairs; pairs of value 0
