@@ -286,10 +286,7 @@ class Backend:
         of each document's query in `queries`, counted in float32 values (whole rows).
         Documents of several queries may share a batch."""
         batch, queries, spans = self._maxsim_arrays(arrays)
-        executor = self.executors[device]
-        lane = executor.lane(interactive)
-        with _device_failures(executor), lane.active():
-            return _numpy(executor.maxsim(batch.packed(), queries, spans, lane))
+        return self._call(_scored_against(queries, spans), batch, interactive, device, _numpy)
 
     def _maxsim_arrays(
         self, arrays: tuple[Any, ...]
@@ -344,10 +341,7 @@ class Backend:
             host, wait = self._call_images(self._pixels(pixels), False, device, to_host)
         elif method == "maxsim":
             batch, queries, spans = self._maxsim_arrays(arrays)
-            executor = self.executors[device]
-            lane = executor.lane(False)
-            with _device_failures(executor), lane.active():
-                host, wait = to_host(executor.maxsim(batch.packed(), queries, spans, lane))
+            host, wait = self._call(_scored_against(queries, spans), batch, False, device, to_host)
         else:
             host, wait = self._call(
                 _LAUNCHABLE[method], HostArrays.check(*arrays), False, device, to_host
@@ -424,6 +418,13 @@ def _is_device_failure(exc: BaseException) -> bool:
         return True
     text = str(exc)
     return isinstance(exc, RuntimeError) and ("CUDA error" in text or "CUDA driver" in text)
+
+
+def _scored_against(
+    queries: torch.Tensor, spans: torch.Tensor
+) -> Callable[[Executor, PackedBatch, Lane], torch.Tensor]:
+    """`Executor.maxsim` of a batch against `queries`, as `_call` runs a method."""
+    return lambda executor, batch, lane: executor.maxsim(batch, queries, spans, lane)
 
 
 def _float32_rows(data: Any, width: int, name: str) -> torch.Tensor:

@@ -326,16 +326,12 @@ class Model:
         input_type = check_input_type(input_type)
         texts = [texts] if isinstance(texts, str) else list(texts)
         self._check_strings(texts)
-        tokenizer = self._late_tokenizer(late, input_type)
         inputs: dict[int, TokenIds] = {}
 
         def chunks() -> Iterator[Chunk[int]]:
-            for start in range(0, len(texts), TOKENIZE_CHUNK):
-                # sentence-transformers strips every text before tokenizing it.
-                part = [text.strip() for text in texts[start : start + TOKENIZE_CHUNK]]
-                ids, _ = tokenizer.encode_ids(part, truncate=True)
-                inputs[start] = late.model_inputs(ids, input_type)
-                yield Chunk(start, inputs[start], first=start)
+            for chunk in self._late_chunks(late, texts, input_type):
+                inputs[chunk.key] = chunk.ids
+                yield chunk
 
         vectors: list[np.ndarray] = []
         progress = self._progress(len(texts), show_progress_bar)
@@ -369,6 +365,18 @@ class Model:
                 f"is a {self.info.model_type} model"
             )
         return late
+
+    def _late_chunks(
+        self, late: LateInteraction, texts: list[str], input_type: str
+    ) -> Iterator[Chunk[int]]:
+        """`texts` as the model reads them (`LateInteraction.model_inputs`), a chunk at a
+        time under the index of its first text."""
+        tokenizer = self._late_tokenizer(late, input_type)
+        for start in range(0, len(texts), TOKENIZE_CHUNK):
+            # sentence-transformers strips every text before tokenizing it.
+            part = [text.strip() for text in texts[start : start + TOKENIZE_CHUNK]]
+            ids, _ = tokenizer.encode_ids(part, truncate=True)
+            yield Chunk(start, late.model_inputs(ids, input_type), first=start)
 
     def _late_tokenizer(self, late: LateInteraction, input_type: str) -> TextTokenizer:
         tokenizer = self._late_tokenizers.get(input_type)
@@ -593,24 +601,16 @@ class Model:
         texts = list(texts)
         self._check_strings(texts)
         query_rows = torch.from_numpy(self.embed_multivector([query], "query")[0])
-        tokenizer = self._late_tokenizer(late, "document")
         on_device = {executor.device: query_rows.to(executor.device) for executor in self.executors}
 
         def score(executor: Executor, batch: PackedBatch) -> torch.Tensor:
             spans = torch.tensor([[0, query_rows.shape[0]]] * batch.num_seqs, dtype=torch.int64)
             return executor.maxsim(batch, on_device[executor.device], spans)
 
-        def chunks() -> Iterator[Chunk[int]]:
-            for start in range(0, len(texts), TOKENIZE_CHUNK):
-                # sentence-transformers strips every text before tokenizing it.
-                part = [text.strip() for text in texts[start : start + TOKENIZE_CHUNK]]
-                ids, _ = tokenizer.encode_ids(part, truncate=True)
-                yield Chunk(start, late.model_inputs(ids, "document"), first=start)
-
         scores = np.zeros(len(texts), dtype=np.float32)
         for start, rows in run_chunks(
             self.executors,
-            chunks(),
+            self._late_chunks(late, texts, "document"),
             score,
             self.max_batch_tokens,
             self.info.position_offset,
