@@ -19,9 +19,10 @@ impl Infer {
         self
     }
 
-    /// An image input's one sequence: its pixels, which the runtime makes on a worker thread
-    /// from the bytes `source` carries (or that its URL answers, fetched here, off the
-    /// workers), and `tokens_per_image` placeholder tokens.
+    /// An image input's one sequence: its pixels, made from the bytes `source` carries (or
+    /// that its URL answers, fetched here, before any thread decodes it) by the router on the
+    /// tokenization pool, or by the runtime where the router leaves the image; and
+    /// `tokens_per_image` placeholder tokens.
     pub(super) async fn image_window(
         &self,
         source: String,
