@@ -193,3 +193,5 @@ impl Tokenization {
 
 #[cfg(test)]
 pub(crate) mod tests;
+#[cfg(test)]
+mod tests_pool;
